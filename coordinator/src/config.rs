@@ -1,0 +1,144 @@
+//! Every setting of the coordinator, as a flag and an environment variable.
+//! Names and defaults are the contract of DESIGN.md "Configuration".
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Default `RUNLEASE_DATABASE_URL`.
+pub const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/runlease";
+/// Default `RUNLEASE_REDIS_URL`.
+pub const DEFAULT_REDIS_URL: &str = "redis://127.0.0.1:6379";
+/// Default `RUNLEASE_LISTEN`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+/// Default `RUNLEASE_LEASE_TTL_MS`: 15 s.
+pub const DEFAULT_LEASE_TTL_MS: u64 = 15_000;
+/// Default `RUNLEASE_HEARTBEAT_INTERVAL_MS`: 5 s, a third of the TTL.
+pub const DEFAULT_HEARTBEAT_INTERVAL_MS: u64 = 5_000;
+/// Default `RUNLEASE_REAPER_INTERVAL_MS`: 5 s.
+pub const DEFAULT_REAPER_INTERVAL_MS: u64 = 5_000;
+/// Default `RUNLEASE_MAX_ATTEMPTS`: 4, i.e. 3 retries.
+pub const DEFAULT_MAX_ATTEMPTS: i32 = 4;
+/// Default `RUNLEASE_DEFAULT_TIMEOUT_MS`: 5 min.
+pub const DEFAULT_TIMEOUT_MS: u64 = 300_000;
+/// Default `RUNLEASE_MAX_BODY_BYTES`: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+/// Default `RUNLEASE_SLO_MS`: 25 s from enqueue to a terminal state.
+pub const DEFAULT_SLO_MS: u64 = 25_000;
+/// Default `RUNLEASE_DATABASE_POOL_SIZE`.
+pub const DEFAULT_DATABASE_POOL_SIZE: usize = 20;
+/// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
+pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
+
+/// Command line of `runlease-coordinator`.
+#[derive(Debug, Parser)]
+#[command(
+    name = "runlease-coordinator",
+    version,
+    about = "The runlease coordinator"
+)]
+pub struct Cli {
+    /// What to do (default: serve).
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings shared by every subcommand.
+    #[command(flatten)]
+    pub config: Config,
+}
+
+/// Subcommands.
+#[derive(Debug, Clone, Copy, Subcommand)]
+pub enum Command {
+    /// Apply migrations, then serve the HTTP protocol (the default).
+    Serve,
+    /// Apply migrations and exit.
+    Migrate,
+}
+
+/// The coordinator's settings.
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// PostgreSQL URL; the database is created if missing; `sslmode` is honoured.
+    #[arg(long, env = "RUNLEASE_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+    /// Redis URL for wake-up signals between coordinators.
+    #[arg(long, env = "RUNLEASE_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub redis_url: String,
+    /// Address to listen on.
+    #[arg(long, env = "RUNLEASE_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Key for lease-token MACs; share it between replicas. Generated when absent.
+    #[arg(long, env = "RUNLEASE_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// API keys: comma-separated `role:key[:queue|queue...]`, role one of producer, worker, admin.
+    #[arg(long, env = "RUNLEASE_API_KEYS", hide_env_values = true)]
+    pub api_keys: Option<String>,
+    /// Lease time to live, ms.
+    #[arg(long, env = "RUNLEASE_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS,
+          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
+    pub lease_ttl_ms: u64,
+    /// Heartbeat interval told to workers, ms.
+    #[arg(long, env = "RUNLEASE_HEARTBEAT_INTERVAL_MS", default_value_t = DEFAULT_HEARTBEAT_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub heartbeat_interval_ms: u64,
+    /// How often the reaper looks for expired leases, ms.
+    #[arg(long, env = "RUNLEASE_REAPER_INTERVAL_MS", default_value_t = DEFAULT_REAPER_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub reaper_interval_ms: u64,
+    /// Attempt budget of a job that does not set `max_attempts`.
+    #[arg(long, env = "RUNLEASE_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+    /// Run-time limit of an attempt whose job does not set `timeout_ms`, ms.
+    #[arg(long, env = "RUNLEASE_DEFAULT_TIMEOUT_MS", default_value_t = DEFAULT_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
+    pub default_timeout_ms: u64,
+    /// Largest request body, bytes; larger ones get 413.
+    #[arg(long, env = "RUNLEASE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
+    pub max_body_bytes: usize,
+    /// A job meets the SLO when it is terminal within this many ms of enqueue.
+    #[arg(long, env = "RUNLEASE_SLO_MS", default_value_t = DEFAULT_SLO_MS)]
+    pub slo_ms: u64,
+    /// Most PostgreSQL connections this coordinator holds.
+    #[arg(long, env = "RUNLEASE_DATABASE_POOL_SIZE", default_value_t = DEFAULT_DATABASE_POOL_SIZE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub database_pool_size: usize,
+    /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
+    #[arg(long, env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
+    pub shutdown_grace_ms: u64,
+    /// Log as JSON lines instead of text.
+    #[arg(long, env = "RUNLEASE_LOG_JSON", default_value_t = false)]
+    pub log_json: bool,
+}
+
+impl Config {
+    /// The settings from `RUNLEASE_*` environment variables, defaults for the rest.
+    pub fn from_env() -> Result<Self, clap::Error> {
+        Cli::try_parse_from(["runlease-coordinator"]).map(|cli| cli.config)
+    }
+
+    /// Lease TTL.
+    pub fn lease_ttl(&self) -> Duration {
+        Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// Reaper interval.
+    pub fn reaper_interval(&self) -> Duration {
+        Duration::from_millis(self.reaper_interval_ms)
+    }
+
+    /// Checks that settings agree with each other.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.heartbeat_interval_ms >= self.lease_ttl_ms {
+            return Err(format!(
+                "RUNLEASE_HEARTBEAT_INTERVAL_MS ({}) must be below RUNLEASE_LEASE_TTL_MS ({}); a third of it is usual",
+                self.heartbeat_interval_ms, self.lease_ttl_ms
+            ));
+        }
+        if self.max_body_bytes < 1024 {
+            return Err("RUNLEASE_MAX_BODY_BYTES must be at least 1024".into());
+        }
+        Ok(())
+    }
+}

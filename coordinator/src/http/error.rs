@@ -1,0 +1,103 @@
+//! `ApiError`: every non-2xx answer, as `{"error": {"code", "message"}}`.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use runlease_protocol::{ErrorBody, ErrorCode, ErrorDetail};
+
+use crate::store::StoreError;
+
+/// Seconds a client should wait before retrying an `overloaded` answer.
+const RETRY_AFTER_SECS: u64 = 1;
+
+/// An error answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The code (and so the status).
+    pub code: ErrorCode,
+    /// What happened and what to do next.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this code and message.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    /// 422.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Invalid, message)
+    }
+
+    /// 404 for a job.
+    pub fn job_not_found() -> Self {
+        Self::new(ErrorCode::NotFound, "no such job")
+    }
+
+    /// 409 `lease_lost`.
+    pub fn lease_lost() -> Self {
+        Self::new(
+            ErrorCode::LeaseLost,
+            "the lease is stale, foreign or forged: another attempt owns this job, or it already ended; drop the job and claim again",
+        )
+    }
+
+    /// 409 `conflict`.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message)
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(detail) => {
+                tracing::warn!(%detail, "database unavailable");
+                Self::new(
+                    ErrorCode::Overloaded,
+                    "the database is unavailable or saturated; retry after the Retry-After delay",
+                )
+            }
+            StoreError::Rejected(detail) => Self::invalid(format!(
+                "PostgreSQL cannot store a value of this request: {detail}"
+            )),
+            other => {
+                // 5xx bodies stay generic; the detail is logged once, here.
+                tracing::error!(error = %other, "request failed");
+                Self::new(
+                    ErrorCode::Internal,
+                    "internal error; the coordinator's log has the details",
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+            },
+        };
+        let mut response = (status, Json(body)).into_response();
+        if self.code == ErrorCode::Overloaded {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        response
+    }
+}

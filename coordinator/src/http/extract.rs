@@ -1,0 +1,133 @@
+//! Extractors whose rejections answer with the protocol's error body, so no
+//! malformed input ever gets a framework-default plain-text answer.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::StatusCode;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use runlease_protocol::{ErrorCode, JobId};
+use serde::de::DeserializeOwned;
+
+use crate::auth::{Action, Caller};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+
+/// A JSON body: 413 over the size limit, 400 when it is not JSON, 422 when
+/// fields are missing, mistyped, unknown or out of range. No Content-Type is
+/// required, so `curl -d` works as is.
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    ErrorCode::TooLarge,
+                    "request body is larger than RUNLEASE_MAX_BODY_BYTES",
+                )
+            } else {
+                ApiError::bad_request(format!(
+                    "cannot read the request body: {}",
+                    rejection.body_text()
+                ))
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Parses a JSON document, telling syntax errors (400) from shape errors (422).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        use serde_json::error::Category;
+        match e.classify() {
+            Category::Data => ApiError::invalid(format!("invalid request: {e}")),
+            Category::Syntax | Category::Eof | Category::Io => {
+                ApiError::bad_request(format!("request body is not valid JSON: {e}"))
+            }
+        }
+    })
+}
+
+/// A job id from the path; anything but a UUID is 400.
+pub struct JobIdPath(pub JobId);
+
+impl<S: Send + Sync> FromRequestParts<S> for JobIdPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| ApiError::bad_request(r.body_text()))?;
+        raw.parse::<JobId>()
+            .map(JobIdPath)
+            .map_err(|_| ApiError::bad_request(format!("job id {raw:?} is not a UUID")))
+    }
+}
+
+/// Query parameters; a bad one is 400.
+pub struct QueryParams<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| QueryParams(q))
+            .map_err(|r| ApiError::bad_request(format!("invalid query: {}", r.body_text())))
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        if state.keys.is_empty() {
+            return Ok(Caller::open());
+        }
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .ok_or_else(|| {
+                ApiError::new(ErrorCode::Unauthorized, "send Authorization: Bearer <key>")
+            })?;
+        let key = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .map(str::trim)
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::Unauthorized,
+                    "the Authorization header must be Bearer <key>",
+                )
+            })?;
+        state
+            .keys
+            .lookup(key)
+            .cloned()
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "unknown API key"))
+    }
+}
+
+/// 403 unless the caller's role allows `action`.
+pub fn require(caller: &Caller, action: Action) -> Result<(), ApiError> {
+    if caller.role.allows(action) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "a {:?} key may not do this ({action:?}); use a key with the right role",
+                caller.role
+            ),
+        ))
+    }
+}

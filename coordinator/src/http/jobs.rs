@@ -1,0 +1,219 @@
+//! Producer endpoints: enqueue (one, batch), get (long-poll), cancel, retry.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use runlease_protocol::limits::{MAX_BATCH_JOBS, MAX_WAIT_MS};
+use runlease_protocol::producer::{
+    EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery,
+};
+use runlease_protocol::{ErrorCode, Job, JobId};
+use tokio::time::Instant;
+
+use crate::auth::{Action, Caller};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::{JobIdPath, JsonBody, QueryParams, require};
+use crate::metrics::{QueueLabels, Via, WaiterGauge};
+use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
+use crate::wake::{JOB_RECHECK_INTERVAL, jittered, next_job_wake};
+
+fn record_job(job: &Job) {
+    let span = tracing::Span::current();
+    span.record("job_id", tracing::field::display(job.id));
+    span.record("run_lease", job.run_lease.0);
+}
+
+fn forbidden_queue(queue: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::Forbidden,
+        format!("this API key may not use queue {queue:?}"),
+    )
+}
+
+/// Validates and permission-checks one enqueue request.
+fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<NewJob, ApiError> {
+    if !caller.may_use_queue(&req.queue) {
+        return Err(forbidden_queue(req.queue.as_str()));
+    }
+    NewJob::from_request(req, state.store.policy()).map_err(ApiError::invalid)
+}
+
+/// Counts new jobs and wakes parked claims of their queues.
+fn announce(state: &AppState, enqueued: &[Enqueued]) {
+    let mut woken = Vec::new();
+    for e in enqueued.iter().filter(|e| e.created) {
+        state
+            .metrics
+            .enqueued
+            .get_or_create(&QueueLabels {
+                queue: e.job.queue.to_string(),
+            })
+            .inc();
+        tracing::info!(job_id = %e.job.id, queue = %e.job.queue, "job enqueued");
+        if !woken.contains(&e.job.queue) {
+            woken.push(e.job.queue.clone());
+        }
+    }
+    for queue in &woken {
+        state.wake.queue_ready(queue);
+    }
+}
+
+/// `POST /v1/jobs`: 201 with the new job; 200 with the original for a repeated idempotency key.
+pub async fn enqueue(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<EnqueueJobRequest>,
+) -> Result<(StatusCode, Json<Job>), ApiError> {
+    require(&caller, Action::Enqueue)?;
+    let job = new_job(&state, &caller, req)?;
+    let enqueued = state.store.enqueue(vec![job]).await?;
+    announce(&state, &enqueued);
+    let Some(first) = enqueued.into_iter().next() else {
+        return Err(ApiError::new(
+            ErrorCode::Internal,
+            "enqueue answered no job",
+        ));
+    };
+    record_job(&first.job);
+    let status = if first.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(first.job)))
+}
+
+/// `POST /v1/jobs/batch`: 1 to 1000 jobs in one transaction; 201 in request order.
+pub async fn enqueue_batch(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<EnqueueBatchRequest>,
+) -> Result<(StatusCode, Json<EnqueueBatchResponse>), ApiError> {
+    require(&caller, Action::Enqueue)?;
+    if req.jobs.is_empty() || req.jobs.len() > MAX_BATCH_JOBS {
+        return Err(ApiError::invalid(format!(
+            "jobs must hold 1 to {MAX_BATCH_JOBS} jobs"
+        )));
+    }
+    let jobs = req
+        .jobs
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            new_job(&state, &caller, r).map_err(|e| ApiError {
+                message: format!("jobs[{i}]: {}", e.message),
+                ..e
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let enqueued = state.store.enqueue(jobs).await?;
+    announce(&state, &enqueued);
+    Ok((
+        StatusCode::CREATED,
+        Json(EnqueueBatchResponse {
+            jobs: enqueued.into_iter().map(|e| e.job).collect(),
+        }),
+    ))
+}
+
+/// Reads a job the caller may see; 404 otherwise.
+async fn visible_job(state: &AppState, caller: &Caller, id: JobId) -> Result<Job, ApiError> {
+    match state.store.get_job(id).await? {
+        Some(job) if caller.may_use_queue(&job.queue) => Ok(job),
+        _ => Err(ApiError::job_not_found()),
+    }
+}
+
+/// `GET /v1/jobs/{id}?wait_ms=N`: the job; with `wait_ms`, once it is terminal
+/// or N ms have passed, whichever is first.
+pub async fn get_job(
+    State(state): State<AppState>,
+    caller: Caller,
+    JobIdPath(id): JobIdPath,
+    QueryParams(query): QueryParams<GetJobQuery>,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Read)?;
+    let wait_ms = query.wait_ms.unwrap_or(0);
+    if wait_ms > MAX_WAIT_MS {
+        return Err(ApiError::invalid(format!(
+            "wait_ms must be between 0 and {MAX_WAIT_MS}"
+        )));
+    }
+    let deadline = Instant::now() + Duration::from_millis(wait_ms);
+    // Subscribed before the first read: a completion in between still wakes us.
+    let mut wakes = state.wake.subscribe_jobs();
+    let _waiting = (wait_ms > 0).then(|| WaiterGauge::new(&state.metrics.job_waiters));
+    loop {
+        let job = visible_job(&state, &caller, id).await?;
+        record_job(&job);
+        let now = Instant::now();
+        if job.state.is_terminal() || now >= deadline || state.shutdown.is_cancelled() {
+            return Ok(Json(job));
+        }
+        let nap = jittered(JOB_RECHECK_INTERVAL).min(deadline - now);
+        tokio::select! {
+            () = next_job_wake(&mut wakes, id) => {}
+            () = tokio::time::sleep(nap) => {}
+            () = state.shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// `POST /v1/jobs/{id}/cancel`: a claimable job is cancelled at once; a running
+/// one gets `cancel_requested` and stops at its worker's next heartbeat.
+pub async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    JobIdPath(id): JobIdPath,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Cancel)?;
+    if caller.queues.is_some() {
+        visible_job(&state, &caller, id).await?;
+    }
+    match state.store.cancel(id).await? {
+        CancelOutcome::Done(job) => {
+            record_job(&job);
+            if job.state.is_terminal() {
+                state.metrics.transition(&job, Via::Cancel);
+                state.wake.job_terminal(job.id);
+                tracing::info!("job cancelled");
+            } else {
+                tracing::info!("cancel requested of a running job");
+            }
+            Ok(Json(*job))
+        }
+        CancelOutcome::NotFound => Err(ApiError::job_not_found()),
+        CancelOutcome::Terminal(s) => Err(ApiError::conflict(format!(
+            "the job is already {s}; only queued or running jobs can be cancelled"
+        ))),
+    }
+}
+
+/// `POST /v1/jobs/{id}/retry`: a failed or cancelled job back to `queued`
+/// with a fresh attempt budget (admin only).
+pub async fn retry(
+    State(state): State<AppState>,
+    caller: Caller,
+    JobIdPath(id): JobIdPath,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Retry)?;
+    if caller.queues.is_some() {
+        visible_job(&state, &caller, id).await?;
+    }
+    match state.store.retry(id).await? {
+        RetryOutcome::Done(job) => {
+            record_job(&job);
+            tracing::info!("job retried by an admin");
+            state.wake.queue_ready(&job.queue);
+            Ok(Json(*job))
+        }
+        RetryOutcome::NotFound => Err(ApiError::job_not_found()),
+        RetryOutcome::NotRetryable(s) => Err(ApiError::conflict(format!(
+            "the job is {s}; only failed or cancelled jobs can be retried"
+        ))),
+    }
+}

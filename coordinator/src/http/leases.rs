@@ -1,0 +1,413 @@
+//! Worker endpoints: claim (long-poll), heartbeat, complete, fail, release,
+//! finish. Tokens are verified before any database work; a stale guard
+//! becomes 409 `lease_lost` in exactly one place, [`applied`].
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::State;
+use runlease_protocol::limits::{
+    MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_LEASES_PER_REQUEST,
+    MAX_WAIT_MS,
+};
+use runlease_protocol::worker::{
+    ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishAction, FinishItem,
+    FinishRequest, FinishResponse, FinishResult, FinishStatus, HeartbeatRequest, HeartbeatResponse,
+    HeartbeatResult, HeartbeatStatus, Lease, ReleaseRequest,
+};
+use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
+use tokio::time::Instant;
+use uuid::Uuid;
+
+use crate::auth::{Action, Caller};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::{JsonBody, require};
+use crate::metrics::{ActionLabels, QueueLabels, Via, WaiterGauge};
+use crate::store::Guarded;
+use crate::store::leases::{Finished, LeaseRef, Outcome, Renewal};
+use crate::token::TokenError;
+use crate::wake::{CLAIM_RECHECK_INTERVAL, jittered, next_queue_wake};
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `POST /v1/claim`: up to `max_jobs` leases; parks up to `wait_ms` when none
+/// is claimable, woken by a local enqueue and re-checking on a timer.
+pub async fn claim(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<ClaimRequest>,
+) -> Result<Json<ClaimResponse>, ApiError> {
+    require(&caller, Action::Work)?;
+    if req.queues.is_empty() || req.queues.len() > MAX_CLAIM_QUEUES {
+        return Err(ApiError::invalid(format!(
+            "queues must name 1 to {MAX_CLAIM_QUEUES} queues"
+        )));
+    }
+    if !(1..=MAX_CLAIM_JOBS).contains(&req.max_jobs) {
+        return Err(ApiError::invalid(format!(
+            "max_jobs must be between 1 and {MAX_CLAIM_JOBS}"
+        )));
+    }
+    if req.wait_ms > MAX_WAIT_MS {
+        return Err(ApiError::invalid(format!(
+            "wait_ms must be between 0 and {MAX_WAIT_MS}"
+        )));
+    }
+    if let Some(q) = req.queues.iter().find(|q| !caller.may_use_queue(q)) {
+        return Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("this API key may not claim from queue {q:?}"),
+        ));
+    }
+    let queues: Vec<QueueName> = req
+        .queues
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
+    // Subscribed before the first look: an enqueue in between still wakes us.
+    let mut wakes = state.wake.subscribe_queues();
+    let mut _waiting = None;
+    loop {
+        let records = state
+            .store
+            .claim(&queues, &req.worker_id, req.max_jobs, req.time_left_ms)
+            .await?;
+        if !records.is_empty() {
+            let terms = state.terms;
+            let leases = records
+                .into_iter()
+                .map(|r| {
+                    let job = r.job;
+                    state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
+                    tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
+                    let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
+                    Lease {
+                        lease_token: state.tokens.mint(job.id, job.run_lease, &req.worker_id),
+                        job_id: job.id,
+                        run_lease: job.run_lease,
+                        queue: job.queue,
+                        payload: job.payload,
+                        attempt: job.attempt,
+                        progress: job.progress,
+                        lease_ttl_ms: millis(terms.ttl),
+                        heartbeat_interval_ms: millis(terms.heartbeat_interval),
+                        timeout_ms: millis(timeout),
+                    }
+                })
+                .collect();
+            return Ok(Json(ClaimResponse { leases }));
+        }
+        let now = Instant::now();
+        if now >= deadline || state.shutdown.is_cancelled() {
+            return Ok(Json(ClaimResponse { leases: Vec::new() }));
+        }
+        _waiting.get_or_insert_with(|| WaiterGauge::new(&state.metrics.claim_waiters));
+        let nap = jittered(CLAIM_RECHECK_INTERVAL).min(deadline - now);
+        tokio::select! {
+            () = next_queue_wake(&mut wakes, &queues) => {}
+            () = tokio::time::sleep(nap) => {}
+            () = state.shutdown.cancelled() => {}
+        }
+    }
+}
+
+/// Verifies a token. Malformed: 400 for the whole request. Forged: `None`,
+/// counted, and answered `lease_lost` by the caller.
+fn verify(state: &AppState, token: &LeaseToken) -> Result<Option<LeaseRef>, ApiError> {
+    match state.tokens.verify(token) {
+        Ok(lease) => Ok(Some(lease)),
+        Err(TokenError::Malformed) => {
+            state.metrics.forged_tokens.inc();
+            Err(ApiError::bad_request(TokenError::Malformed.to_string()))
+        }
+        Err(TokenError::Forged) => {
+            state.metrics.forged_tokens.inc();
+            tracing::warn!("refused a lease token that does not verify");
+            Ok(None)
+        }
+    }
+}
+
+fn lease_lost(state: &AppState, action: &str) -> ApiError {
+    state
+        .metrics
+        .lease_lost
+        .get_or_create(&ActionLabels {
+            action: action.to_owned(),
+        })
+        .inc();
+    ApiError::lease_lost()
+}
+
+/// The one place a stale guard becomes 409 `lease_lost`.
+fn applied<T>(state: &AppState, guarded: Guarded<T>, action: &str) -> Result<T, ApiError> {
+    match guarded {
+        Guarded::Applied(t) => Ok(t),
+        Guarded::Stale => Err(lease_lost(state, action)),
+    }
+}
+
+/// `POST /v1/heartbeat`: renews many leases in one statement.
+pub async fn heartbeat(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<HeartbeatRequest>,
+) -> Result<Json<HeartbeatResponse>, ApiError> {
+    require(&caller, Action::Work)?;
+    if req.leases.is_empty() || req.leases.len() > MAX_LEASES_PER_REQUEST {
+        return Err(ApiError::invalid(format!(
+            "leases must hold 1 to {MAX_LEASES_PER_REQUEST} items"
+        )));
+    }
+    let mut verified = Vec::with_capacity(req.leases.len());
+    for item in &req.leases {
+        verified.push(verify(&state, &item.lease_token)?.ok_or(&item.lease_token));
+    }
+    let renewals: Vec<Renewal> = req
+        .leases
+        .iter()
+        .zip(&verified)
+        .filter_map(|(item, v)| {
+            v.as_ref().ok().map(|lease| Renewal {
+                job_id: lease.job_id,
+                run_lease: lease.run_lease,
+                progress: item.progress.clone().filter(|p| !p.is_null()),
+            })
+        })
+        .collect();
+    let mut statuses = if renewals.is_empty() {
+        Vec::new()
+    } else {
+        state.store.heartbeat(&renewals).await?
+    }
+    .into_iter();
+    let mut answers = Vec::with_capacity(verified.len());
+    for v in verified {
+        let (job_id, run_lease, status) = match v {
+            Ok(lease) => (
+                lease.job_id,
+                lease.run_lease,
+                statuses.next().unwrap_or(HeartbeatStatus::LeaseLost),
+            ),
+            Err(token) => {
+                // Echo what the forged token claims to be, so the worker can
+                // match the answer; nothing of it was trusted.
+                let (job_id, run_lease) = state
+                    .tokens
+                    .peek(token)
+                    .unwrap_or((JobId(Uuid::nil()), RunLease(0)));
+                (job_id, run_lease, HeartbeatStatus::LeaseLost)
+            }
+        };
+        if status == HeartbeatStatus::LeaseLost {
+            state
+                .metrics
+                .lease_lost
+                .get_or_create(&ActionLabels {
+                    action: "heartbeat".into(),
+                })
+                .inc();
+        }
+        answers.push(HeartbeatResult {
+            job_id,
+            run_lease,
+            status,
+        });
+    }
+    Ok(Json(HeartbeatResponse { leases: answers }))
+}
+
+/// Applies one finishing outcome: verify, guarded write, metrics, wake-ups.
+async fn finish_one(
+    state: &AppState,
+    token: &LeaseToken,
+    outcome: Outcome,
+) -> Result<Finished, ApiError> {
+    let action = outcome.name();
+    let Some(lease) = verify(state, token)? else {
+        return Err(lease_lost(state, action));
+    };
+    let span = tracing::Span::current();
+    span.record("job_id", tracing::field::display(lease.job_id));
+    span.record("run_lease", lease.run_lease.0);
+    let finished = applied(state, state.store.finish(&lease, &outcome).await?, action)?;
+    let job = &finished.record.job;
+    if finished.first {
+        let via = match outcome {
+            Outcome::Complete { .. } => Via::Complete,
+            Outcome::Fail { .. } => Via::Fail,
+            Outcome::Release { .. } => Via::Release,
+        };
+        state.metrics.transition(job, via);
+        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, state = %job.state, action, "attempt finished");
+        if job.state.is_terminal() {
+            state.wake.job_terminal(job.id);
+        } else if job.state == JobState::Queued {
+            state.wake.queue_ready(&job.queue);
+        }
+    } else {
+        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, action, "repeated finish answered as already applied");
+    }
+    Ok(finished)
+}
+
+async fn answer(state: &AppState, finished: Finished) -> Result<Json<Job>, ApiError> {
+    let job = state
+        .store
+        .with_attempts(vec![finished.record])
+        .await?
+        .pop();
+    job.map(Json).ok_or_else(ApiError::job_not_found)
+}
+
+fn fail_outcome(
+    error: String,
+    retryable: bool,
+    retry_after_ms: Option<i64>,
+) -> Result<Outcome, ApiError> {
+    if let Some(ms) = retry_after_ms
+        && !(0..=MAX_DELAY_MS).contains(&ms)
+    {
+        return Err(ApiError::invalid(format!(
+            "retry_after_ms must be between 0 and {MAX_DELAY_MS}"
+        )));
+    }
+    let mut error = error;
+    if error.len() > MAX_ERROR_LEN {
+        let mut cut = MAX_ERROR_LEN;
+        while !error.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        error.truncate(cut);
+    }
+    Ok(Outcome::Fail {
+        error,
+        retryable,
+        retry_after_ms,
+    })
+}
+
+/// `POST /v1/complete`.
+pub async fn complete(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<CompleteRequest>,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Work)?;
+    let finished = finish_one(
+        &state,
+        &req.lease_token,
+        Outcome::Complete { result: req.result },
+    )
+    .await?;
+    answer(&state, finished).await
+}
+
+/// `POST /v1/fail`.
+pub async fn fail(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<FailRequest>,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Work)?;
+    let outcome = fail_outcome(req.error, req.retryable, req.retry_after_ms)?;
+    let finished = finish_one(&state, &req.lease_token, outcome).await?;
+    answer(&state, finished).await
+}
+
+/// `POST /v1/release`.
+pub async fn release(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<ReleaseRequest>,
+) -> Result<Json<Job>, ApiError> {
+    require(&caller, Action::Work)?;
+    let progress = req.progress.filter(|p| !p.is_null());
+    let finished = finish_one(&state, &req.lease_token, Outcome::Release { progress }).await?;
+    answer(&state, finished).await
+}
+
+fn item_outcome(item: &FinishItem, index: usize) -> Result<Outcome, ApiError> {
+    let at = |e: ApiError| ApiError {
+        message: format!("items[{index}]: {}", e.message),
+        ..e
+    };
+    match item.action {
+        FinishAction::Complete => Ok(Outcome::Complete {
+            result: item.result.clone().unwrap_or_default(),
+        }),
+        FinishAction::Fail => {
+            let error = item
+                .error
+                .clone()
+                .ok_or_else(|| at(ApiError::invalid("a fail needs an error")))?;
+            fail_outcome(error, item.retryable.unwrap_or(true), item.retry_after_ms).map_err(at)
+        }
+        FinishAction::Release => Ok(Outcome::Release {
+            progress: item.progress.clone().filter(|p| !p.is_null()),
+        }),
+    }
+}
+
+/// `POST /v1/finish`: many outcomes, each answered on its own, in order.
+pub async fn finish(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<FinishRequest>,
+) -> Result<Json<FinishResponse>, ApiError> {
+    require(&caller, Action::Work)?;
+    if req.items.is_empty() || req.items.len() > MAX_LEASES_PER_REQUEST {
+        return Err(ApiError::invalid(format!(
+            "items must hold 1 to {MAX_LEASES_PER_REQUEST} items"
+        )));
+    }
+    // Validate everything first: a bad item fails the request before any write.
+    let mut planned = Vec::with_capacity(req.items.len());
+    for (i, item) in req.items.iter().enumerate() {
+        if state.tokens.verify(&item.lease_token) == Err(TokenError::Malformed) {
+            state.metrics.forged_tokens.inc();
+            return Err(ApiError::bad_request(format!(
+                "items[{i}]: {}",
+                TokenError::Malformed
+            )));
+        }
+        planned.push(item_outcome(item, i)?);
+    }
+    let mut results = Vec::with_capacity(planned.len());
+    for (item, outcome) in req.items.iter().zip(planned) {
+        let (job_id, run_lease) = state
+            .tokens
+            .peek(&item.lease_token)
+            .unwrap_or((JobId(Uuid::nil()), RunLease(0)));
+        let result = match finish_one(&state, &item.lease_token, outcome).await {
+            Ok(finished) => FinishResult {
+                job_id,
+                run_lease,
+                status: FinishStatus::Ok,
+                state: Some(finished.record.job.state),
+            },
+            Err(e) if e.code == ErrorCode::LeaseLost => {
+                // A stale lease learns where its job went; a forged token learns nothing.
+                let current = match state.tokens.verify(&item.lease_token) {
+                    Ok(_) => state.store.get_job(job_id).await?.map(|j| j.state),
+                    Err(_) => None,
+                };
+                FinishResult {
+                    job_id,
+                    run_lease,
+                    status: FinishStatus::LeaseLost,
+                    state: current,
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        results.push(result);
+    }
+    Ok(Json(FinishResponse { items: results }))
+}

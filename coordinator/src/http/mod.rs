@@ -1,0 +1,135 @@
+//! The v1 HTTP protocol on axum.
+//!
+//! - [`error`]: `ApiError`, the one error body.
+//! - [`extract`]: JSON, path, query and caller extractors that answer with it.
+//! - [`jobs`]: producer endpoints.
+//! - [`leases`]: worker endpoints.
+//! - [`ops`]: health, readiness, metrics, queue figures.
+
+pub mod error;
+pub mod extract;
+pub mod jobs;
+pub mod leases;
+pub mod ops;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use runlease_protocol::{ErrorCode, routes};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::auth::ApiKeys;
+use crate::metrics::{Metrics, RouteLabels};
+use crate::store::Store;
+use crate::token::TokenKey;
+use crate::wake::Wake;
+use error::ApiError;
+
+/// What the lease handed to a worker promises.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseTerms {
+    /// `lease_ttl_ms` of each lease.
+    pub ttl: Duration,
+    /// `heartbeat_interval_ms` of each lease.
+    pub heartbeat_interval: Duration,
+    /// `timeout_ms` of a job that sets none.
+    pub default_timeout: Duration,
+}
+
+/// Shared state of every handler.
+#[derive(Clone)]
+pub struct AppState {
+    /// PostgreSQL.
+    pub store: Store,
+    /// Lease-token key.
+    pub tokens: TokenKey,
+    /// API keys (empty: open, loopback only).
+    pub keys: Arc<ApiKeys>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Local wake-ups.
+    pub wake: Wake,
+    /// Lease terms.
+    pub terms: LeaseTerms,
+    /// Cancelled at shutdown: parked long-polls answer at once.
+    pub shutdown: CancellationToken,
+}
+
+/// The router with every route of the v1 protocol.
+pub fn app(state: AppState, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route(routes::JOBS, post(jobs::enqueue))
+        .route(routes::JOBS_BATCH, post(jobs::enqueue_batch))
+        .route(routes::JOB, get(jobs::get_job))
+        .route(routes::JOB_CANCEL, post(jobs::cancel))
+        .route(routes::JOB_RETRY, post(jobs::retry))
+        .route(routes::CLAIM, post(leases::claim))
+        .route(routes::HEARTBEAT, post(leases::heartbeat))
+        .route(routes::COMPLETE, post(leases::complete))
+        .route(routes::FAIL, post(leases::fail))
+        .route(routes::RELEASE, post(leases::release))
+        .route(routes::FINISH, post(leases::finish))
+        .route(routes::QUEUES, get(ops::queues))
+        .route(routes::HEALTHZ, get(ops::healthz))
+        .route(routes::READYZ, get(ops::readyz))
+        .route(routes::METRICS, get(ops::metrics))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such route; see docs/protocol.md")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "this route does not take this method; see docs/protocol.md",
+    )
+}
+
+/// A span per request (job handlers record `job_id` and `run_lease` in it)
+/// and its duration per route.
+async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_owned();
+    let method = request.method().as_str().to_owned();
+    let span = tracing::info_span!(
+        "request",
+        %method,
+        %route,
+        job_id = tracing::field::Empty,
+        run_lease = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    let response = next.run(request).instrument(span.clone()).await;
+    let status = response.status();
+    span.record("status", status.as_u16());
+    let class = format!("{}xx", status.as_u16() / 100);
+    state
+        .metrics
+        .request_duration
+        .get_or_create(&RouteLabels {
+            route,
+            method,
+            status: class,
+        })
+        .observe(started.elapsed().as_secs_f64());
+    if status.is_server_error() {
+        tracing::warn!(parent: &span, status = status.as_u16(), "request answered with a server error");
+    }
+    response.into_response()
+}

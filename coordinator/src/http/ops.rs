@@ -1,0 +1,90 @@
+//! Operations endpoints: health, readiness, metrics, queue figures.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use runlease_protocol::ErrorCode;
+use runlease_protocol::producer::ListQueuesResponse;
+use serde_json::json;
+
+use crate::auth::{Action, Caller};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::require;
+use crate::metrics::{DepthLabels, QueueLabels};
+
+/// `GET /healthz`: the process serves HTTP.
+pub async fn healthz() -> impl IntoResponse {
+    Json(json!({"status": "ok"}))
+}
+
+/// `GET /readyz`: PostgreSQL reachable and migrations current (503 otherwise).
+pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    match state.store.ready().await {
+        Ok(true) => Ok(Json(json!({
+            "status": "ready",
+            "postgres": "ok",
+            "migrations": "current",
+            // Redis signalling is not wired in yet: claims rely on local
+            // wake-ups and the timer re-check, which is always correct.
+            "redis": "not_used",
+        }))),
+        Ok(false) => Err(ApiError::new(
+            ErrorCode::Overloaded,
+            "migrations are not current; run `runlease-coordinator migrate`",
+        )),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::Overloaded,
+            format!("PostgreSQL is not reachable: {e}"),
+        )),
+    }
+}
+
+/// `GET /metrics`: Prometheus text. Queue depth and pool use are read now.
+pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let m = &state.metrics;
+    let pool = state.store.pool().status();
+    m.pool_size.set(pool.size as i64);
+    m.pool_available.set(pool.available as i64);
+    m.pool_waiting.set(pool.waiting as i64);
+    match state.store.queues().await {
+        Ok(queues) => {
+            for q in queues {
+                for (s, n) in &q.counts {
+                    m.depth
+                        .get_or_create(&DepthLabels {
+                            queue: q.queue.to_string(),
+                            state: s.clone(),
+                        })
+                        .set(*n);
+                }
+                m.oldest_queued_age
+                    .get_or_create(&QueueLabels {
+                        queue: q.queue.to_string(),
+                    })
+                    .set(q.oldest_queued_age_ms.unwrap_or(0) as f64 / 1000.0);
+            }
+        }
+        // The rest of the metrics are still worth answering.
+        Err(e) => tracing::warn!(error = %e, "cannot read queue depth for /metrics"),
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.render(),
+    )
+}
+
+/// `GET /v1/queues`: per-queue figures (limited to the key's queues).
+pub async fn queues(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<ListQueuesResponse>, ApiError> {
+    require(&caller, Action::Read)?;
+    let mut queues = state.store.queues().await?;
+    queues.retain(|q| caller.may_use_queue(&q.queue));
+    Ok(Json(ListQueuesResponse { queues }))
+}

@@ -1,0 +1,170 @@
+//! The runlease coordinator: owns PostgreSQL and hands out fenced job leases
+//! to workers over HTTP. Workers never touch the database; every guarantee
+//! (one running attempt per job, stale writes refused, expired leases taken
+//! back) is a guarded statement in PostgreSQL.
+//!
+//! Layout:
+//! - [`config`]: settings (flags and `RUNLEASE_*` variables).
+//! - [`store`]: PostgreSQL: connection, migrations, the SQL statements.
+//! - [`http`]: the v1 protocol on axum.
+//! - [`token`]: lease tokens (HMAC-SHA256).
+//! - [`auth`]: API keys and roles.
+//! - [`reaper`]: takes back expired leases.
+//! - [`wake`]: local wake-ups of parked long-polls.
+//! - [`metrics`]: Prometheus metrics.
+
+pub mod auth;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod reaper;
+pub mod store;
+pub mod token;
+pub mod wake;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::auth::ApiKeys;
+use crate::config::Config;
+use crate::http::{AppState, LeaseTerms};
+use crate::metrics::Metrics;
+use crate::reaper::Reaper;
+use crate::store::connect::DatabaseTarget;
+use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
+use crate::token::TokenKey;
+use crate::wake::Wake;
+
+/// Why the coordinator could not start or keep running.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is wrong; the message says which and how to fix it.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// PostgreSQL could not be reached, set up or migrated.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The listener failed.
+    #[error("cannot serve HTTP: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn millis_i64(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// Connects to PostgreSQL (creating the database if missing) and applies
+/// pending migrations.
+pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
+    let target = DatabaseTarget::parse(&config.database_url)?;
+    if target.create_database_if_missing().await? {
+        tracing::info!(database = target.dbname(), "created the database");
+    }
+    let pool = target.pool(config.database_pool_size)?;
+    let applied = store::migrate::migrate(&pool).await?;
+    if !applied.is_empty() {
+        tracing::info!(?applied, "applied migrations");
+    }
+    let policy = Policy {
+        lease_ttl_ms: millis_i64(config.lease_ttl_ms),
+        default_timeout_ms: millis_i64(config.default_timeout_ms),
+        default_max_attempts: config.max_attempts,
+        backoff_base_ms: millis_i64(DEFAULT_BACKOFF_BASE.as_millis() as u64),
+        backoff_cap_ms: millis_i64(DEFAULT_BACKOFF_CAP.as_millis() as u64),
+    };
+    Ok(Store::new(pool, policy))
+}
+
+/// `runlease-coordinator migrate`.
+pub async fn migrate(config: &Config) -> Result<(), Error> {
+    connect_and_migrate(config).await.map(drop)
+}
+
+/// Binds `RUNLEASE_LISTEN` and serves until `shutdown` fires.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
+    let listener = TcpListener::bind(config.listen).await?;
+    serve(config, listener, shutdown).await
+}
+
+/// Serves the protocol on `listener` until `shutdown` fires, then stops
+/// accepting, answers parked long-polls, finishes in-flight requests and
+/// stops the background loops.
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    config.validate().map_err(Error::Config)?;
+    let addr = listener.local_addr()?;
+    let keys =
+        ApiKeys::parse(config.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
+    if keys.is_empty() {
+        if !addr.ip().is_loopback() {
+            return Err(Error::Config(format!(
+                "no RUNLEASE_API_KEYS configured and listening on {addr}, which is not a loopback address; set RUNLEASE_API_KEYS or listen on 127.0.0.1"
+            )));
+        }
+        tracing::warn!(%addr, "no RUNLEASE_API_KEYS configured: serving unauthenticated requests on loopback only");
+    }
+    let secret = match &config.secret {
+        Some(s) if !s.is_empty() => s.as_bytes().to_vec(),
+        _ => {
+            let mut bytes = [0u8; 32];
+            rand::fill(&mut bytes);
+            tracing::warn!(
+                "RUNLEASE_SECRET is not set: generated a random one; leases handed out by this process will not verify after a restart or on other replicas"
+            );
+            bytes.to_vec()
+        }
+    };
+
+    let store = connect_and_migrate(&config).await?;
+    let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
+    let wake = Wake::new();
+    let tracker = TaskTracker::new();
+    let reaper = Reaper::new(
+        store.clone(),
+        metrics.clone(),
+        wake.clone(),
+        config.reaper_interval(),
+    );
+    tracker.spawn(reaper.run(shutdown.child_token()));
+
+    let state = AppState {
+        store,
+        tokens: TokenKey::new(&secret),
+        keys: Arc::new(keys),
+        metrics,
+        wake,
+        terms: LeaseTerms {
+            ttl: config.lease_ttl(),
+            heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
+            default_timeout: Duration::from_millis(config.default_timeout_ms),
+        },
+        shutdown: shutdown.clone(),
+    };
+    tracing::info!(%addr, "runlease coordinator listening");
+    axum::serve(listener, http::app(state, config.max_body_bytes))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await?;
+    tracker.close();
+    tracker.wait().await;
+    tracing::info!("runlease coordinator stopped");
+    Ok(())
+}
+
+/// Starts tracing: `RUST_LOG` filters (default `info`), JSON lines when asked.
+pub fn init_tracing(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

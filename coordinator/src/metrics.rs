@@ -1,0 +1,366 @@
+//! Prometheus metrics: one counter family per job transition and failure
+//! path, queue depth (read at scrape time), long-poll waiters, request
+//! latency per route, pool use and the SLO share.
+
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use runlease_protocol::{Job, JobState};
+
+/// Label set of per-queue metrics.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    /// Queue name.
+    pub queue: String,
+}
+
+/// Label set of queue depth.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DepthLabels {
+    /// Queue name.
+    pub queue: String,
+    /// Job state.
+    pub state: String,
+}
+
+/// Label set of refused finishing calls.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    /// heartbeat, complete, fail or release.
+    pub action: String,
+}
+
+/// Label set of request latency.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route template, e.g. `/v1/jobs/{id}`.
+    pub route: String,
+    /// HTTP method.
+    pub method: String,
+    /// Status class: 2xx, 4xx, 5xx.
+    pub status: String,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+}
+
+/// Every metric of the coordinator.
+pub struct Metrics {
+    registry: Registry,
+    /// Jobs enqueued (new, not idempotent repeats).
+    pub enqueued: Family<QueueLabels, Counter>,
+    /// Leases handed out.
+    pub claimed: Family<QueueLabels, Counter>,
+    /// Jobs completed.
+    pub completed: Family<QueueLabels, Counter>,
+    /// Jobs that ended `failed`.
+    pub failed: Family<QueueLabels, Counter>,
+    /// Failed or expired attempts after which the job was queued again.
+    pub retried: Family<QueueLabels, Counter>,
+    /// Jobs that ended `cancelled`.
+    pub cancelled: Family<QueueLabels, Counter>,
+    /// Leases given back by their worker.
+    pub released: Family<QueueLabels, Counter>,
+    /// Leases the reaper took back.
+    pub leases_expired: Family<QueueLabels, Counter>,
+    /// Worker calls refused as `lease_lost`.
+    pub lease_lost: Family<ActionLabels, Counter>,
+    /// Tokens that failed verification (malformed or forged).
+    pub forged_tokens: Counter,
+    /// Jobs marked `enqueue_failed` because their wake-up could not be sent.
+    pub enqueue_failed_marks: Family<QueueLabels, Counter>,
+    /// `enqueue_failed` jobs the repair loop moved back to `queued`.
+    pub enqueue_failed_repairs: Family<QueueLabels, Counter>,
+    /// Jobs per queue and state, read from PostgreSQL at scrape time.
+    pub depth: Family<DepthLabels, Gauge>,
+    /// Age of the oldest due claimable job per queue, seconds.
+    pub oldest_queued_age: Family<QueueLabels, Gauge<f64, AtomicU64>>,
+    /// Claims parked in a long-poll right now.
+    pub claim_waiters: Gauge,
+    /// Job reads parked in a long-poll right now.
+    pub job_waiters: Gauge,
+    /// Request duration per route.
+    pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    /// Connections in the pool.
+    pub pool_size: Gauge,
+    /// Idle connections in the pool.
+    pub pool_available: Gauge,
+    /// Requests waiting for a pooled connection.
+    pub pool_waiting: Gauge,
+    /// Requests answered 503 because the database was unavailable.
+    pub db_unavailable: Counter,
+    /// Reaper passes that failed.
+    pub reaper_errors: Counter,
+    /// Jobs that reached a terminal state.
+    pub terminal: Family<QueueLabels, Counter>,
+    /// Jobs that reached a terminal state within the SLO.
+    pub terminal_within_slo: Family<QueueLabels, Counter>,
+    /// Share of terminal jobs that met the SLO, since start.
+    pub slo_ratio: Gauge<f64, AtomicU64>,
+    slo_counted: Counter,
+    slo_met: Counter,
+    slo: Duration,
+}
+
+impl Metrics {
+    /// Registers every metric; `slo` is `RUNLEASE_SLO_MS`.
+    pub fn new(slo: Duration) -> Self {
+        let mut registry = Registry::with_prefix("runlease");
+        let m = Self {
+            registry: Registry::default(),
+            enqueued: Family::default(),
+            claimed: Family::default(),
+            completed: Family::default(),
+            failed: Family::default(),
+            retried: Family::default(),
+            cancelled: Family::default(),
+            released: Family::default(),
+            leases_expired: Family::default(),
+            lease_lost: Family::default(),
+            forged_tokens: Counter::default(),
+            enqueue_failed_marks: Family::default(),
+            enqueue_failed_repairs: Family::default(),
+            depth: Family::default(),
+            oldest_queued_age: Family::default(),
+            claim_waiters: Gauge::default(),
+            job_waiters: Gauge::default(),
+            request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            pool_size: Gauge::default(),
+            pool_available: Gauge::default(),
+            pool_waiting: Gauge::default(),
+            db_unavailable: Counter::default(),
+            reaper_errors: Counter::default(),
+            terminal: Family::default(),
+            terminal_within_slo: Family::default(),
+            slo_ratio: Gauge::default(),
+            slo_counted: Counter::default(),
+            slo_met: Counter::default(),
+            slo,
+        };
+        registry.register("jobs_enqueued", "Jobs enqueued", m.enqueued.clone());
+        registry.register(
+            "jobs_claimed",
+            "Leases handed out by claims",
+            m.claimed.clone(),
+        );
+        registry.register("jobs_completed", "Jobs completed", m.completed.clone());
+        registry.register("jobs_failed", "Jobs that ended failed", m.failed.clone());
+        registry.register(
+            "jobs_retried",
+            "Failed or expired attempts re-queued for another attempt",
+            m.retried.clone(),
+        );
+        registry.register(
+            "jobs_cancelled",
+            "Jobs that ended cancelled",
+            m.cancelled.clone(),
+        );
+        registry.register(
+            "jobs_released",
+            "Leases released by their worker (no attempt charged)",
+            m.released.clone(),
+        );
+        registry.register(
+            "leases_expired",
+            "Expired leases taken back by the reaper",
+            m.leases_expired.clone(),
+        );
+        registry.register(
+            "lease_lost",
+            "Worker calls refused as lease_lost (stale, foreign or forged lease)",
+            m.lease_lost.clone(),
+        );
+        registry.register(
+            "forged_tokens",
+            "Lease tokens refused before reaching PostgreSQL (malformed or bad MAC)",
+            m.forged_tokens.clone(),
+        );
+        registry.register(
+            "enqueue_failed_marks",
+            "Jobs marked enqueue_failed because their wake-up was not delivered",
+            m.enqueue_failed_marks.clone(),
+        );
+        registry.register(
+            "enqueue_failed_repairs",
+            "enqueue_failed jobs moved back to queued by the repair loop",
+            m.enqueue_failed_repairs.clone(),
+        );
+        registry.register(
+            "queue_depth",
+            "Jobs per queue and state (read at scrape time)",
+            m.depth.clone(),
+        );
+        registry.register(
+            "oldest_queued_age_seconds",
+            "Age of the oldest due claimable job per queue",
+            m.oldest_queued_age.clone(),
+        );
+        registry.register(
+            "claim_waiters",
+            "Claims parked in a long-poll",
+            m.claim_waiters.clone(),
+        );
+        registry.register(
+            "job_waiters",
+            "Job reads parked in a long-poll",
+            m.job_waiters.clone(),
+        );
+        registry.register(
+            "request_duration_seconds",
+            "HTTP request duration per route",
+            m.request_duration.clone(),
+        );
+        registry.register(
+            "db_pool_size",
+            "PostgreSQL connections in the pool",
+            m.pool_size.clone(),
+        );
+        registry.register(
+            "db_pool_available",
+            "Idle PostgreSQL connections in the pool",
+            m.pool_available.clone(),
+        );
+        registry.register(
+            "db_pool_waiting",
+            "Requests waiting for a PostgreSQL connection",
+            m.pool_waiting.clone(),
+        );
+        registry.register(
+            "db_unavailable",
+            "Requests answered 503 because PostgreSQL was unavailable",
+            m.db_unavailable.clone(),
+        );
+        registry.register(
+            "reaper_errors",
+            "Reaper passes that failed",
+            m.reaper_errors.clone(),
+        );
+        registry.register(
+            "jobs_terminal",
+            "Jobs that reached a terminal state",
+            m.terminal.clone(),
+        );
+        registry.register(
+            "jobs_terminal_within_slo",
+            "Jobs terminal within RUNLEASE_SLO_MS of enqueue",
+            m.terminal_within_slo.clone(),
+        );
+        registry.register(
+            "slo_ratio",
+            "Share of terminal jobs that met the SLO since this process started",
+            m.slo_ratio.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts a job's arrival in a terminal state against the SLO.
+    pub fn job_terminal(&self, job: &Job) {
+        let Some(finished) = job.finished_at else {
+            return;
+        };
+        let labels = QueueLabels {
+            queue: job.queue.to_string(),
+        };
+        self.terminal.get_or_create(&labels).inc();
+        self.slo_counted.inc();
+        let took = (finished - job.created_at).to_std().unwrap_or_default();
+        if took <= self.slo {
+            self.terminal_within_slo.get_or_create(&labels).inc();
+            self.slo_met.inc();
+        }
+    }
+
+    /// Counts the transition a job just made into `job.state`; `via` tells
+    /// transitions to the same state apart.
+    pub fn transition(&self, job: &Job, via: Via) {
+        let labels = QueueLabels {
+            queue: job.queue.to_string(),
+        };
+        match (via, job.state) {
+            (Via::Release, JobState::Queued) => {
+                self.released.get_or_create(&labels).inc();
+            }
+            (Via::Reap, JobState::Queued) => {
+                self.leases_expired.get_or_create(&labels).inc();
+                self.retried.get_or_create(&labels).inc();
+            }
+            (Via::Reap, _) => {
+                self.leases_expired.get_or_create(&labels).inc();
+            }
+            (_, JobState::Queued) => {
+                self.retried.get_or_create(&labels).inc();
+            }
+            _ => {}
+        }
+        match job.state {
+            JobState::Done => {
+                self.completed.get_or_create(&labels).inc();
+            }
+            JobState::Failed => {
+                self.failed.get_or_create(&labels).inc();
+            }
+            JobState::Cancelled => {
+                self.cancelled.get_or_create(&labels).inc();
+            }
+            _ => {}
+        }
+        if job.state.is_terminal() {
+            self.job_terminal(job);
+        }
+    }
+
+    /// Renders the Prometheus text (OpenMetrics) exposition.
+    pub fn render(&self) -> String {
+        let total = self.slo_counted.get();
+        let met = self.slo_met.get();
+        self.slo_ratio.set(if total == 0 {
+            1.0
+        } else {
+            met as f64 / total as f64
+        });
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+/// What caused a transition, where the resulting state alone does not tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// A worker's fail.
+    Fail,
+    /// A worker's complete.
+    Complete,
+    /// A worker's release.
+    Release,
+    /// The reaper.
+    Reap,
+    /// A producer's cancel.
+    Cancel,
+}
+
+/// Counts a parked long-poll for as long as it lives.
+pub struct WaiterGauge<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> WaiterGauge<'a> {
+    /// Counts one more waiter until dropped.
+    pub fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for WaiterGauge<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}

@@ -1,0 +1,304 @@
+//! Producer operations: enqueue, read, cancel, admin retry, queue figures.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Utc};
+use runlease_protocol::limits::{
+    MAX_ATTEMPTS_LIMIT, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS,
+};
+use runlease_protocol::producer::{EnqueueJobRequest, QueueSummary};
+use runlease_protocol::{Job, JobId, JobState, QueueName};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::store::rows::{DbJobState, JobRecord, assemble, attempts_by_job, col};
+use crate::store::{Policy, Store, StoreError, sql};
+
+/// A validated enqueue request with the coordinator's defaults applied.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    /// Minted by the coordinator (UUIDv7).
+    pub id: JobId,
+    /// Queue.
+    pub queue: QueueName,
+    /// Payload.
+    pub payload: Value,
+    /// Priority (smaller first).
+    pub priority: i32,
+    /// Due time, if given as an instant.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Due time, if given as a delay.
+    pub delay_ms: Option<i64>,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// Attempt timeout, if the producer set one.
+    pub timeout_ms: Option<i64>,
+    /// Idempotency key.
+    pub idempotency_key: Option<String>,
+}
+
+impl NewJob {
+    /// Validates a request; the error says which field is wrong and why.
+    pub fn from_request(req: EnqueueJobRequest, policy: &Policy) -> Result<Self, String> {
+        if req.run_at.is_some() && req.delay_ms.is_some() {
+            return Err("give run_at or delay_ms, not both".into());
+        }
+        if let Some(delay) = req.delay_ms
+            && !(0..=MAX_DELAY_MS).contains(&delay)
+        {
+            return Err(format!("delay_ms must be between 0 and {MAX_DELAY_MS}"));
+        }
+        let max_attempts = req.max_attempts.unwrap_or(policy.default_max_attempts);
+        if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+            return Err(format!(
+                "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"
+            ));
+        }
+        if let Some(timeout) = req.timeout_ms
+            && !(1..=MAX_TIMEOUT_MS).contains(&timeout)
+        {
+            return Err(format!("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"));
+        }
+        if let Some(key) = &req.idempotency_key
+            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN)
+        {
+            return Err(format!(
+                "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes long"
+            ));
+        }
+        Ok(Self {
+            id: JobId::new(),
+            queue: req.queue,
+            payload: req.payload,
+            priority: req.priority.unwrap_or(0),
+            run_at: req.run_at,
+            delay_ms: req.delay_ms,
+            max_attempts,
+            timeout_ms: req.timeout_ms,
+            idempotency_key: req.idempotency_key,
+        })
+    }
+}
+
+/// A job answered by an enqueue: new, or the original of a repeated key.
+#[derive(Debug, Clone)]
+pub struct Enqueued {
+    /// The job.
+    pub job: Job,
+    /// Whether this call created it.
+    pub created: bool,
+}
+
+/// What a cancel did.
+#[derive(Debug)]
+pub enum CancelOutcome {
+    /// Claimable job: now `cancelled`; or running job: cancel requested.
+    Done(Box<Job>),
+    /// No such job.
+    NotFound,
+    /// The job is terminal already.
+    Terminal(JobState),
+}
+
+/// What an admin retry did.
+#[derive(Debug)]
+pub enum RetryOutcome {
+    /// Back to `queued`.
+    Done(Box<Job>),
+    /// No such job.
+    NotFound,
+    /// Only failed and cancelled jobs can be retried.
+    NotRetryable(JobState),
+}
+
+impl Store {
+    /// Enqueues jobs in one transaction (one statement), answering them in
+    /// request order. Jobs whose idempotency key exists answer the original.
+    pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
+        let mut client = self.conn().await?;
+        let tx = client.transaction().await?;
+        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
+        let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
+        let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
+        let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
+        let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
+        let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
+        let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
+        let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
+        let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+        let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
+        let rows = tx
+            .query(
+                &stmt,
+                &[
+                    &ids,
+                    &queues,
+                    &payloads,
+                    &priorities,
+                    &run_at,
+                    &delays,
+                    &max_attempts,
+                    &timeouts,
+                    &keys,
+                ],
+            )
+            .await?;
+        let mut inserted: HashMap<JobId, Job> = JobRecord::from_rows(&rows)?
+            .into_iter()
+            .map(|r| (r.job.id, r.job))
+            .collect();
+
+        // Jobs skipped for an existing idempotency key: read the originals.
+        let skipped: Vec<&NewJob> = jobs
+            .iter()
+            .filter(|j| !inserted.contains_key(&j.id))
+            .collect();
+        let mut originals: HashMap<(String, String), Job> = HashMap::new();
+        if !skipped.is_empty() {
+            let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
+            let k: Vec<&str> = skipped
+                .iter()
+                .filter_map(|j| j.idempotency_key.as_deref())
+                .collect();
+            let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
+            let records = JobRecord::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
+            let ids: Vec<Uuid> = records.iter().map(|r| r.job.id.0).collect();
+            let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
+            let attempts = attempts_by_job(&tx.query(&stmt, &[&ids]).await?)?;
+            for job in assemble(records, &attempts) {
+                let key = job.idempotency_key.clone().unwrap_or_default();
+                originals.insert((job.queue.to_string(), key), job);
+            }
+        }
+        tx.commit().await?;
+
+        jobs.iter()
+            .map(|j| {
+                if let Some(job) = inserted.remove(&j.id) {
+                    return Ok(Enqueued { job, created: true });
+                }
+                let key = (
+                    j.queue.to_string(),
+                    j.idempotency_key.clone().unwrap_or_default(),
+                );
+                originals
+                    .get(&key)
+                    .cloned()
+                    .map(|job| Enqueued {
+                        job,
+                        created: false,
+                    })
+                    .ok_or_else(|| {
+                        StoreError::Database(format!(
+                            "job {} was neither inserted nor found by its key",
+                            j.id
+                        ))
+                    })
+            })
+            .collect()
+    }
+
+    /// Reads jobs with their chronology, in no particular order; missing ids are absent.
+    pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {
+        let client = self.conn().await?;
+        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let stmt = client.prepare_cached(sql::JOB_GET).await?;
+        let records = JobRecord::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
+        let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
+        Ok(assemble(records, &attempts))
+    }
+
+    /// Reads one job with its chronology.
+    pub async fn get_job(&self, id: JobId) -> Result<Option<Job>, StoreError> {
+        Ok(self.get_jobs(&[id]).await?.pop())
+    }
+
+    /// Attaches the chronology to job rows a write returned.
+    pub(crate) async fn with_attempts(
+        &self,
+        records: Vec<JobRecord>,
+    ) -> Result<Vec<Job>, StoreError> {
+        let client = self.conn().await?;
+        let ids: Vec<Uuid> = records.iter().map(|r| r.job.id.0).collect();
+        let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
+        let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
+        Ok(assemble(records, &attempts))
+    }
+
+    /// Cancels a job (see `sql/job_cancel.sql`).
+    pub async fn cancel(&self, id: JobId) -> Result<CancelOutcome, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_CANCEL).await?;
+        let records = JobRecord::from_rows(&client.query(&stmt, &[&id.0]).await?)?;
+        drop(client);
+        if !records.is_empty() {
+            let job = self.with_attempts(records).await?.pop();
+            return Ok(job.map_or(CancelOutcome::NotFound, |j| {
+                CancelOutcome::Done(Box::new(j))
+            }));
+        }
+        Ok(match self.get_job(id).await? {
+            None => CancelOutcome::NotFound,
+            Some(job) => CancelOutcome::Terminal(job.state),
+        })
+    }
+
+    /// Puts a failed or cancelled job back on its queue (see `sql/job_retry.sql`).
+    pub async fn retry(&self, id: JobId) -> Result<RetryOutcome, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_RETRY).await?;
+        let records = JobRecord::from_rows(&client.query(&stmt, &[&id.0]).await?)?;
+        drop(client);
+        if !records.is_empty() {
+            let job = self.with_attempts(records).await?.pop();
+            return Ok(job.map_or(RetryOutcome::NotFound, |j| RetryOutcome::Done(Box::new(j))));
+        }
+        Ok(match self.get_job(id).await? {
+            None => RetryOutcome::NotFound,
+            Some(job) => RetryOutcome::NotRetryable(job.state),
+        })
+    }
+
+    /// Per-queue figures: counts per state (all states present), oldest due
+    /// claimable job, lease expiries and retries.
+    pub async fn queues(&self) -> Result<Vec<QueueSummary>, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::QUEUE_LIST).await?;
+        let rows = client.query(&stmt, &[]).await?;
+        let stmt = client.prepare_cached(sql::QUEUE_ATTEMPT_TOTALS).await?;
+        let totals = client.query(&stmt, &[]).await?;
+        let mut by_queue: BTreeMap<String, QueueSummary> = BTreeMap::new();
+        for row in &rows {
+            let queue: String = col(row, "queue")?;
+            let state: DbJobState = col(row, "state")?;
+            let count: i64 = col(row, "jobs")?;
+            let age: Option<i64> = col(row, "oldest_due_age_ms")?;
+            let name =
+                QueueName::new(queue.clone()).map_err(|e| StoreError::Database(e.to_string()))?;
+            let summary = by_queue.entry(queue).or_insert_with(|| QueueSummary {
+                queue: name,
+                counts: JobState::ALL
+                    .iter()
+                    .map(|s| (s.as_str().to_owned(), 0))
+                    .collect(),
+                oldest_queued_age_ms: None,
+                lease_expiries: 0,
+                retries: 0,
+            });
+            summary.counts.insert(state.0.as_str().to_owned(), count);
+            if let Some(age) = age {
+                summary.oldest_queued_age_ms =
+                    Some(summary.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
+            }
+        }
+        for row in &totals {
+            let queue: String = col(row, "queue")?;
+            if let Some(summary) = by_queue.get_mut(&queue) {
+                summary.lease_expiries = col(row, "lease_expiries")?;
+                summary.retries = col(row, "retries")?;
+            }
+        }
+        Ok(by_queue.into_values().collect())
+    }
+}

@@ -1,0 +1,147 @@
+//! PostgreSQL, the one authority: every job write is a statement from
+//! `sql/*.sql`, and every worker write is guarded on `(id, state = 'running',
+//! run_lease)`.
+//!
+//! - [`connect`]: URL, TLS, pool, database creation.
+//! - [`migrate`]: the migrator.
+//! - [`rows`]: PostgreSQL rows to protocol types.
+//! - [`jobs`]: producer operations (enqueue, get, cancel, retry, queues).
+//! - [`leases`]: worker operations (claim, heartbeat, complete, fail, release) and the reaper's statement.
+
+pub mod connect;
+pub mod jobs;
+pub mod leases;
+pub mod migrate;
+pub mod rows;
+pub mod sql;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool, PoolError};
+use tokio_postgres::error::SqlState;
+
+/// Errors of the store. A caller branches on `Unavailable` (answer 503 and
+/// retry later); everything else is a fault to log.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached, or no pooled connection freed up in time.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    /// PostgreSQL refused a value the client sent (SQLSTATE class 22, e.g. a
+    /// `\u0000` in JSON or text): the request is invalid, nothing was written.
+    #[error("{0}")]
+    Rejected(String),
+    /// A statement failed; a bug or a broken database.
+    #[error("database error: {0}")]
+    Database(String),
+    /// Bad connection settings.
+    #[error("{0}")]
+    Config(String),
+    /// A migration could not be applied.
+    #[error("{0}")]
+    Migration(String),
+}
+
+/// The message of a PostgreSQL error, with its SQLSTATE when the server sent one.
+pub fn db_error_text(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
+/// The one mapping from PostgreSQL errors to store errors: connection-level
+/// failures and server shutdowns are `Unavailable`, the rest `Database`.
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let unavailable = e.is_closed()
+            || match e.code() {
+                Some(code) => {
+                    code.code().starts_with("08")
+                        || code.code().starts_with("57P")
+                        || *code == SqlState::TOO_MANY_CONNECTIONS
+                        || *code == SqlState::CANNOT_CONNECT_NOW
+                }
+                // No SQLSTATE: an I/O or protocol failure on the connection.
+                None => true,
+            };
+        if unavailable {
+            StoreError::Unavailable(db_error_text(&e))
+        } else if e.code().is_some_and(|c| c.code().starts_with("22")) {
+            StoreError::Rejected(db_error_text(&e))
+        } else {
+            StoreError::Database(db_error_text(&e))
+        }
+    }
+}
+
+impl From<PoolError> for StoreError {
+    fn from(e: PoolError) -> Self {
+        match e {
+            PoolError::Backend(e) => e.into(),
+            other => StoreError::Unavailable(other.to_string()),
+        }
+    }
+}
+
+/// What the store needs to know of the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Lease TTL, ms.
+    pub lease_ttl_ms: i64,
+    /// Timeout of an attempt whose job sets none, ms.
+    pub default_timeout_ms: i64,
+    /// Attempt budget of a job that sets none.
+    pub default_max_attempts: i32,
+    /// First retry delay of the backoff (before jitter), ms.
+    pub backoff_base_ms: i64,
+    /// Longest retry delay of the backoff, ms.
+    pub backoff_cap_ms: i64,
+}
+
+/// Default backoff base: 1 s, doubling per attempt.
+pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
+/// Default backoff cap: 5 min.
+pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(300);
+
+/// The job store over a connection pool.
+#[derive(Clone)]
+pub struct Store {
+    pool: Pool,
+    policy: Policy,
+}
+
+impl Store {
+    /// A store over `pool`.
+    pub fn new(pool: Pool, policy: Policy) -> Self {
+        Self { pool, policy }
+    }
+
+    /// The pool, for readiness checks and metrics.
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    async fn conn(&self) -> Result<Object, StoreError> {
+        Ok(self.pool.get().await?)
+    }
+
+    /// Whether PostgreSQL answers and the schema is current.
+    pub async fn ready(&self) -> Result<bool, StoreError> {
+        migrate::is_current(&self.pool).await
+    }
+}
+
+/// The result of a guarded write: it matched the caller's lease, or it did not.
+#[derive(Debug)]
+pub enum Guarded<T> {
+    /// The write took effect (or had already taken effect with this same lease).
+    Applied(T),
+    /// The lease is stale: another attempt owns the job, or it has ended otherwise.
+    Stale,
+}

@@ -1,0 +1,51 @@
+//! Every SQL statement of the coordinator, each in its own file under `sql/`.
+
+/// Enqueue jobs (multi-row insert from arrays).
+pub const JOB_ENQUEUE: &str = include_str!("sql/job_enqueue.sql");
+/// Read jobs by (queue, idempotency key).
+pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempotency_key.sql");
+/// Read jobs by id.
+pub const JOB_GET: &str = include_str!("sql/job_get.sql");
+/// Cancel a job.
+pub const JOB_CANCEL: &str = include_str!("sql/job_cancel.sql");
+/// Admin retry of a failed or cancelled job.
+pub const JOB_RETRY: &str = include_str!("sql/job_retry.sql");
+/// The ended attempts of jobs.
+pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
+/// How one attempt ended.
+pub const ATTEMPT_GET: &str = include_str!("sql/attempt_get.sql");
+/// Claim leases.
+pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
+/// Renew leases.
+pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
+/// Complete a lease.
+pub const LEASE_COMPLETE: &str = include_str!("sql/lease_complete.sql");
+/// Fail a lease.
+pub const LEASE_FAIL: &str = include_str!("sql/lease_fail.sql");
+/// Release a lease.
+pub const LEASE_RELEASE: &str = include_str!("sql/lease_release.sql");
+/// Reap expired leases.
+pub const LEASE_REAP: &str = include_str!("sql/lease_reap.sql");
+/// Job counts per queue and state.
+pub const QUEUE_LIST: &str = include_str!("sql/queue_list.sql");
+/// Attempt totals per queue.
+pub const QUEUE_ATTEMPT_TOTALS: &str = include_str!("sql/queue_attempt_totals.sql");
+
+/// Every statement with its name, for the test that prepares them all.
+pub const ALL: &[(&str, &str)] = &[
+    ("job_enqueue", JOB_ENQUEUE),
+    ("job_get_by_idempotency_key", JOB_GET_BY_IDEMPOTENCY_KEY),
+    ("job_get", JOB_GET),
+    ("job_cancel", JOB_CANCEL),
+    ("job_retry", JOB_RETRY),
+    ("attempt_list", ATTEMPT_LIST),
+    ("attempt_get", ATTEMPT_GET),
+    ("lease_claim", LEASE_CLAIM),
+    ("lease_heartbeat", LEASE_HEARTBEAT),
+    ("lease_complete", LEASE_COMPLETE),
+    ("lease_fail", LEASE_FAIL),
+    ("lease_release", LEASE_RELEASE),
+    ("lease_reap", LEASE_REAP),
+    ("queue_list", QUEUE_LIST),
+    ("queue_attempt_totals", QUEUE_ATTEMPT_TOTALS),
+];

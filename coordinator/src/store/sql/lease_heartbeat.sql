@@ -1,0 +1,17 @@
+-- Renew many leases in one statement, guarded per row on (id, state =
+-- 'running', run_lease). A lease is never renewed past the attempt's timeout,
+-- so a job that outlives timeout_ms is reaped even if its worker keeps beating.
+-- $1 uuid[] ids, $2 bigint[] run leases, $3 jsonb[] progress (NULL keeps the
+-- saved checkpoint), $4 bigint lease TTL ms, $5 bigint default timeout ms.
+-- Rows that do not match are absent from the answer: those leases are lost.
+-- Index: jobs_pkey. Locking: the matched rows, for the statement.
+UPDATE jobs j SET
+    lease_expires_at = least(now() + $4::bigint * interval '1 millisecond',
+                             j.claimed_at + coalesce(j.timeout_ms, $5::bigint) * interval '1 millisecond'),
+    progress = coalesce(h.progress, j.progress),
+    updated_at = now()
+FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS h(id, run_lease, progress)
+WHERE j.id = h.id AND j.state = 'running' AND j.run_lease = h.run_lease
+RETURNING j.id, j.run_lease,
+          j.cancel_requested_at IS NOT NULL AS cancel_requested,
+          j.lease_expires_at > now() AS live

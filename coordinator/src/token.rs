@@ -1,0 +1,183 @@
+//! Lease tokens: `rl1.<payload>.<mac>`, both parts base64url without padding.
+//! The payload is the job id (16 bytes), the run lease (8 bytes, big-endian)
+//! and the worker id (UTF-8); the MAC is HMAC-SHA256 under `RUNLEASE_SECRET`
+//! over a domain tag and the payload. A token is checked before any database
+//! work, so a forged or altered one costs a hash, not a query.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hmac::{Hmac, KeyInit, Mac};
+use runlease_protocol::{JobId, LeaseToken, RunLease, WorkerId};
+use sha2::Sha256;
+use uuid::Uuid;
+
+use crate::store::leases::LeaseRef;
+
+const PREFIX: &str = "rl1.";
+const DOMAIN: &[u8] = b"runlease lease token v1\0";
+/// Longest token we bother decoding (a 128-byte worker id gives about 260).
+const MAX_TOKEN_LEN: usize = 512;
+
+/// Why a token was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    /// Not shaped like a runlease token at all.
+    #[error(
+        "lease_token is not a runlease lease token; pass the lease_token a claim returned, unchanged"
+    )]
+    Malformed,
+    /// Shaped right, but its MAC does not verify: forged, altered, or minted
+    /// under another secret.
+    #[error(
+        "lease_token does not verify: it was altered, forged, or minted under another RUNLEASE_SECRET"
+    )]
+    Forged,
+}
+
+/// Mints and verifies lease tokens.
+#[derive(Clone)]
+pub struct TokenKey {
+    mac: Hmac<Sha256>,
+}
+
+impl std::fmt::Debug for TokenKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenKey(..)")
+    }
+}
+
+impl TokenKey {
+    /// A key from the secret's bytes.
+    pub fn new(secret: &[u8]) -> Self {
+        // HMAC accepts keys of any length.
+        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
+        Self { mac }
+    }
+
+    fn tag(&self, payload: &[u8]) -> Hmac<Sha256> {
+        let mut mac = self.mac.clone();
+        mac.update(DOMAIN);
+        mac.update(payload);
+        mac
+    }
+
+    /// The token for a lease.
+    pub fn mint(&self, job_id: JobId, run_lease: RunLease, worker_id: &WorkerId) -> LeaseToken {
+        let mut payload = Vec::with_capacity(24 + worker_id.as_str().len());
+        payload.extend_from_slice(job_id.0.as_bytes());
+        payload.extend_from_slice(&run_lease.0.to_be_bytes());
+        payload.extend_from_slice(worker_id.as_str().as_bytes());
+        let mac = self.tag(&payload).finalize().into_bytes();
+        LeaseToken(format!(
+            "{PREFIX}{}.{}",
+            URL_SAFE_NO_PAD.encode(&payload),
+            URL_SAFE_NO_PAD.encode(mac)
+        ))
+    }
+
+    /// Reads and verifies a token.
+    pub fn verify(&self, token: &LeaseToken) -> Result<LeaseRef, TokenError> {
+        let text = token.as_str();
+        if text.len() > MAX_TOKEN_LEN {
+            return Err(TokenError::Malformed);
+        }
+        let rest = text.strip_prefix(PREFIX).ok_or(TokenError::Malformed)?;
+        let (payload, mac) = rest.split_once('.').ok_or(TokenError::Malformed)?;
+        let payload = URL_SAFE_NO_PAD
+            .decode(payload)
+            .map_err(|_| TokenError::Malformed)?;
+        let mac = URL_SAFE_NO_PAD
+            .decode(mac)
+            .map_err(|_| TokenError::Malformed)?;
+        if payload.len() <= 24 || mac.len() != 32 {
+            return Err(TokenError::Malformed);
+        }
+        self.tag(&payload)
+            .verify_slice(&mac)
+            .map_err(|_| TokenError::Forged)?;
+        // Verified: the fields are ours, but decode them defensively anyway.
+        let job_id = Uuid::from_slice(&payload[..16]).map_err(|_| TokenError::Malformed)?;
+        let mut lease = [0u8; 8];
+        lease.copy_from_slice(&payload[16..24]);
+        let worker = std::str::from_utf8(&payload[24..]).map_err(|_| TokenError::Malformed)?;
+        let worker_id = WorkerId::new(worker).map_err(|_| TokenError::Malformed)?;
+        Ok(LeaseRef {
+            job_id: JobId(job_id),
+            run_lease: RunLease(i64::from_be_bytes(lease)),
+            worker_id,
+        })
+    }
+}
+
+impl TokenKey {
+    /// What a well-formed token *claims* to be, unverified: only for echoing
+    /// it back in a per-item `lease_lost` answer, never for a decision.
+    pub fn peek(&self, token: &LeaseToken) -> Option<(JobId, RunLease)> {
+        let rest = token.as_str().strip_prefix(PREFIX)?;
+        let (payload, _) = rest.split_once('.')?;
+        let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
+        if payload.len() <= 24 {
+            return None;
+        }
+        let job_id = Uuid::from_slice(&payload[..16]).ok()?;
+        let mut lease = [0u8; 8];
+        lease.copy_from_slice(&payload[16..24]);
+        Some((JobId(job_id), RunLease(i64::from_be_bytes(lease))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn worker() -> WorkerId {
+        WorkerId::new("w-1").unwrap()
+    }
+
+    #[test]
+    fn a_minted_token_verifies_to_its_lease() {
+        let key = TokenKey::new(b"secret");
+        let id = JobId::new();
+        let token = key.mint(id, RunLease(7), &worker());
+        let lease = key.verify(&token).unwrap();
+        assert_eq!(lease.job_id, id);
+        assert_eq!(lease.run_lease, RunLease(7));
+        assert_eq!(lease.worker_id, worker());
+    }
+
+    #[test]
+    fn altered_or_foreign_tokens_are_refused() {
+        let key = TokenKey::new(b"secret");
+        let other = TokenKey::new(b"other secret");
+        let id = JobId::new();
+        let token = key.mint(id, RunLease(1), &worker());
+        assert_eq!(other.verify(&token), Err(TokenError::Forged));
+
+        // Raise the run lease inside the payload, keep the MAC.
+        let (payload, mac) = token.0[PREFIX.len()..].split_once('.').unwrap();
+        let mut bytes = URL_SAFE_NO_PAD.decode(payload).unwrap();
+        bytes[23] ^= 1;
+        let altered = LeaseToken(format!("{PREFIX}{}.{mac}", URL_SAFE_NO_PAD.encode(&bytes)));
+        assert_eq!(key.verify(&altered), Err(TokenError::Forged));
+
+        // A token for another job id, with a MAC made under a guessed key.
+        let guessed = other.mint(id, RunLease(2), &worker());
+        assert_eq!(key.verify(&guessed), Err(TokenError::Forged));
+
+        for junk in [
+            "",
+            "rl1.",
+            "rl1.abc",
+            "rl1.!!.??",
+            "xyz.aa.bb",
+            &"a".repeat(600),
+        ] {
+            assert_eq!(
+                key.verify(&LeaseToken(junk.into())),
+                Err(TokenError::Malformed),
+                "{junk}"
+            );
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The job as the protocol answers it, its states and its attempt chronology.
+
+use std::fmt;
+use std::str::FromStr;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::{JobId, QueueName, RunLease, WorkerId};
+
+/// Where a job is in its life. Mirrors the PostgreSQL enum `job_state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting to be claimed (once `run_at` has passed). Left by a claim or a cancel.
+    Queued,
+    /// Held by a worker under a lease. Left by complete, fail, release, the
+    /// reaper (expired lease), or a cancel the worker acknowledges.
+    Running,
+    /// Completed. Terminal.
+    Done,
+    /// Out of attempts, or failed as not retryable. Left only by an admin retry.
+    Failed,
+    /// Cancelled. Left only by an admin retry.
+    Cancelled,
+    /// Committed, but its wake-up signal could not be sent. Still claimable;
+    /// left by the repair loop (to `queued`), a claim or a cancel.
+    EnqueueFailed,
+}
+
+impl JobState {
+    /// Every state, in lifecycle order.
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::EnqueueFailed,
+        JobState::Running,
+        JobState::Done,
+        JobState::Failed,
+        JobState::Cancelled,
+    ];
+
+    /// The name used on the wire and in PostgreSQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::EnqueueFailed => "enqueue_failed",
+        }
+    }
+
+    /// Whether nothing but an admin retry moves the job out of this state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Done | JobState::Failed | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Error for a text that names no job state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownState(pub String);
+
+impl fmt::Display for UnknownState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown job state {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownState {}
+
+impl FromStr for JobState {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// How one attempt (one run lease) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// The worker completed the job.
+    Completed,
+    /// The worker reported a failure (the job was retried or failed).
+    Failed,
+    /// The worker gave the job back; no attempt was charged.
+    Released,
+    /// The lease expired and the reaper took the job back.
+    LeaseExpired,
+    /// The worker stopped because a cancel was requested.
+    Cancelled,
+}
+
+impl AttemptOutcome {
+    /// The name used on the wire and in PostgreSQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Completed => "completed",
+            AttemptOutcome::Failed => "failed",
+            AttemptOutcome::Released => "released",
+            AttemptOutcome::LeaseExpired => "lease_expired",
+            AttemptOutcome::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl FromStr for AttemptOutcome {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [
+            AttemptOutcome::Completed,
+            AttemptOutcome::Failed,
+            AttemptOutcome::Released,
+            AttemptOutcome::LeaseExpired,
+            AttemptOutcome::Cancelled,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == s)
+        .ok_or_else(|| UnknownState(s.to_owned()))
+    }
+}
+
+/// One entry of a job's chronology: one run lease, from claim to its end.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    /// The lease this attempt ran under.
+    pub run_lease: RunLease,
+    /// The worker that claimed it.
+    pub worker_id: WorkerId,
+    /// When the claim committed.
+    pub claimed_at: DateTime<Utc>,
+    /// When the attempt ended; `None` while it runs.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// How it ended; `None` while it runs.
+    pub outcome: Option<AttemptOutcome>,
+    /// The error the worker (or the reaper) recorded.
+    pub error: Option<String>,
+}
+
+/// A job, as every endpoint that answers one returns it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// The job's id (UUIDv7).
+    pub id: JobId,
+    /// The queue it was enqueued on.
+    pub queue: QueueName,
+    /// Its state.
+    pub state: JobState,
+    /// What the producer enqueued.
+    pub payload: Value,
+    /// Smaller runs first.
+    pub priority: i32,
+    /// Attempts charged so far (a release gives its charge back).
+    pub attempt: i32,
+    /// The attempt budget.
+    pub max_attempts: i32,
+    /// The latest run lease handed out (0 before the first claim).
+    pub run_lease: RunLease,
+    /// Not claimable before this instant.
+    pub run_at: DateTime<Utc>,
+    /// When it was enqueued.
+    pub created_at: DateTime<Utc>,
+    /// When any field last changed.
+    pub updated_at: DateTime<Utc>,
+    /// When it reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// The run-time limit of one attempt, if the producer set one.
+    pub timeout_ms: Option<i64>,
+    /// The producer's idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// The last checkpoint a worker saved.
+    pub progress: Option<Value>,
+    /// What the completing worker returned.
+    pub result: Option<Value>,
+    /// The last error recorded.
+    pub error: Option<String>,
+    /// A cancel was requested while the job was running.
+    pub cancel_requested: bool,
+    /// The chronology: one entry per run lease, oldest first.
+    pub attempts: Vec<Attempt>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_and_terminality() {
+        for state in JobState::ALL {
+            assert_eq!(state.as_str().parse::<JobState>(), Ok(state));
+            let json = serde_json::to_string(&state).unwrap();
+            assert_eq!(json, format!("\"{}\"", state.as_str()));
+        }
+        assert!(JobState::Done.is_terminal());
+        assert!(JobState::Cancelled.is_terminal());
+        assert!(!JobState::EnqueueFailed.is_terminal());
+        assert!("paused".parse::<JobState>().is_err());
+    }
+}

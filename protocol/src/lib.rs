@@ -1,0 +1,26 @@
+//! The runlease v1 wire contract, shared by the coordinator and every client.
+//!
+//! Nothing here talks to a network or a database: these are the names, types
+//! and limits that `docs/protocol.md` describes, so the coordinator and the
+//! clients cannot drift apart.
+//!
+//! Layout:
+//! - [`ids`]: `JobId`, `RunLease`, `WorkerId`, `QueueName`, `LeaseToken`.
+//! - [`job`]: `JobState`, the `Job` answer and its `Attempt` chronology.
+//! - [`producer`]: enqueue, batch enqueue, queue listing.
+//! - [`worker`]: claim, heartbeat, complete, fail, release, finish.
+//! - [`error`]: the error body and its codes.
+//! - [`routes`]: the HTTP paths.
+//! - [`limits`]: numeric bounds every side validates against.
+
+pub mod error;
+pub mod ids;
+pub mod job;
+pub mod limits;
+pub mod producer;
+pub mod routes;
+pub mod worker;
+
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use ids::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
+pub use job::{Attempt, AttemptOutcome, Job, JobState};

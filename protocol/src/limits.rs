@@ -1,0 +1,26 @@
+//! Numeric bounds of the v1 protocol. Requests outside them are answered 422.
+
+/// Longest queue name, in bytes.
+pub const MAX_QUEUE_NAME_LEN: usize = 128;
+/// Longest worker id, in bytes.
+pub const MAX_WORKER_ID_LEN: usize = 128;
+/// Longest idempotency key, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Most jobs in one `POST /v1/jobs/batch`.
+pub const MAX_BATCH_JOBS: usize = 1000;
+/// Most leases one claim may ask for (`max_jobs`).
+pub const MAX_CLAIM_JOBS: u32 = 1000;
+/// Most queues one claim may name.
+pub const MAX_CLAIM_QUEUES: usize = 100;
+/// Longest long-poll of a claim or a job read (`wait_ms`).
+pub const MAX_WAIT_MS: u64 = 60_000;
+/// Most leases in one heartbeat or finish request.
+pub const MAX_LEASES_PER_REQUEST: usize = 1000;
+/// Largest `max_attempts`.
+pub const MAX_ATTEMPTS_LIMIT: i32 = 1000;
+/// Largest `timeout_ms`: one day.
+pub const MAX_TIMEOUT_MS: i64 = 86_400_000;
+/// Largest `delay_ms` and `retry_after_ms`: one year.
+pub const MAX_DELAY_MS: i64 = 365 * 86_400_000;
+/// Longest error message a worker may record, in bytes (longer ones are cut).
+pub const MAX_ERROR_LEN: usize = 16 * 1024;

@@ -1,0 +1,99 @@
+//! Requests and answers of the producer endpoints.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::QueueName;
+use crate::job::Job;
+
+/// `POST /v1/jobs`, and each element of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueJobRequest {
+    /// The queue to put the job on.
+    pub queue: QueueName,
+    /// Any JSON value; handed to the worker as is.
+    pub payload: Value,
+    /// Smaller runs first (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    /// Not claimable before this instant. Exclusive with `delay_ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<DateTime<Utc>>,
+    /// Not claimable before now + this many ms. Exclusive with `run_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<i64>,
+    /// Attempt budget (default: the coordinator's `RUNLEASE_MAX_ATTEMPTS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<i32>,
+    /// Run-time limit of one attempt (default: `RUNLEASE_DEFAULT_TIMEOUT_MS`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    /// A repeat with the same key on the same queue answers the original job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+}
+
+impl EnqueueJobRequest {
+    /// A request with every option left to its default.
+    pub fn new(queue: QueueName, payload: Value) -> Self {
+        Self {
+            queue,
+            payload,
+            priority: None,
+            run_at: None,
+            delay_ms: None,
+            max_attempts: None,
+            timeout_ms: None,
+            idempotency_key: None,
+        }
+    }
+}
+
+/// `POST /v1/jobs/batch`: 1 to 1000 jobs, enqueued in one transaction.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueBatchRequest {
+    /// The jobs, answered in the same order.
+    pub jobs: Vec<EnqueueJobRequest>,
+}
+
+/// Answer to `POST /v1/jobs/batch`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EnqueueBatchResponse {
+    /// The jobs, in request order.
+    pub jobs: Vec<Job>,
+}
+
+/// Query of `GET /v1/jobs/{id}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetJobQuery {
+    /// Long-poll until the job is terminal or this many ms pass (0..=60000).
+    pub wait_ms: Option<u64>,
+}
+
+/// Answer to `GET /v1/queues`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListQueuesResponse {
+    /// One entry per queue that holds jobs.
+    pub queues: Vec<QueueSummary>,
+}
+
+/// The figures of one queue.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueSummary {
+    /// The queue's name.
+    pub queue: QueueName,
+    /// Jobs per state; every state is present, zero included.
+    pub counts: BTreeMap<String, i64>,
+    /// Age of the oldest due `queued` or `enqueue_failed` job, if any.
+    pub oldest_queued_age_ms: Option<i64>,
+    /// Attempts that ended because their lease expired.
+    pub lease_expiries: i64,
+    /// Attempts that failed and were queued again.
+    pub retries: i64,
+}

@@ -1,0 +1,39 @@
+//! HTTP paths of the v1 protocol.
+
+/// `POST`: enqueue one job.
+pub const JOBS: &str = "/v1/jobs";
+/// `POST`: enqueue up to 1000 jobs in one transaction.
+pub const JOBS_BATCH: &str = "/v1/jobs/batch";
+/// `GET`: read a job (`?wait_ms=`), with `{id}` the job id.
+pub const JOB: &str = "/v1/jobs/{id}";
+/// `POST`: cancel a job.
+pub const JOB_CANCEL: &str = "/v1/jobs/{id}/cancel";
+/// `POST`: put a failed or cancelled job back on its queue.
+pub const JOB_RETRY: &str = "/v1/jobs/{id}/retry";
+/// `POST`: claim leases.
+pub const CLAIM: &str = "/v1/claim";
+/// `POST`: renew leases.
+pub const HEARTBEAT: &str = "/v1/heartbeat";
+/// `POST`: complete a lease.
+pub const COMPLETE: &str = "/v1/complete";
+/// `POST`: fail a lease.
+pub const FAIL: &str = "/v1/fail";
+/// `POST`: give a lease back without charging an attempt.
+pub const RELEASE: &str = "/v1/release";
+/// `POST`: many finishing outcomes at once.
+pub const FINISH: &str = "/v1/finish";
+/// `GET`: per-queue figures.
+pub const QUEUES: &str = "/v1/queues";
+/// `GET`: the process is up.
+pub const HEALTHZ: &str = "/healthz";
+/// `GET`: PostgreSQL reachable and migrations current.
+pub const READYZ: &str = "/readyz";
+/// `GET`: Prometheus text exposition.
+pub const METRICS: &str = "/metrics";
+/// `GET`: the OpenAPI description of this protocol.
+pub const OPENAPI: &str = "/openapi.yaml";
+
+/// `path` with its `{id}` replaced, for clients.
+pub fn job_path(template: &str, id: impl std::fmt::Display) -> String {
+    template.replace("{id}", &id.to_string())
+}
