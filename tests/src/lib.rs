@@ -1,1 +1,298 @@
-//! placeholder
+//! Test harness for runlease's end-to-end tests: a fresh PostgreSQL database
+//! per test, cloned from a migrated template, and a real coordinator on port 0.
+//!
+//! - [`TestDb`]: one database per test, dropped (forcibly) when the test ends.
+//! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
+//! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
+//!
+//! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never
+//! skips, when it is not.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod api;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use runlease_coordinator::config::Config;
+use runlease_coordinator::store::Store;
+use runlease_coordinator::store::connect::quote_ident;
+use runlease_coordinator::store::migrate::MIGRATIONS;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_postgres::NoTls;
+use tokio_util::sync::CancellationToken;
+
+pub use api::Api;
+
+/// The shared secret test coordinators sign lease tokens with.
+pub const TEST_SECRET: &str = "runlease-test-secret";
+
+/// URL of the maintenance database the harness creates test databases from.
+pub fn admin_url() -> String {
+    std::env::var("RUNLEASE_TEST_DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// URL of database `db` on the test server.
+pub fn url_for(db: &str) -> String {
+    let admin = admin_url();
+    let (base, query) = match admin.split_once('?') {
+        Some((b, q)) => (b.to_owned(), format!("?{q}")),
+        None => (admin.clone(), String::new()),
+    };
+    let server = base.rsplit_once('/').map_or(base.as_str(), |(s, _)| s);
+    format!("{server}/{db}{query}")
+}
+
+/// Connects to the maintenance database, or fails the test with what to do.
+pub async fn admin() -> tokio_postgres::Client {
+    let url = admin_url();
+    let (client, conn) = tokio_postgres::connect(&url, NoTls).await.unwrap_or_else(|e| {
+        panic!(
+            "PostgreSQL is not reachable at {url}: {e}. Start it (pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start) or set RUNLEASE_TEST_DATABASE_URL"
+        )
+    });
+    tokio::spawn(conn);
+    client
+}
+
+/// Name of the template for the current migrations: a new migration makes a new template.
+fn template_name() -> String {
+    let mut hash = Sha256::new();
+    for m in MIGRATIONS {
+        hash.update(m.sql.as_bytes());
+    }
+    let digest = hash.finalize();
+    let hex: String = digest[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("runlease_tpl_{hex}")
+}
+
+/// Creates the migrated template once per machine (under an advisory lock, so
+/// parallel test processes agree), built under a temporary name and renamed
+/// when complete, so a crash never leaves a half-made template.
+async fn ensure_template(admin: &tokio_postgres::Client) -> String {
+    let name = template_name();
+    admin
+        .execute("SELECT pg_advisory_lock(7406321)", &[])
+        .await
+        .unwrap();
+    let exists = admin
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await
+        .unwrap()
+        .is_some();
+    if !exists {
+        let building = format!("{name}_building");
+        admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                quote_ident(&building)
+            ))
+            .await
+            .unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {}", quote_ident(&building)))
+            .await
+            .unwrap();
+        let mut config = test_config(&url_for(&building));
+        config.database_pool_size = 1;
+        let store = runlease_coordinator::connect_and_migrate(&config)
+            .await
+            .unwrap();
+        store.pool().close();
+        drop(store);
+        // Wait for the pooled connection to go away before renaming.
+        for _ in 0..100 {
+            let busy: i64 = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[&building],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if busy == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {} RENAME TO {}",
+                quote_ident(&building),
+                quote_ident(&name)
+            ))
+            .await
+            .unwrap();
+    }
+    admin
+        .execute("SELECT pg_advisory_unlock(7406321)", &[])
+        .await
+        .unwrap();
+    name
+}
+
+/// Settings for a test coordinator: quiet timers, a fixed secret, no keys.
+pub fn test_config(database_url: &str) -> Config {
+    let mut config =
+        Config::from_env().expect("RUNLEASE_* variables in the environment must be valid");
+    config.database_url = database_url.to_owned();
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config.secret = Some(TEST_SECRET.to_owned());
+    config.api_keys = None;
+    config.lease_ttl_ms = 15_000;
+    config.heartbeat_interval_ms = 5_000;
+    // Tests drive the reaper with `run_once` unless they ask for the loop.
+    config.reaper_interval_ms = 3_600_000;
+    config.database_pool_size = 8;
+    config.shutdown_grace_ms = 10_000;
+    config
+}
+
+/// A database of its own for one test, cloned from the migrated template.
+pub struct TestDb {
+    /// Database name.
+    pub name: String,
+    /// URL to reach it.
+    pub url: String,
+}
+
+impl TestDb {
+    /// Clones the template into a fresh database.
+    pub async fn new() -> Self {
+        let admin = admin().await;
+        let template = ensure_template(&admin).await;
+        let name = format!("runlease_t_{}", uuid::Uuid::new_v4().simple());
+        let sql = format!(
+            "CREATE DATABASE {} TEMPLATE {}",
+            quote_ident(&name),
+            quote_ident(&template)
+        );
+        let mut tries = 0;
+        loop {
+            match admin.batch_execute(&sql).await {
+                Ok(()) => break,
+                // Another process may still be connected to the template for a moment.
+                Err(e) if tries < 50 && e.to_string().contains("being accessed by other users") => {
+                    tries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot create test database from {template}: {e}"),
+            }
+        }
+        Self {
+            url: url_for(&name),
+            name,
+        }
+    }
+
+    /// A plain connection to this database, for inspecting and arranging rows.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    /// A store over this database (as a second coordinator would have).
+    pub async fn store(&self) -> Store {
+        runlease_coordinator::connect_and_migrate(&test_config(&self.url))
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let sql = format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            quote_ident(&self.name)
+        );
+        // Drop runs outside async context; a throwaway runtime on its own thread does the I/O.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async {
+                let (client, conn) = tokio_postgres::connect(&admin_url(), NoTls).await.ok()?;
+                tokio::spawn(conn);
+                client.batch_execute(&sql).await.ok()
+            })
+        })
+        .join();
+    }
+}
+
+/// A coordinator serving on a loopback port, stopped by [`TestCoordinator::stop`].
+pub struct TestCoordinator {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// A caller bound to it.
+    pub api: Api,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<Result<(), runlease_coordinator::Error>>>,
+}
+
+impl TestCoordinator {
+    /// Starts a coordinator over `db` with the test settings.
+    pub async fn start(db: &TestDb) -> Self {
+        Self::start_with(db, |_| {}).await
+    }
+
+    /// Starts a coordinator over `db` after `tweak` adjusts the settings.
+    pub async fn start_with(db: &TestDb, tweak: impl FnOnce(&mut Config)) -> Self {
+        let mut config = test_config(&db.url);
+        tweak(&mut config);
+        Self::start_config(config).await
+    }
+
+    /// Starts a coordinator with exactly `config` (its `listen` port is ignored: 0).
+    pub async fn start_config(config: Config) -> Self {
+        let listener = TcpListener::bind((config.listen.ip(), 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(runlease_coordinator::serve(
+            config,
+            listener,
+            shutdown.clone(),
+        ));
+        let api = Api::new(format!("http://{addr}"));
+        // Ready once /readyz answers 200 (migrations are applied before serving).
+        for _ in 0..200 {
+            if task.is_finished() {
+                let result = task.await.unwrap();
+                panic!("coordinator exited during start: {result:?}");
+            }
+            if let Ok((200, _)) = api.try_get("/readyz").await {
+                return Self {
+                    addr,
+                    api,
+                    shutdown,
+                    task: Some(task),
+                };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("coordinator did not become ready at {addr}");
+    }
+
+    /// Graceful shutdown; returns how `serve` ended.
+    pub async fn stop(mut self) -> Result<(), runlease_coordinator::Error> {
+        self.shutdown.cancel();
+        let task = self.task.take().unwrap();
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("coordinator did not stop within 30 s")
+            .unwrap()
+    }
+}
+
+impl Drop for TestCoordinator {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}

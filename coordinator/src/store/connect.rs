@@ -177,8 +177,12 @@ impl DatabaseTarget {
             let sql = format!("CREATE DATABASE {}", quote_ident(&name));
             match client.batch_execute(&sql).await {
                 Ok(()) => created = true,
+                // A replica starting at the same moment won the race: either
+                // "already exists", or the catalog's unique index caught it.
                 Err(e)
-                    if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {}
+                    if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE)
+                        || e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
+                }
                 Err(e) => return Err(e.into()),
             }
         }

@@ -1,1 +1,47 @@
-fn main() {}
+//! End-to-end tests: the real coordinator over a real PostgreSQL database of
+//! each test's own. Modules are named by the behaviour they prove.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod auth;
+mod bad_input;
+mod fencing;
+mod lifecycle;
+mod long_poll;
+mod reaping;
+mod restart;
+mod store;
+
+use runlease_tests::TestDb;
+use uuid::Uuid;
+
+/// Makes the leases of `ids` expired now, as if their workers had stopped
+/// heartbeating a TTL ago.
+pub async fn expire_leases(db: &TestDb, ids: &[Uuid]) {
+    let client = db.client().await;
+    let n = client
+        .execute(
+            "UPDATE jobs SET lease_expires_at = now() - interval '1 second' WHERE state = 'running' AND id = ANY($1)",
+            &[&ids.to_vec()],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        n as usize,
+        ids.len(),
+        "every lease to expire must be running"
+    );
+}
+
+/// Number of rows of `job_attempts` for a job with `outcome`.
+pub async fn attempts_with(db: &TestDb, id: Uuid, outcome: &str) -> i64 {
+    db.client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome::text = $2",
+            &[&id, &outcome],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
