@@ -1,0 +1,168 @@
+//! A held lease: the state the heartbeat loop and the job's task share, and
+//! the claimed job as a value consumed by exactly one finishing call.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use runlease_protocol::worker::{CompleteRequest, FailRequest, Lease, ReleaseRequest};
+use runlease_protocol::{JobId, LeaseToken, RunLease};
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+use crate::error::{Error, Result};
+
+/// Why the runtime stopped a handler. The first reason wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// The coordinator says the lease is stale: drop the job, send nothing.
+    LeaseLost,
+    /// A cancel was requested: acknowledge by failing the attempt.
+    CancelRequested,
+    /// The job's `timeout_ms` passed: fail the attempt (retryable).
+    TimedOut,
+    /// No heartbeat succeeded for a whole lease TTL: the coordinator may have
+    /// given the job to someone else; stop and send nothing.
+    Fenced,
+    /// The worker is shutting down and the drain bound passed: release.
+    Drain,
+    /// The worker's hard deadline is near: release.
+    Deadline,
+}
+
+/// State of one held lease, shared by its job task and the heartbeat loop.
+/// Locks are never held across an await.
+pub struct Held {
+    pub(crate) job_id: JobId,
+    pub(crate) run_lease: RunLease,
+    pub(crate) token: LeaseToken,
+    pub(crate) ttl: Duration,
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) cancel: CancellationToken,
+    stop: Mutex<Option<StopReason>>,
+    progress: Mutex<Option<Value>>,
+    /// When the last heartbeat that succeeded was *sent* (or the claim was):
+    /// the coordinator's expiry is at least a TTL after it.
+    renewed_at: Mutex<Instant>,
+}
+
+impl Held {
+    /// State for a lease claimed by a request sent at `claim_sent`.
+    pub fn new(lease: &Lease, claim_sent: Instant) -> Self {
+        Self {
+            job_id: lease.job_id,
+            run_lease: lease.run_lease,
+            token: lease.lease_token.clone(),
+            ttl: Duration::from_millis(lease.lease_ttl_ms),
+            heartbeat_interval: Duration::from_millis(lease.heartbeat_interval_ms),
+            cancel: CancellationToken::new(),
+            stop: Mutex::new(None),
+            progress: Mutex::new(lease.progress.clone()),
+            renewed_at: Mutex::new(claim_sent),
+        }
+    }
+
+    /// Stops the handler for `reason` unless it was stopped already.
+    pub fn stop(&self, reason: StopReason) {
+        let mut stop = self.stop.lock().unwrap_or_else(|p| p.into_inner());
+        if stop.is_none() {
+            *stop = Some(reason);
+            tracing::info!(job_id = %self.job_id, run_lease = self.run_lease.0, ?reason, "stopping the handler");
+        }
+        drop(stop);
+        self.cancel.cancel();
+    }
+
+    /// Why the handler was stopped, if it was.
+    pub fn stop_reason(&self) -> Option<StopReason> {
+        *self.stop.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A heartbeat sent at `sent` renewed the lease.
+    pub fn renewed(&self, sent: Instant) {
+        let mut at = self.renewed_at.lock().unwrap_or_else(|p| p.into_inner());
+        if sent > *at {
+            *at = sent;
+        }
+    }
+
+    /// When the handler must stop if no heartbeat succeeds before.
+    pub fn fence_at(&self) -> Instant {
+        *self.renewed_at.lock().unwrap_or_else(|p| p.into_inner()) + self.ttl
+    }
+
+    /// Saves a checkpoint to send.
+    pub fn set_progress(&self, progress: Value) {
+        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(progress);
+    }
+
+    /// The latest checkpoint.
+    pub fn progress(&self) -> Option<Value> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Waits until a whole TTL has passed without a successful heartbeat, then
+    /// fences the handler.
+    pub async fn fence_when_unrenewed(&self) {
+        loop {
+            let at = self.fence_at();
+            tokio::time::sleep_until(at).await;
+            if Instant::now() >= self.fence_at() {
+                self.stop(StopReason::Fenced);
+                return;
+            }
+        }
+    }
+}
+
+/// A claimed job: consumed by exactly one of complete, fail, release or
+/// abandon, so it cannot be finished twice.
+pub struct Claimed {
+    client: Client,
+    token: LeaseToken,
+    /// The job.
+    pub job_id: JobId,
+    /// The lease.
+    pub run_lease: RunLease,
+}
+
+impl Claimed {
+    /// The claimed job behind `held`.
+    pub fn new(client: Client, held: &Held) -> Self {
+        Self { client, token: held.token.clone(), job_id: held.job_id, run_lease: held.run_lease }
+    }
+
+    /// Completes the job (retried on transport errors: idempotent per lease).
+    pub async fn complete(self, result: Value) -> Result<()> {
+        self.client
+            .complete(&CompleteRequest { lease_token: self.token, result })
+            .await
+            .map(drop)
+    }
+
+    /// Fails the attempt.
+    pub async fn fail(self, error: String, retryable: bool, retry_after: Option<Duration>) -> Result<()> {
+        let retry_after_ms = retry_after.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        self.client
+            .fail(&FailRequest { lease_token: self.token, error, retryable, retry_after_ms })
+            .await
+            .map(drop)
+    }
+
+    /// Gives the job back without charging an attempt.
+    pub async fn release(self, progress: Option<Value>) -> Result<()> {
+        self.client
+            .release(&ReleaseRequest { lease_token: self.token, progress })
+            .await
+            .map(drop)
+    }
+
+    /// Sends nothing: the lease is lost or fenced; the coordinator decides.
+    pub fn abandon(self) {}
+}
+
+/// Whether a finishing error means the lease was already gone (not a fault).
+pub fn is_lease_lost(e: &Error) -> bool {
+    matches!(e, Error::LeaseLost(_))
+}
