@@ -10,8 +10,8 @@ use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, ListQueuesResponse, QueueSummary,
 };
 use runlease_protocol::worker::{
-    ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishRequest, FinishResponse, HeartbeatRequest,
-    HeartbeatResponse, ReleaseRequest,
+    ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishRequest, FinishResponse,
+    HeartbeatRequest, HeartbeatResponse, ReleaseRequest,
 };
 use runlease_protocol::{ErrorBody, ErrorCode, Job, JobId, QueueName, routes};
 use serde::Serialize;
@@ -76,7 +76,13 @@ impl ClientBuilder {
             .tcp_nodelay(true)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
-        Ok(Client { http, base, key: self.key, timeout: self.timeout, retry: self.retry })
+        Ok(Client {
+            http,
+            base,
+            key: self.key,
+            timeout: self.timeout,
+            retry: self.retry,
+        })
     }
 }
 
@@ -107,12 +113,26 @@ fn decode_error(status: StatusCode, retry_after: Option<Duration>, bytes: &[u8])
         (Some(ErrorCode::LeaseLost), _) => Error::LeaseLost(message),
         (Some(ErrorCode::Conflict), _) => Error::Conflict(message),
         (Some(ErrorCode::NotFound), _) | (None, 404) => Error::NotFound(message),
-        (Some(ErrorCode::Unauthorized | ErrorCode::Forbidden), _) | (None, 401 | 403) => Error::Unauthorized(message),
-        (Some(ErrorCode::Overloaded), _) | (None, 429 | 503) => Error::Overloaded { retry_after, message },
-        (Some(code @ (ErrorCode::BadRequest | ErrorCode::Invalid | ErrorCode::TooLarge | ErrorCode::MethodNotAllowed)), _) => {
-            Error::Invalid { code, message }
+        (Some(ErrorCode::Unauthorized | ErrorCode::Forbidden), _) | (None, 401 | 403) => {
+            Error::Unauthorized(message)
         }
-        (None, 400..=499) => Error::Invalid { code: ErrorCode::BadRequest, message },
+        (Some(ErrorCode::Overloaded), _) | (None, 429 | 503) => Error::Overloaded {
+            retry_after,
+            message,
+        },
+        (
+            Some(
+                code @ (ErrorCode::BadRequest
+                | ErrorCode::Invalid
+                | ErrorCode::TooLarge
+                | ErrorCode::MethodNotAllowed),
+            ),
+            _,
+        ) => Error::Invalid { code, message },
+        (None, 400..=499) => Error::Invalid {
+            code: ErrorCode::BadRequest,
+            message,
+        },
         (_, status) => Error::Server { status, message },
     }
 }
@@ -156,7 +176,10 @@ impl Client {
         if let Some(body) = body {
             rb = rb.json(body);
         }
-        let response = rb.send().await.map_err(|e| Error::Transport(e.to_string()))?;
+        let response = rb
+            .send()
+            .await
+            .map_err(|e| Error::Transport(e.to_string()))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -164,7 +187,10 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let bytes = response.bytes().await.map_err(|e| Error::Transport(e.to_string()))?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| Error::Transport(e.to_string()))?;
         if !status.is_success() {
             return Err(decode_error(status, retry_after, &bytes));
         }
@@ -179,7 +205,11 @@ impl Client {
         repeat: Repeat,
         long_poll: Duration,
     ) -> Result<T> {
-        let tries = if repeat == Repeat::Safe { self.retry.max_attempts.max(1) } else { 1 };
+        let tries = if repeat == Repeat::Safe {
+            self.retry.max_attempts.max(1)
+        } else {
+            1
+        };
         let mut attempt = 1;
         loop {
             match self.send_once(&method, path, body, long_poll).await {
@@ -197,15 +227,24 @@ impl Client {
     /// Enqueues `payload` on `queue`.
     pub async fn enqueue<P: Serialize>(&self, queue: &str, payload: &P) -> Result<Job> {
         let queue = QueueName::new(queue).map_err(|e| Error::Config(e.to_string()))?;
-        let payload = serde_json::to_value(payload).map_err(|e| Error::Config(format!("payload: {e}")))?;
-        self.enqueue_with(EnqueueJobRequest::new(queue, payload)).await
+        let payload =
+            serde_json::to_value(payload).map_err(|e| Error::Config(format!("payload: {e}")))?;
+        self.enqueue_with(EnqueueJobRequest::new(queue, payload))
+            .await
     }
 
     /// Enqueues one job with every option. Without an idempotency key the
     /// client makes one, so a retry after a lost answer cannot enqueue twice.
     pub async fn enqueue_with(&self, mut req: EnqueueJobRequest) -> Result<Job> {
         req.idempotency_key.get_or_insert_with(new_idempotency_key);
-        self.call(Method::POST, routes::JOBS, Some(&req), Repeat::Safe, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::JOBS,
+            Some(&req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Enqueues up to 1000 jobs in one transaction, answered in order.
@@ -214,15 +253,28 @@ impl Client {
             job.idempotency_key.get_or_insert_with(new_idempotency_key);
         }
         let req = EnqueueBatchRequest { jobs };
-        let answer: EnqueueBatchResponse =
-            self.call(Method::POST, routes::JOBS_BATCH, Some(&req), Repeat::Safe, Duration::ZERO).await?;
+        let answer: EnqueueBatchResponse = self
+            .call(
+                Method::POST,
+                routes::JOBS_BATCH,
+                Some(&req),
+                Repeat::Safe,
+                Duration::ZERO,
+            )
+            .await?;
         Ok(answer.jobs)
     }
 
     /// Reads a job.
     pub async fn get(&self, id: JobId) -> Result<Job> {
-        self.call::<(), _>(Method::GET, &routes::job_path(routes::JOB, id), None, Repeat::Safe, Duration::ZERO)
-            .await
+        self.call::<(), _>(
+            Method::GET,
+            &routes::job_path(routes::JOB, id),
+            None,
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Waits until the job is terminal, long-polling; `Err(WaitTimedOut)`
@@ -232,13 +284,24 @@ impl Client {
     }
 
     /// As [`Client::wait`], calling `seen` with each answer (to show progress).
-    pub async fn wait_with(&self, id: JobId, timeout: Duration, mut seen: impl FnMut(&Job)) -> Result<Job> {
+    pub async fn wait_with(
+        &self,
+        id: JobId,
+        timeout: Duration,
+        mut seen: impl FnMut(&Job),
+    ) -> Result<Job> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let wait = left.min(MAX_WAIT_PER_REQUEST);
-            let path = format!("{}?wait_ms={}", routes::job_path(routes::JOB, id), wait.as_millis());
-            let job: Job = self.call::<(), _>(Method::GET, &path, None, Repeat::Safe, wait).await?;
+            let path = format!(
+                "{}?wait_ms={}",
+                routes::job_path(routes::JOB, id),
+                wait.as_millis()
+            );
+            let job: Job = self
+                .call::<(), _>(Method::GET, &path, None, Repeat::Safe, wait)
+                .await?;
             seen(&job);
             if job.state.is_terminal() {
                 return Ok(job);
@@ -252,19 +315,40 @@ impl Client {
     /// Cancels a job (a running one stops at its worker's next heartbeat).
     pub async fn cancel(&self, id: JobId) -> Result<Job> {
         let path = routes::job_path(routes::JOB_CANCEL, id);
-        self.call(Method::POST, &path, Some(&serde_json::json!({})), Repeat::Once, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            &path,
+            Some(&serde_json::json!({})),
+            Repeat::Once,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Puts a failed or cancelled job back on its queue (admin key).
     pub async fn retry(&self, id: JobId) -> Result<Job> {
         let path = routes::job_path(routes::JOB_RETRY, id);
-        self.call(Method::POST, &path, Some(&serde_json::json!({})), Repeat::Once, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            &path,
+            Some(&serde_json::json!({})),
+            Repeat::Once,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Per-queue figures.
     pub async fn queues(&self) -> Result<Vec<QueueSummary>> {
-        let answer: ListQueuesResponse =
-            self.call::<(), _>(Method::GET, routes::QUEUES, None, Repeat::Safe, Duration::ZERO).await?;
+        let answer: ListQueuesResponse = self
+            .call::<(), _>(
+                Method::GET,
+                routes::QUEUES,
+                None,
+                Repeat::Safe,
+                Duration::ZERO,
+            )
+            .await?;
         Ok(answer.queues)
     }
 
@@ -272,34 +356,74 @@ impl Client {
     /// that only expire; the caller decides when to claim again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimResponse> {
         let wait = Duration::from_millis(req.wait_ms);
-        self.call(Method::POST, routes::CLAIM, Some(req), Repeat::Once, wait).await
+        self.call(Method::POST, routes::CLAIM, Some(req), Repeat::Once, wait)
+            .await
     }
 
     /// Renews leases. `retry` false sends it once (the worker runtime's
     /// heartbeat loop retries on its own schedule).
-    pub async fn heartbeat(&self, req: &HeartbeatRequest, retry: bool) -> Result<HeartbeatResponse> {
+    pub async fn heartbeat(
+        &self,
+        req: &HeartbeatRequest,
+        retry: bool,
+    ) -> Result<HeartbeatResponse> {
         let repeat = if retry { Repeat::Safe } else { Repeat::Once };
-        self.call(Method::POST, routes::HEARTBEAT, Some(req), repeat, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::HEARTBEAT,
+            Some(req),
+            repeat,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Completes a lease (idempotent per lease, so retried).
     pub async fn complete(&self, req: &CompleteRequest) -> Result<Job> {
-        self.call(Method::POST, routes::COMPLETE, Some(req), Repeat::Safe, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::COMPLETE,
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Fails a lease (idempotent per lease, so retried).
     pub async fn fail(&self, req: &FailRequest) -> Result<Job> {
-        self.call(Method::POST, routes::FAIL, Some(req), Repeat::Safe, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::FAIL,
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Releases a lease (idempotent per lease, so retried).
     pub async fn release(&self, req: &ReleaseRequest) -> Result<Job> {
-        self.call(Method::POST, routes::RELEASE, Some(req), Repeat::Safe, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::RELEASE,
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Finishes many leases in one request (idempotent per lease, so retried).
     pub async fn finish(&self, req: &FinishRequest) -> Result<FinishResponse> {
-        self.call(Method::POST, routes::FINISH, Some(req), Repeat::Safe, Duration::ZERO).await
+        self.call(
+            Method::POST,
+            routes::FINISH,
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
     }
 }
 
@@ -315,17 +439,40 @@ mod tests {
     #[test]
     fn error_bodies_map_to_variants() {
         let body = |code: &str| format!("{{\"error\":{{\"code\":\"{code}\",\"message\":\"m\"}}}}");
-        assert!(matches!(decode_error(StatusCode::CONFLICT, None, body("lease_lost").as_bytes()), Error::LeaseLost(_)));
-        assert!(matches!(decode_error(StatusCode::CONFLICT, None, body("conflict").as_bytes()), Error::Conflict(_)));
-        assert!(matches!(decode_error(StatusCode::NOT_FOUND, None, body("not_found").as_bytes()), Error::NotFound(_)));
         assert!(matches!(
-            decode_error(StatusCode::UNPROCESSABLE_ENTITY, None, body("invalid").as_bytes()),
-            Error::Invalid { code: ErrorCode::Invalid, .. }
+            decode_error(StatusCode::CONFLICT, None, body("lease_lost").as_bytes()),
+            Error::LeaseLost(_)
         ));
-        let e = decode_error(StatusCode::SERVICE_UNAVAILABLE, Some(Duration::from_secs(2)), body("overloaded").as_bytes());
+        assert!(matches!(
+            decode_error(StatusCode::CONFLICT, None, body("conflict").as_bytes()),
+            Error::Conflict(_)
+        ));
+        assert!(matches!(
+            decode_error(StatusCode::NOT_FOUND, None, body("not_found").as_bytes()),
+            Error::NotFound(_)
+        ));
+        assert!(matches!(
+            decode_error(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                None,
+                body("invalid").as_bytes()
+            ),
+            Error::Invalid {
+                code: ErrorCode::Invalid,
+                ..
+            }
+        ));
+        let e = decode_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Some(Duration::from_secs(2)),
+            body("overloaded").as_bytes(),
+        );
         assert!(e.is_transient());
         assert_eq!(e.retry_after(), Some(Duration::from_secs(2)));
-        assert!(matches!(decode_error(StatusCode::BAD_GATEWAY, None, b"<html>"), Error::Server { status: 502, .. }));
+        assert!(matches!(
+            decode_error(StatusCode::BAD_GATEWAY, None, b"<html>"),
+            Error::Server { status: 502, .. }
+        ));
         assert!(Client::new("ftp://x").is_err());
     }
 }

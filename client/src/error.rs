@@ -60,7 +60,10 @@ pub enum Error {
 impl Error {
     /// Whether repeating the same request later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Transport(_) | Error::Overloaded { .. } | Error::Server { .. })
+        matches!(
+            self,
+            Error::Transport(_) | Error::Overloaded { .. } | Error::Server { .. }
+        )
     }
 
     /// The delay the coordinator asked for, if any.

@@ -54,7 +54,11 @@ mod tests {
 
     #[test]
     fn delays_grow_are_capped_and_honour_retry_after() {
-        let p = RetryPolicy { max_attempts: 5, base_delay: Duration::from_millis(100), max_delay: Duration::from_secs(1) };
+        let p = RetryPolicy {
+            max_attempts: 5,
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        };
         for retry in 1..10 {
             assert!(p.delay(retry, None) <= Duration::from_secs(1));
         }

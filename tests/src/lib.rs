@@ -4,6 +4,7 @@
 //! - [`TestDb`]: one database per test, dropped (forcibly) when the test ends.
 //! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
+//! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never
@@ -12,6 +13,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod api;
+pub mod proxy;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -27,6 +29,7 @@ use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 pub use api::Api;
+pub use proxy::Proxy;
 
 /// The shared secret test coordinators sign lease tokens with.
 pub const TEST_SECRET: &str = "runlease-test-secret";

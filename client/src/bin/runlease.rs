@@ -17,7 +17,12 @@ use runlease_client::{Client, Error, RetryPolicy};
 #[command(name = "runlease", version, about = "Talk to a runlease coordinator")]
 struct Cli {
     /// The coordinator's URL.
-    #[arg(long, env = "RUNLEASE_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "RUNLEASE_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     url: String,
     /// API key (Authorization: Bearer).
     #[arg(long, env = "RUNLEASE_KEY", hide_env_values = true, global = true)]
@@ -84,7 +89,8 @@ enum Command {
 }
 
 fn parse_id(id: &str) -> anyhow::Result<JobId> {
-    id.parse().map_err(|_| anyhow::anyhow!("{id:?} is not a job id (a UUID)"))
+    id.parse()
+        .map_err(|_| anyhow::anyhow!("{id:?} is not a job id (a UUID)"))
 }
 
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -93,7 +99,10 @@ fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
 }
 
 fn when(t: Option<DateTime<Utc>>) -> String {
-    t.map_or_else(|| "-".to_owned(), |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+    t.map_or_else(
+        || "-".to_owned(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    )
 }
 
 fn print_job(job: &Job) {
@@ -109,15 +118,26 @@ fn print_job(job: &Job) {
         ("finished_at", when(job.finished_at)),
         ("cancel_requested", job.cancel_requested.to_string()),
         ("payload", job.payload.to_string()),
-        ("progress", job.progress.as_ref().map_or("-".into(), ToString::to_string)),
-        ("result", job.result.as_ref().map_or("-".into(), ToString::to_string)),
+        (
+            "progress",
+            job.progress
+                .as_ref()
+                .map_or("-".into(), ToString::to_string),
+        ),
+        (
+            "result",
+            job.result.as_ref().map_or("-".into(), ToString::to_string),
+        ),
         ("error", job.error.clone().unwrap_or_else(|| "-".into())),
     ];
     for (k, v) in rows {
         println!("{k:<17} {v}");
     }
     if !job.attempts.is_empty() {
-        println!("\n{:<10} {:<24} {:<14} {:<26} error", "run_lease", "worker", "outcome", "finished_at");
+        println!(
+            "\n{:<10} {:<24} {:<14} {:<26} error",
+            "run_lease", "worker", "outcome", "finished_at"
+        );
         for a in &job.attempts {
             let outcome = a.outcome.map_or("running", |o| o.as_str());
             println!(
@@ -138,7 +158,10 @@ fn print_queues(queues: &[QueueSummary]) {
     for s in states {
         print!(" {:>14}", s.as_str());
     }
-    println!(" {:>16} {:>9} {:>8}", "oldest_queued_ms", "expiries", "retries");
+    println!(
+        " {:>16} {:>9} {:>8}",
+        "oldest_queued_ms", "expiries", "retries"
+    );
     for q in queues {
         print!("{:<24}", q.queue.as_str());
         for s in states {
@@ -160,7 +183,16 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     let client = builder.build()?;
     match cli.command {
-        Command::Enqueue { queue, payload, priority, run_at, delay_ms, max_attempts, timeout_ms, idempotency_key } => {
+        Command::Enqueue {
+            queue,
+            payload,
+            priority,
+            run_at,
+            delay_ms,
+            max_attempts,
+            timeout_ms,
+            idempotency_key,
+        } => {
             let text = match payload {
                 Some(p) => p,
                 None => {
@@ -168,11 +200,14 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         eprintln!("reading the JSON payload from standard input (end with Ctrl-D)");
                     }
                     let mut s = String::new();
-                    std::io::stdin().read_to_string(&mut s).context("cannot read the payload from standard input")?;
+                    std::io::stdin()
+                        .read_to_string(&mut s)
+                        .context("cannot read the payload from standard input")?;
                     s
                 }
             };
-            let payload = serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))?;
+            let payload = serde_json::from_str(&text)
+                .map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))?;
             let queue = QueueName::new(queue).map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut req = EnqueueJobRequest::new(queue, payload);
             req.priority = priority;
@@ -182,11 +217,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             req.timeout_ms = timeout_ms;
             req.idempotency_key = idempotency_key;
             let job = client.enqueue_with(req).await?;
-            if cli.json { print_json(&job)? } else { print_job(&job) }
+            if cli.json {
+                print_json(&job)?
+            } else {
+                print_job(&job)
+            }
         }
         Command::Get { id } => {
             let job = client.get(parse_id(&id)?).await?;
-            if cli.json { print_json(&job)? } else { print_job(&job) }
+            if cli.json {
+                print_json(&job)?
+            } else {
+                print_job(&job)
+            }
         }
         Command::Wait { id, timeout_secs } => {
             let id = parse_id(&id)?;
@@ -199,7 +242,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         job.state,
                         job.attempt,
                         job.max_attempts,
-                        job.progress.as_ref().map_or("-".into(), ToString::to_string)
+                        job.progress
+                            .as_ref()
+                            .map_or("-".into(), ToString::to_string)
                     );
                     if show && line != last {
                         eprintln!("{line}");
@@ -210,24 +255,41 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let job = match result {
                 Ok(job) => job,
                 Err(Error::WaitTimedOut(job)) => {
-                    if cli.json { print_json(&job)? }
-                    eprintln!("runlease: job {} is still {} after {timeout_secs} s", job.id, job.state);
+                    if cli.json {
+                        print_json(&job)?
+                    }
+                    eprintln!(
+                        "runlease: job {} is still {} after {timeout_secs} s",
+                        job.id, job.state
+                    );
                     return Ok(ExitCode::from(124));
                 }
                 Err(e) => return Err(e.into()),
             };
-            if cli.json { print_json(&job)? } else { print_job(&job) }
+            if cli.json {
+                print_json(&job)?
+            } else {
+                print_job(&job)
+            }
             if job.state != JobState::Done {
                 return Ok(ExitCode::from(2));
             }
         }
         Command::Cancel { id } => {
             let job = client.cancel(parse_id(&id)?).await?;
-            if cli.json { print_json(&job)? } else { print_job(&job) }
+            if cli.json {
+                print_json(&job)?
+            } else {
+                print_job(&job)
+            }
         }
         Command::Retry { id } => {
             let job = client.retry(parse_id(&id)?).await?;
-            if cli.json { print_json(&job)? } else { print_job(&job) }
+            if cli.json {
+                print_json(&job)?
+            } else {
+                print_job(&job)
+            }
         }
         Command::Queues => {
             let queues = client.queues().await?;

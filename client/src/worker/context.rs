@@ -58,8 +58,9 @@ impl JobContext {
 
     /// The payload as `T`; a payload that does not fit is a permanent failure.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T, JobError> {
-        serde_json::from_value(self.payload.clone())
-            .map_err(|e| JobError::permanent(format!("payload does not fit the handler's type: {e}")))
+        serde_json::from_value(self.payload.clone()).map_err(|e| {
+            JobError::permanent(format!("payload does not fit the handler's type: {e}"))
+        })
     }
 
     /// The checkpoint an earlier attempt saved (with progress or a release).
@@ -72,7 +73,9 @@ impl JobContext {
     pub fn report_progress(&self, progress: impl Serialize) {
         match serde_json::to_value(progress) {
             Ok(v) => self.held.set_progress(v),
-            Err(e) => tracing::warn!(job_id = %self.job_id, error = %e, "progress does not serialize; not saved"),
+            Err(e) => {
+                tracing::warn!(job_id = %self.job_id, error = %e, "progress does not serialize; not saved")
+            }
         }
     }
 
@@ -108,12 +111,20 @@ pub struct JobError {
 impl JobError {
     /// A failure another attempt may fix.
     pub fn retryable(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retryable: true, retry_after: None }
+        Self {
+            message: message.into(),
+            retryable: true,
+            retry_after: None,
+        }
     }
 
     /// A failure no attempt will fix: the job ends `failed`.
     pub fn permanent(message: impl Into<String>) -> Self {
-        Self { message: message.into(), retryable: false, retry_after: None }
+        Self {
+            message: message.into(),
+            retryable: false,
+            retry_after: None,
+        }
     }
 
     /// Retry no sooner than `delay`.

@@ -99,7 +99,10 @@ impl Held {
 
     /// The latest checkpoint.
     pub fn progress(&self) -> Option<Value> {
-        self.progress.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Waits until a whole TTL has passed without a successful heartbeat, then
@@ -130,22 +133,40 @@ pub struct Claimed {
 impl Claimed {
     /// The claimed job behind `held`.
     pub fn new(client: Client, held: &Held) -> Self {
-        Self { client, token: held.token.clone(), job_id: held.job_id, run_lease: held.run_lease }
+        Self {
+            client,
+            token: held.token.clone(),
+            job_id: held.job_id,
+            run_lease: held.run_lease,
+        }
     }
 
     /// Completes the job (retried on transport errors: idempotent per lease).
     pub async fn complete(self, result: Value) -> Result<()> {
         self.client
-            .complete(&CompleteRequest { lease_token: self.token, result })
+            .complete(&CompleteRequest {
+                lease_token: self.token,
+                result,
+            })
             .await
             .map(drop)
     }
 
     /// Fails the attempt.
-    pub async fn fail(self, error: String, retryable: bool, retry_after: Option<Duration>) -> Result<()> {
+    pub async fn fail(
+        self,
+        error: String,
+        retryable: bool,
+        retry_after: Option<Duration>,
+    ) -> Result<()> {
         let retry_after_ms = retry_after.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         self.client
-            .fail(&FailRequest { lease_token: self.token, error, retryable, retry_after_ms })
+            .fail(&FailRequest {
+                lease_token: self.token,
+                error,
+                retryable,
+                retry_after_ms,
+            })
             .await
             .map(drop)
     }
@@ -153,7 +174,10 @@ impl Claimed {
     /// Gives the job back without charging an attempt.
     pub async fn release(self, progress: Option<Value>) -> Result<()> {
         self.client
-            .release(&ReleaseRequest { lease_token: self.token, progress })
+            .release(&ReleaseRequest {
+                lease_token: self.token,
+                progress,
+            })
             .await
             .map(drop)
     }

@@ -23,7 +23,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runlease_protocol::worker::{ClaimRequest, HeartbeatItem, HeartbeatRequest, HeartbeatStatus, Lease};
+use runlease_protocol::worker::{
+    ClaimRequest, HeartbeatItem, HeartbeatRequest, HeartbeatStatus, Lease,
+};
 use runlease_protocol::{JobId, QueueName, WorkerId};
 use serde::Serialize;
 use serde_json::Value;
@@ -111,8 +113,12 @@ fn default_worker_id() -> WorkerId {
         .take(64)
         .collect();
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..8];
-    WorkerId::new(format!("{}-{}-{suffix}", if host.is_empty() { "worker" } else { &host }, std::process::id()))
-        .unwrap_or_else(|_| unreachable!("built only from allowed characters"))
+    WorkerId::new(format!(
+        "{}-{}-{suffix}",
+        if host.is_empty() { "worker" } else { &host },
+        std::process::id()
+    ))
+    .unwrap_or_else(|_| unreachable!("built only from allowed characters"))
 }
 
 impl WorkerBuilder {
@@ -150,7 +156,8 @@ impl WorkerBuilder {
             let fut = handler(ctx);
             Box::pin(async move {
                 let value = fut.await?;
-                serde_json::to_value(value).map_err(|e| JobError::permanent(format!("result does not serialize: {e}")))
+                serde_json::to_value(value)
+                    .map_err(|e| JobError::permanent(format!("result does not serialize: {e}")))
             })
         });
         self.handlers.insert(queue, boxed);
@@ -261,7 +268,9 @@ impl Worker {
             let stop_claiming = stop_claiming.clone();
             let background = background.clone();
             tracker.spawn(async move {
-                let release_at = deadline.checked_sub(inner.release_margin).unwrap_or(deadline);
+                let release_at = deadline
+                    .checked_sub(inner.release_margin)
+                    .unwrap_or(deadline);
                 tokio::select! {
                     () = tokio::time::sleep_until(release_at) => {}
                     () = background.cancelled() => return,
@@ -276,7 +285,10 @@ impl Worker {
 
         // Drain: in-flight jobs get the drain bound, then are released.
         jobs.close();
-        if tokio::time::timeout(inner.drain_timeout, jobs.wait()).await.is_err() {
+        if tokio::time::timeout(inner.drain_timeout, jobs.wait())
+            .await
+            .is_err()
+        {
             tracing::info!("drain bound reached: releasing the jobs still running");
             stop_all(&inner, StopReason::Drain);
             jobs.wait().await;
@@ -289,7 +301,13 @@ impl Worker {
 }
 
 fn stop_all(inner: &Inner, reason: StopReason) {
-    let held: Vec<Arc<Held>> = inner.held.lock().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
+    let held: Vec<Arc<Held>> = inner
+        .held
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
     for h in held {
         h.stop(reason);
     }
@@ -366,7 +384,11 @@ async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationT
                         release_unstarted(inner, &held, "more leases than free slots").await;
                         continue;
                     };
-                    inner.held.lock().unwrap_or_else(|p| p.into_inner()).insert(lease.job_id, held.clone());
+                    inner
+                        .held
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(lease.job_id, held.clone());
                     inner.added.notify_one();
                     let inner = inner.clone();
                     let span = tracing::info_span!(
@@ -399,7 +421,10 @@ async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationT
 
 async fn release_unstarted(inner: &Inner, held: &Held, why: &str) {
     tracing::info!(job_id = %held.job_id, why, "releasing a lease without running it");
-    match Claimed::new(inner.client.clone(), held).release(held.progress()).await {
+    match Claimed::new(inner.client.clone(), held)
+        .release(held.progress())
+        .await
+    {
         Ok(()) => inner.counters.released.fetch_add(1, Ordering::Relaxed),
         Err(_) => inner.counters.abandoned.fetch_add(1, Ordering::Relaxed),
     };
@@ -436,7 +461,10 @@ async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
             let req = HeartbeatRequest {
                 leases: chunk
                     .iter()
-                    .map(|h| HeartbeatItem { lease_token: h.token.clone(), progress: h.progress() })
+                    .map(|h| HeartbeatItem {
+                        lease_token: h.token.clone(),
+                        progress: h.progress(),
+                    })
                     .collect(),
             };
             let sent = Instant::now();
@@ -484,13 +512,20 @@ async fn run_job(inner: &Inner, handler: Handler, lease: Lease, held: Arc<Held>)
         // Stopped: the handler gets a grace to return, then is dropped.
         outcome = tokio::time::timeout(inner.stop_grace, &mut fut).await.ok();
     }
-    inner.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.job_id);
+    inner
+        .held
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&lease.job_id);
     let claimed = Claimed::new(inner.client.clone(), &held);
     let counters = &inner.counters;
 
     let finished = match (held.stop_reason(), outcome) {
         (None, Some(Ok(result))) => claimed.complete(result).await.map(|()| &counters.completed),
-        (None, Some(Err(e))) => claimed.fail(e.message, e.retryable, e.retry_after).await.map(|()| &counters.failed),
+        (None, Some(Err(e))) => claimed
+            .fail(e.message, e.retryable, e.retry_after)
+            .await
+            .map(|()| &counters.failed),
         (Some(StopReason::LeaseLost | StopReason::Fenced), _) | (None, None) => {
             claimed.abandon();
             Ok(&counters.abandoned)
@@ -500,12 +535,17 @@ async fn run_job(inner: &Inner, handler: Handler, lease: Lease, held: Arc<Held>)
             .await
             .map(|()| &counters.failed),
         (Some(StopReason::TimedOut), _) => claimed
-            .fail(format!("attempt exceeded its timeout of {} ms", lease.timeout_ms), true, None)
+            .fail(
+                format!("attempt exceeded its timeout of {} ms", lease.timeout_ms),
+                true,
+                None,
+            )
             .await
             .map(|()| &counters.failed),
-        (Some(StopReason::Drain | StopReason::Deadline), _) => {
-            claimed.release(held.progress()).await.map(|()| &counters.released)
-        }
+        (Some(StopReason::Drain | StopReason::Deadline), _) => claimed
+            .release(held.progress())
+            .await
+            .map(|()| &counters.released),
     };
     match finished {
         Ok(counter) => {

@@ -5,12 +5,14 @@
 
 mod auth;
 mod bad_input;
+mod cli;
 mod fencing;
 mod lifecycle;
 mod long_poll;
 mod reaping;
 mod restart;
 mod store;
+mod worker;
 
 use runlease_tests::TestDb;
 use uuid::Uuid;

@@ -1,0 +1,205 @@
+//! The `runlease` CLI against a real coordinator: what a shell script sees.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+use runlease_tests::{TestCoordinator, TestDb};
+use serde_json::{Value, json};
+
+fn cli_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("runlease");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with cargo nextest run --workspace",
+        bin.display()
+    );
+    bin
+}
+
+async fn runlease(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let url = url.to_owned();
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let stdin = stdin.map(str::to_owned);
+    tokio::task::spawn_blocking(move || {
+        let mut child = Command::new(cli_binary())
+            .arg("--url")
+            .arg(&url)
+            .args(&args)
+            .env_remove("RUNLEASE_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(input) = stdin {
+            pipe.write_all(input.as_bytes()).unwrap();
+        }
+        drop(pipe);
+        child.wait_with_output().unwrap()
+    })
+    .await
+    .unwrap()
+}
+
+fn json_out(out: &Output) -> Value {
+    assert!(
+        out.status.success(),
+        "runlease failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn one_line_error(out: &Output) -> String {
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("runlease: "), "{err}");
+    err
+}
+
+#[tokio::test]
+async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let url = c.api.base().to_owned();
+
+    let out = runlease(
+        &url,
+        &[
+            "--json",
+            "enqueue",
+            "mail",
+            r#"{"to":"x@example.com"}"#,
+            "--priority=-3",
+            "--max-attempts",
+            "2",
+        ],
+        None,
+    )
+    .await;
+    let job = json_out(&out);
+    assert_eq!(job["payload"], json!({"to": "x@example.com"}));
+    assert_eq!(
+        (job["priority"].as_i64(), job["max_attempts"].as_i64()),
+        (Some(-3), Some(2))
+    );
+    let id = job["id"].as_str().unwrap().to_owned();
+
+    // --json prints the job exactly as the protocol answers it.
+    let (_, from_api) = c.api.get(&format!("/v1/jobs/{id}")).await;
+    assert_eq!(
+        json_out(&runlease(&url, &["--json", "get", &id], None).await),
+        from_api
+    );
+
+    // Payload from standard input; table output by default.
+    let out = runlease(&url, &["enqueue", "mail"], Some(r#"{"from":"stdin"}"#)).await;
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("state")
+            && table.contains("queued")
+            && table.contains(r#"{"from":"stdin"}"#),
+        "{table}"
+    );
+
+    // wait: shows progress, exits 0 once done.
+    let api = c.api.clone();
+    let waiter = {
+        let url = url.clone();
+        let id = id.clone();
+        tokio::spawn(
+            async move { runlease(&url, &["wait", &id, "--timeout-secs", "30"], None).await },
+        )
+    };
+    let lease = api.claim_one("mail", "w").await;
+    assert_eq!(lease.job_id.to_string(), id);
+    api.post(
+        "/v1/heartbeat",
+        &json!({"leases": [{"lease_token": lease.lease_token, "progress": {"pct": 50}}]}),
+    )
+    .await;
+    api.complete(&lease, json!("sent")).await;
+    let out = waiter.await.unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+
+    // cancel, retry, queues.
+    let second = json_out(&runlease(&url, &["--json", "enqueue", "mail", "2"], None).await);
+    let second_id = second["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        json_out(&runlease(&url, &["--json", "cancel", &second_id], None).await)["state"],
+        "cancelled"
+    );
+    assert_eq!(
+        json_out(&runlease(&url, &["--json", "retry", &second_id], None).await)["state"],
+        "queued"
+    );
+    let mut queues = json_out(&runlease(&url, &["--json", "queues"], None).await);
+    let mut from_api = c.api.get("/v1/queues").await.1;
+    // The age moves between the two reads; everything else must match.
+    queues["queues"][0]["oldest_queued_age_ms"] = Value::Null;
+    from_api["queues"][0]["oldest_queued_age_ms"] = Value::Null;
+    assert_eq!(queues, from_api);
+    let out = runlease(&url, &["queues"], None).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("mail"));
+
+    // A wait on a job that ends cancelled exits 2.
+    let third = json_out(&runlease(&url, &["--json", "enqueue", "mail", "3"], None).await);
+    let third_id = third["id"].as_str().unwrap().to_owned();
+    runlease(&url, &["cancel", &third_id], None).await;
+    assert_eq!(
+        runlease(&url, &["wait", &third_id], None)
+            .await
+            .status
+            .code(),
+        Some(2)
+    );
+}
+
+#[tokio::test]
+async fn cli_errors_exit_nonzero_with_one_line() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let url = c.api.base().to_owned();
+    let unknown = uuid::Uuid::now_v7().to_string();
+    assert!(one_line_error(&runlease(&url, &["get", &unknown], None).await).contains("not found"));
+    assert!(one_line_error(&runlease(&url, &["get", "nope"], None).await).contains("not a job id"));
+    assert!(
+        one_line_error(&runlease(&url, &["enqueue", "q", "{bad json"], None).await)
+            .contains("payload is not valid JSON")
+    );
+    assert!(
+        one_line_error(&runlease(&url, &["enqueue", "bad queue", "1"], None).await)
+            .contains("queue")
+    );
+    let done = c.api.enqueue("q", json!(1)).await;
+    runlease(&url, &["cancel", &done.id.to_string()], None).await;
+    assert!(
+        one_line_error(&runlease(&url, &["cancel", &done.id.to_string()], None).await)
+            .contains("conflict")
+    );
+    // Nobody listens here.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err =
+        one_line_error(&runlease(&format!("http://127.0.0.1:{port}"), &["queues"], None).await);
+    assert!(err.contains("cannot reach the coordinator"), "{err}");
+}
