@@ -17,7 +17,14 @@ pub struct ApiError {
     pub code: ErrorCode,
     /// What happened and what to do next.
     pub message: String,
+    /// Set when PostgreSQL was unavailable, so the request is counted in
+    /// `runlease_db_unavailable_total`.
+    pub db_unavailable: bool,
 }
+
+/// Response extension marking an answer given because PostgreSQL was unavailable.
+#[derive(Debug, Clone, Copy)]
+pub struct DbUnavailable;
 
 impl ApiError {
     /// An error with this code and message.
@@ -25,6 +32,7 @@ impl ApiError {
         Self {
             code,
             message: message.into(),
+            db_unavailable: false,
         }
     }
 
@@ -62,10 +70,13 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::Unavailable(detail) => {
                 tracing::warn!(%detail, "database unavailable");
-                Self::new(
-                    ErrorCode::Overloaded,
-                    "the database is unavailable or saturated; retry after the Retry-After delay",
-                )
+                Self {
+                    db_unavailable: true,
+                    ..Self::new(
+                        ErrorCode::Overloaded,
+                        "the database is unavailable or saturated; retry after the Retry-After delay",
+                    )
+                }
             }
             StoreError::Rejected(detail) => Self::invalid(format!(
                 "PostgreSQL cannot store a value of this request: {detail}"
@@ -93,6 +104,9 @@ impl IntoResponse for ApiError {
             },
         };
         let mut response = (status, Json(body)).into_response();
+        if self.db_unavailable {
+            response.extensions_mut().insert(DbUnavailable);
+        }
         if self.code == ErrorCode::Overloaded {
             response
                 .headers_mut()

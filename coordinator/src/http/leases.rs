@@ -18,6 +18,7 @@ use runlease_protocol::worker::{
 };
 use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
 use tokio::time::Instant;
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
@@ -333,11 +334,33 @@ pub async fn release(
     answer(&state, finished).await
 }
 
+/// Whether PostgreSQL can store `value`: neither `jsonb` nor `text` holds a NUL.
+fn storable(value: &Value) -> bool {
+    match value {
+        Value::String(s) => !s.contains('\0'),
+        Value::Array(items) => items.iter().all(storable),
+        Value::Object(map) => map.iter().all(|(k, v)| !k.contains('\0') && storable(v)),
+        _ => true,
+    }
+}
+
+/// Checks what PostgreSQL would refuse, so a finish request fails before its
+/// first write instead of after some items were applied.
+fn check_storable(item: &FinishItem) -> Result<(), ApiError> {
+    let values = [&item.result, &item.progress].into_iter().flatten();
+    if values.into_iter().all(storable) && item.error.as_deref().is_none_or(|e| !e.contains('\0')) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid("a NUL character (\\u0000) cannot be stored in a result, error or progress"))
+    }
+}
+
 fn item_outcome(item: &FinishItem, index: usize) -> Result<Outcome, ApiError> {
     let at = |e: ApiError| ApiError {
         message: format!("items[{index}]: {}", e.message),
         ..e
     };
+    check_storable(item).map_err(at)?;
     match item.action {
         FinishAction::Complete => Ok(Outcome::Complete {
             result: item.result.clone().unwrap_or_default(),
@@ -368,6 +391,9 @@ pub async fn finish(
         )));
     }
     // Validate everything first: a bad item fails the request before any write.
+    // Items are then applied one by one; should PostgreSQL fail midway, the
+    // request answers an error although earlier items took effect; repeating
+    // the whole request is safe, since finishing is idempotent per lease.
     let mut planned = Vec::with_capacity(req.items.len());
     for (i, item) in req.items.iter().enumerate() {
         if state.tokens.verify(&item.lease_token) == Err(TokenError::Malformed) {

@@ -128,6 +128,9 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
             status: class,
         })
         .observe(started.elapsed().as_secs_f64());
+    if response.extensions().get::<error::DbUnavailable>().is_some() {
+        state.metrics.db_unavailable.inc();
+    }
     if status.is_server_error() {
         tracing::warn!(parent: &span, status = status.as_u16(), "request answered with a server error");
     }

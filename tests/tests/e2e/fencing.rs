@@ -313,6 +313,26 @@ async fn finish_answers_each_item_on_its_own_in_order() {
         (Some("ok"), Some("done"))
     );
 
+    // A value PostgreSQL cannot store refuses the whole request before any write.
+    let a = c.api.enqueue("q", json!("a")).await;
+    let b = c.api.enqueue("q", json!("b")).await;
+    let leases = c.api.claim("q", "w", 2).await;
+    assert_eq!(leases.len(), 2);
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/finish",
+            &json!({"items": [
+                {"lease_token": leases[0].lease_token, "action": "complete", "result": "fine"},
+                {"lease_token": leases[1].lease_token, "action": "complete", "result": {"k": "nul \u{0000}"}},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().starts_with("items[1]"), "{body}");
+    assert_eq!(c.api.job(a.id).await.state, JobState::Running);
+    assert_eq!(c.api.job(b.id).await.state, JobState::Running);
+
     // A fail without an error refuses the whole request before any write.
     let more = c.api.enqueue("q", json!(9)).await;
     let lease = c.api.claim_one("q", "w").await;
