@@ -116,10 +116,7 @@ fn decode_error(status: StatusCode, retry_after: Option<Duration>, bytes: &[u8])
         (Some(ErrorCode::Unauthorized | ErrorCode::Forbidden), _) | (None, 401 | 403) => {
             Error::Unauthorized(message)
         }
-        (Some(ErrorCode::Overloaded), _) | (None, 429 | 503) => Error::Overloaded {
-            retry_after,
-            message,
-        },
+        (Some(ErrorCode::Overloaded), _) | (None, 429 | 503) => Error::Overloaded { retry_after, message },
         (
             Some(
                 code @ (ErrorCode::BadRequest
@@ -176,10 +173,7 @@ impl Client {
         if let Some(body) = body {
             rb = rb.json(body);
         }
-        let response = rb
-            .send()
-            .await
-            .map_err(|e| Error::Transport(e.to_string()))?;
+        let response = rb.send().await.map_err(|e| Error::Transport(e.to_string()))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -227,10 +221,8 @@ impl Client {
     /// Enqueues `payload` on `queue`.
     pub async fn enqueue<P: Serialize>(&self, queue: &str, payload: &P) -> Result<Job> {
         let queue = QueueName::new(queue).map_err(|e| Error::Config(e.to_string()))?;
-        let payload =
-            serde_json::to_value(payload).map_err(|e| Error::Config(format!("payload: {e}")))?;
-        self.enqueue_with(EnqueueJobRequest::new(queue, payload))
-            .await
+        let payload = serde_json::to_value(payload).map_err(|e| Error::Config(format!("payload: {e}")))?;
+        self.enqueue_with(EnqueueJobRequest::new(queue, payload)).await
     }
 
     /// Enqueues one job with every option. Without an idempotency key the
@@ -284,12 +276,7 @@ impl Client {
     }
 
     /// As [`Client::wait`], calling `seen` with each answer (to show progress).
-    pub async fn wait_with(
-        &self,
-        id: JobId,
-        timeout: Duration,
-        mut seen: impl FnMut(&Job),
-    ) -> Result<Job> {
+    pub async fn wait_with(&self, id: JobId, timeout: Duration, mut seen: impl FnMut(&Job)) -> Result<Job> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
@@ -341,13 +328,7 @@ impl Client {
     /// Per-queue figures.
     pub async fn queues(&self) -> Result<Vec<QueueSummary>> {
         let answer: ListQueuesResponse = self
-            .call::<(), _>(
-                Method::GET,
-                routes::QUEUES,
-                None,
-                Repeat::Safe,
-                Duration::ZERO,
-            )
+            .call::<(), _>(Method::GET, routes::QUEUES, None, Repeat::Safe, Duration::ZERO)
             .await?;
         Ok(answer.queues)
     }
@@ -362,20 +343,10 @@ impl Client {
 
     /// Renews leases. `retry` false sends it once (the worker runtime's
     /// heartbeat loop retries on its own schedule).
-    pub async fn heartbeat(
-        &self,
-        req: &HeartbeatRequest,
-        retry: bool,
-    ) -> Result<HeartbeatResponse> {
+    pub async fn heartbeat(&self, req: &HeartbeatRequest, retry: bool) -> Result<HeartbeatResponse> {
         let repeat = if retry { Repeat::Safe } else { Repeat::Once };
-        self.call(
-            Method::POST,
-            routes::HEARTBEAT,
-            Some(req),
-            repeat,
-            Duration::ZERO,
-        )
-        .await
+        self.call(Method::POST, routes::HEARTBEAT, Some(req), repeat, Duration::ZERO)
+            .await
     }
 
     /// Completes a lease (idempotent per lease, so retried).
@@ -452,11 +423,7 @@ mod tests {
             Error::NotFound(_)
         ));
         assert!(matches!(
-            decode_error(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                None,
-                body("invalid").as_bytes()
-            ),
+            decode_error(StatusCode::UNPROCESSABLE_ENTITY, None, body("invalid").as_bytes()),
             Error::Invalid {
                 code: ErrorCode::Invalid,
                 ..

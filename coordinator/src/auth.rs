@@ -75,9 +75,7 @@ impl Caller {
 
     /// Whether the caller may touch `queue`.
     pub fn may_use_queue(&self, queue: &QueueName) -> bool {
-        self.queues
-            .as_ref()
-            .is_none_or(|qs| qs.contains(queue.as_str()))
+        self.queues.as_ref().is_none_or(|qs| qs.contains(queue.as_str()))
     }
 }
 
@@ -143,7 +141,10 @@ mod tests {
 
     #[test]
     fn keys_parse_with_roles_and_queues() {
-        let keys = ApiKeys::parse("producer:pppppppppppppppp, worker:wwwwwwwwwwwwwwww:emails|reports,admin:aaaaaaaaaaaaaaaa").unwrap();
+        let keys = ApiKeys::parse(
+            "producer:pppppppppppppppp, worker:wwwwwwwwwwwwwwww:emails|reports,admin:aaaaaaaaaaaaaaaa",
+        )
+        .unwrap();
         let w = keys.lookup("wwwwwwwwwwwwwwww").unwrap();
         assert_eq!(w.role, Role::Worker);
         assert!(w.may_use_queue(&QueueName::new("emails").unwrap()));

@@ -28,16 +28,19 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SLO_MS: u64 = 25_000;
 /// Default `RUNLEASE_DATABASE_POOL_SIZE`.
 pub const DEFAULT_DATABASE_POOL_SIZE: usize = 20;
+/// Default `RUNLEASE_REDIS_PREFIX`: channel names start with it.
+pub const DEFAULT_REDIS_PREFIX: &str = "runlease";
+/// Default `RUNLEASE_CLAIM_RECHECK_MS`: how often a parked long-poll re-checks
+/// PostgreSQL when no wake-up came.
+pub const DEFAULT_CLAIM_RECHECK_MS: u64 = 1_000;
+/// Default `RUNLEASE_REPAIR_INTERVAL_MS`: how often `enqueue_failed` jobs are repaired.
+pub const DEFAULT_REPAIR_INTERVAL_MS: u64 = 1_000;
 /// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 
 /// Command line of `runlease-coordinator`.
 #[derive(Debug, Parser)]
-#[command(
-    name = "runlease-coordinator",
-    version,
-    about = "The runlease coordinator"
-)]
+#[command(name = "runlease-coordinator", version, about = "The runlease coordinator")]
 pub struct Cli {
     /// What to do (default: serve).
     #[command(subcommand)]
@@ -62,9 +65,21 @@ pub struct Config {
     /// PostgreSQL URL; the database is created if missing; `sslmode` is honoured.
     #[arg(long, env = "RUNLEASE_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
     pub database_url: String,
-    /// Redis URL for wake-up signals between coordinators.
+    /// Redis URL for wake-up signals between coordinators; empty disables
+    /// Redis (one coordinator, local wake-ups only).
     #[arg(long, env = "RUNLEASE_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
     pub redis_url: String,
+    /// Prefix of the Redis channel names (`<prefix>:wake`, `<prefix>:terminal`).
+    #[arg(long, env = "RUNLEASE_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]
+    pub redis_prefix: String,
+    /// How often a parked claim or job read re-checks PostgreSQL without a wake-up, ms.
+    #[arg(long, env = "RUNLEASE_CLAIM_RECHECK_MS", default_value_t = DEFAULT_CLAIM_RECHECK_MS,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub claim_recheck_ms: u64,
+    /// How often `enqueue_failed` jobs get their wake-up re-sent, ms.
+    #[arg(long, env = "RUNLEASE_REPAIR_INTERVAL_MS", default_value_t = DEFAULT_REPAIR_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    pub repair_interval_ms: u64,
     /// Address to listen on.
     #[arg(long, env = "RUNLEASE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,

@@ -10,7 +10,7 @@
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
 //! - [`reaper`]: takes back expired leases.
-//! - [`wake`]: local wake-ups of parked long-polls.
+//! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
 //! - [`metrics`]: Prometheus metrics.
 
 pub mod auth;
@@ -38,6 +38,7 @@ use crate::store::connect::DatabaseTarget;
 use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
 use crate::token::TokenKey;
 use crate::wake::Wake;
+use crate::wake::repair::Repairer;
 
 /// Why the coordinator could not start or keep running.
 #[derive(Debug, thiserror::Error)]
@@ -93,15 +94,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
 /// Serves the protocol on `listener` until `shutdown` fires, then stops
 /// accepting, answers parked long-polls, finishes in-flight requests and
 /// stops the background loops.
-pub async fn serve(
-    config: Config,
-    listener: TcpListener,
-    shutdown: CancellationToken,
-) -> Result<(), Error> {
+pub async fn serve(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
     config.validate().map_err(Error::Config)?;
     let addr = listener.local_addr()?;
-    let keys =
-        ApiKeys::parse(config.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
+    let keys = ApiKeys::parse(config.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
     if keys.is_empty() {
         if !addr.ip().is_loopback() {
             return Err(Error::Config(format!(
@@ -124,8 +120,20 @@ pub async fn serve(
 
     let store = connect_and_migrate(&config).await?;
     let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
-    let wake = Wake::new();
     let tracker = TaskTracker::new();
+    let wake = if config.redis_url.trim().is_empty() {
+        tracing::info!("RUNLEASE_REDIS_URL is empty: wake-ups stay inside this coordinator");
+        Wake::local_only()
+    } else {
+        Wake::with_redis(
+            &config.redis_url,
+            &config.redis_prefix,
+            metrics.clone(),
+            &tracker,
+            shutdown.child_token(),
+        )
+        .map_err(Error::Config)?
+    };
     let reaper = Reaper::new(
         store.clone(),
         metrics.clone(),
@@ -133,6 +141,13 @@ pub async fn serve(
         config.reaper_interval(),
     );
     tracker.spawn(reaper.run(shutdown.child_token()));
+    let repairer = Repairer::new(
+        store.clone(),
+        wake.clone(),
+        metrics.clone(),
+        Duration::from_millis(config.repair_interval_ms),
+    );
+    tracker.spawn(repairer.run(shutdown.child_token()));
 
     let state = AppState {
         store,
@@ -140,6 +155,7 @@ pub async fn serve(
         keys: Arc::new(keys),
         metrics,
         wake,
+        recheck: Duration::from_millis(config.claim_recheck_ms),
         terms: LeaseTerms {
             ttl: config.lease_ttl(),
             heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),

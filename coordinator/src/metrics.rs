@@ -98,6 +98,8 @@ pub struct Metrics {
     pub db_unavailable: Counter,
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
+    /// Wake-ups that could not be published to Redis.
+    pub redis_publish_failures: Counter,
     /// Jobs that reached a terminal state.
     pub terminal: Family<QueueLabels, Counter>,
     /// Jobs that reached a terminal state within the SLO.
@@ -137,6 +139,7 @@ impl Metrics {
             pool_waiting: Gauge::default(),
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
+            redis_publish_failures: Counter::default(),
             terminal: Family::default(),
             terminal_within_slo: Family::default(),
             slo_ratio: Gauge::default(),
@@ -145,11 +148,7 @@ impl Metrics {
             slo,
         };
         registry.register("jobs_enqueued", "Jobs enqueued", m.enqueued.clone());
-        registry.register(
-            "jobs_claimed",
-            "Leases handed out by claims",
-            m.claimed.clone(),
-        );
+        registry.register("jobs_claimed", "Leases handed out by claims", m.claimed.clone());
         registry.register("jobs_completed", "Jobs completed", m.completed.clone());
         registry.register("jobs_failed", "Jobs that ended failed", m.failed.clone());
         registry.register(
@@ -157,11 +156,7 @@ impl Metrics {
             "Failed or expired attempts re-queued for another attempt",
             m.retried.clone(),
         );
-        registry.register(
-            "jobs_cancelled",
-            "Jobs that ended cancelled",
-            m.cancelled.clone(),
-        );
+        registry.register("jobs_cancelled", "Jobs that ended cancelled", m.cancelled.clone());
         registry.register(
             "jobs_released",
             "Leases released by their worker (no attempt charged)",

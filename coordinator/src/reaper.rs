@@ -66,15 +66,15 @@ impl Reaper {
                 match job.state {
                     JobState::Queued => {
                         report.requeued += 1;
-                        self.wake.queue_ready(&job.queue);
+                        self.wake.ready(&job.queue);
                     }
                     JobState::Failed => {
                         report.failed += 1;
-                        self.wake.job_terminal(job.id);
+                        self.wake.terminal(job.id);
                     }
                     _ => {
                         report.cancelled += 1;
-                        self.wake.job_terminal(job.id);
+                        self.wake.terminal(job.id);
                     }
                 }
             }

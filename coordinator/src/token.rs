@@ -22,15 +22,11 @@ const MAX_TOKEN_LEN: usize = 512;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum TokenError {
     /// Not shaped like a runlease token at all.
-    #[error(
-        "lease_token is not a runlease lease token; pass the lease_token a claim returned, unchanged"
-    )]
+    #[error("lease_token is not a runlease lease token; pass the lease_token a claim returned, unchanged")]
     Malformed,
     /// Shaped right, but its MAC does not verify: forged, altered, or minted
     /// under another secret.
-    #[error(
-        "lease_token does not verify: it was altered, forged, or minted under another RUNLEASE_SECRET"
-    )]
+    #[error("lease_token does not verify: it was altered, forged, or minted under another RUNLEASE_SECRET")]
     Forged,
 }
 
@@ -87,9 +83,7 @@ impl TokenKey {
         let payload = URL_SAFE_NO_PAD
             .decode(payload)
             .map_err(|_| TokenError::Malformed)?;
-        let mac = URL_SAFE_NO_PAD
-            .decode(mac)
-            .map_err(|_| TokenError::Malformed)?;
+        let mac = URL_SAFE_NO_PAD.decode(mac).map_err(|_| TokenError::Malformed)?;
         if payload.len() <= 24 || mac.len() != 32 {
             return Err(TokenError::Malformed);
         }
@@ -165,14 +159,7 @@ mod tests {
         let guessed = other.mint(id, RunLease(2), &worker());
         assert_eq!(key.verify(&guessed), Err(TokenError::Forged));
 
-        for junk in [
-            "",
-            "rl1.",
-            "rl1.abc",
-            "rl1.!!.??",
-            "xyz.aa.bb",
-            &"a".repeat(600),
-        ] {
+        for junk in ["", "rl1.", "rl1.abc", "rl1.!!.??", "xyz.aa.bb", &"a".repeat(600)] {
             assert_eq!(
                 key.verify(&LeaseToken(junk.into())),
                 Err(TokenError::Malformed),

@@ -54,10 +54,7 @@ impl JobState {
 
     /// Whether nothing but an admin retry moves the job out of this state.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            JobState::Done | JobState::Failed | JobState::Cancelled
-        )
+        matches!(self, JobState::Done | JobState::Failed | JobState::Cancelled)
     }
 }
 

@@ -105,18 +105,13 @@ impl Api {
 
     /// Enqueues `payload` on `queue` (201 expected).
     pub async fn enqueue(&self, queue: &str, payload: Value) -> Job {
-        self.enqueue_with(EnqueueJobRequest::new(
-            QueueName::new(queue).unwrap(),
-            payload,
-        ))
-        .await
+        self.enqueue_with(EnqueueJobRequest::new(QueueName::new(queue).unwrap(), payload))
+            .await
     }
 
     /// Enqueues a full request (201 expected).
     pub async fn enqueue_with(&self, req: EnqueueJobRequest) -> Job {
-        let (status, body) = self
-            .post("/v1/jobs", &serde_json::to_value(req).unwrap())
-            .await;
+        let (status, body) = self.post("/v1/jobs", &serde_json::to_value(req).unwrap()).await;
         assert_eq!(status, 201, "enqueue answered {status}: {body}");
         serde_json::from_value(body).unwrap()
     }
@@ -127,13 +122,7 @@ impl Api {
     }
 
     /// Claims up to `max_jobs` from `queue`, parking up to `wait_ms`.
-    pub async fn claim_wait(
-        &self,
-        queue: &str,
-        worker: &str,
-        max_jobs: u32,
-        wait_ms: u64,
-    ) -> Vec<Lease> {
+    pub async fn claim_wait(&self, queue: &str, worker: &str, max_jobs: u32, wait_ms: u64) -> Vec<Lease> {
         let req = ClaimRequest {
             queues: vec![QueueName::new(queue).unwrap()],
             worker_id: WorkerId::new(worker).unwrap(),
@@ -141,9 +130,7 @@ impl Api {
             wait_ms,
             time_left_ms: None,
         };
-        let (status, body) = self
-            .post("/v1/claim", &serde_json::to_value(req).unwrap())
-            .await;
+        let (status, body) = self.post("/v1/claim", &serde_json::to_value(req).unwrap()).await;
         assert_eq!(status, 200, "claim answered {status}: {body}");
         serde_json::from_value::<runlease_protocol::worker::ClaimResponse>(body)
             .unwrap()
@@ -174,8 +161,7 @@ impl Api {
         retryable: bool,
         retry_after_ms: Option<i64>,
     ) -> (u16, Value) {
-        let mut body =
-            json!({"lease_token": lease.lease_token, "error": error, "retryable": retryable});
+        let mut body = json!({"lease_token": lease.lease_token, "error": error, "retryable": retryable});
         if let Some(ms) = retry_after_ms {
             body["retry_after_ms"] = json!(ms);
         }

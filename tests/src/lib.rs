@@ -5,6 +5,7 @@
 //! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
+//! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never
@@ -14,6 +15,7 @@
 
 pub mod api;
 pub mod proxy;
+pub mod redis;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -30,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use api::Api;
 pub use proxy::Proxy;
+pub use redis::TestRedis;
 
 /// The shared secret test coordinators sign lease tokens with.
 pub const TEST_SECRET: &str = "runlease-test-secret";
@@ -103,9 +106,7 @@ async fn ensure_template(admin: &tokio_postgres::Client) -> String {
             .unwrap();
         let mut config = test_config(&url_for(&building));
         config.database_pool_size = 1;
-        let store = runlease_coordinator::connect_and_migrate(&config)
-            .await
-            .unwrap();
+        let store = runlease_coordinator::connect_and_migrate(&config).await.unwrap();
         store.pool().close();
         drop(store);
         // Wait for the pooled connection to go away before renaming.
@@ -141,11 +142,19 @@ async fn ensure_template(admin: &tokio_postgres::Client) -> String {
 
 /// Settings for a test coordinator: quiet timers, a fixed secret, no keys.
 pub fn test_config(database_url: &str) -> Config {
-    let mut config =
-        Config::from_env().expect("RUNLEASE_* variables in the environment must be valid");
+    let mut config = Config::from_env().expect("RUNLEASE_* variables in the environment must be valid");
     config.database_url = database_url.to_owned();
     config.listen = "127.0.0.1:0".parse().unwrap();
     config.secret = Some(TEST_SECRET.to_owned());
+    // The machine's Redis, with channels of this test's own.
+    let db = database_url
+        .rsplit('/')
+        .next()
+        .unwrap_or("x")
+        .split('?')
+        .next()
+        .unwrap_or("x");
+    config.redis_prefix = format!("runlease-test:{db}");
     config.api_keys = None;
     config.lease_ttl_ms = 15_000;
     config.heartbeat_interval_ms = 5_000;
@@ -210,10 +219,7 @@ impl TestDb {
 
 impl Drop for TestDb {
     fn drop(&mut self) {
-        let sql = format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            quote_ident(&self.name)
-        );
+        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", quote_ident(&self.name));
         // Drop runs outside async context; a throwaway runtime on its own thread does the I/O.
         let _ = std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -258,11 +264,7 @@ impl TestCoordinator {
         let listener = TcpListener::bind((config.listen.ip(), 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(runlease_coordinator::serve(
-            config,
-            listener,
-            shutdown.clone(),
-        ));
+        let task = tokio::spawn(runlease_coordinator::serve(config, listener, shutdown.clone()));
         let api = Api::new(format!("http://{addr}"));
         // Ready once /readyz answers 200 (migrations are applied before serving).
         for _ in 0..200 {

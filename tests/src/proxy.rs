@@ -50,11 +50,7 @@ impl Proxy {
             }
         })
         .abort_handle();
-        Self {
-            addr,
-            state,
-            accept,
-        }
+        Self { addr, state, accept }
     }
 
     /// The proxy's URL.

@@ -120,9 +120,7 @@ fn print_job(job: &Job) {
         ("payload", job.payload.to_string()),
         (
             "progress",
-            job.progress
-                .as_ref()
-                .map_or("-".into(), ToString::to_string),
+            job.progress.as_ref().map_or("-".into(), ToString::to_string),
         ),
         (
             "result",
@@ -158,10 +156,7 @@ fn print_queues(queues: &[QueueSummary]) {
     for s in states {
         print!(" {:>14}", s.as_str());
     }
-    println!(
-        " {:>16} {:>9} {:>8}",
-        "oldest_queued_ms", "expiries", "retries"
-    );
+    println!(" {:>16} {:>9} {:>8}", "oldest_queued_ms", "expiries", "retries");
     for q in queues {
         print!("{:<24}", q.queue.as_str());
         for s in states {
@@ -206,8 +201,8 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     s
                 }
             };
-            let payload = serde_json::from_str(&text)
-                .map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))?;
+            let payload =
+                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))?;
             let queue = QueueName::new(queue).map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut req = EnqueueJobRequest::new(queue, payload);
             req.priority = priority;
@@ -242,9 +237,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         job.state,
                         job.attempt,
                         job.max_attempts,
-                        job.progress
-                            .as_ref()
-                            .map_or("-".into(), ToString::to_string)
+                        job.progress.as_ref().map_or("-".into(), ToString::to_string)
                     );
                     if show && line != last {
                         eprintln!("{line}");

@@ -58,9 +58,8 @@ impl JobContext {
 
     /// The payload as `T`; a payload that does not fit is a permanent failure.
     pub fn payload<T: DeserializeOwned>(&self) -> Result<T, JobError> {
-        serde_json::from_value(self.payload.clone()).map_err(|e| {
-            JobError::permanent(format!("payload does not fit the handler's type: {e}"))
-        })
+        serde_json::from_value(self.payload.clone())
+            .map_err(|e| JobError::permanent(format!("payload does not fit the handler's type: {e}")))
     }
 
     /// The checkpoint an earlier attempt saved (with progress or a release).

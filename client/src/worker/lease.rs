@@ -99,10 +99,7 @@ impl Held {
 
     /// The latest checkpoint.
     pub fn progress(&self) -> Option<Value> {
-        self.progress
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.progress.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Waits until a whole TTL has passed without a successful heartbeat, then
@@ -153,12 +150,7 @@ impl Claimed {
     }
 
     /// Fails the attempt.
-    pub async fn fail(
-        self,
-        error: String,
-        retryable: bool,
-        retry_after: Option<Duration>,
-    ) -> Result<()> {
+    pub async fn fail(self, error: String, retryable: bool, retry_after: Option<Duration>) -> Result<()> {
         let retry_after_ms = retry_after.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         self.client
             .fail(&FailRequest {

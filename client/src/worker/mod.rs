@@ -23,9 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runlease_protocol::worker::{
-    ClaimRequest, HeartbeatItem, HeartbeatRequest, HeartbeatStatus, Lease,
-};
+use runlease_protocol::worker::{ClaimRequest, HeartbeatItem, HeartbeatRequest, HeartbeatStatus, Lease};
 use runlease_protocol::{JobId, QueueName, WorkerId};
 use serde::Serialize;
 use serde_json::Value;
@@ -268,9 +266,7 @@ impl Worker {
             let stop_claiming = stop_claiming.clone();
             let background = background.clone();
             tracker.spawn(async move {
-                let release_at = deadline
-                    .checked_sub(inner.release_margin)
-                    .unwrap_or(deadline);
+                let release_at = deadline.checked_sub(inner.release_margin).unwrap_or(deadline);
                 tokio::select! {
                     () = tokio::time::sleep_until(release_at) => {}
                     () = background.cancelled() => return,

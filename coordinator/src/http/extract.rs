@@ -29,10 +29,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
                     "request body is larger than RUNLEASE_MAX_BODY_BYTES",
                 )
             } else {
-                ApiError::bad_request(format!(
-                    "cannot read the request body: {}",
-                    rejection.body_text()
-                ))
+                ApiError::bad_request(format!("cannot read the request body: {}", rejection.body_text()))
             }
         })?;
         parse_json(&bytes).map(JsonBody)
@@ -85,10 +82,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequestParts<S> for QueryParams<T>
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
         if state.keys.is_empty() {
             return Ok(Caller::open());
         }
@@ -96,9 +90,7 @@ impl FromRequestParts<AppState> for Caller {
             .headers
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or_else(|| {
-                ApiError::new(ErrorCode::Unauthorized, "send Authorization: Bearer <key>")
-            })?;
+            .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send Authorization: Bearer <key>"))?;
         let key = header
             .strip_prefix("Bearer ")
             .or_else(|| header.strip_prefix("bearer "))

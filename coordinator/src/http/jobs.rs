@@ -18,7 +18,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, require};
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
 use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
-use crate::wake::{JOB_RECHECK_INTERVAL, jittered, next_job_wake};
+use crate::wake::{jittered, next_job_wake};
 
 fn record_job(job: &Job) {
     let span = tracing::Span::current();
@@ -41,9 +41,11 @@ fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<
     NewJob::from_request(req, state.store.policy()).map_err(ApiError::invalid)
 }
 
-/// Counts new jobs and wakes parked claims of their queues.
-fn announce(state: &AppState, enqueued: &[Enqueued]) {
-    let mut woken = Vec::new();
+/// Counts new jobs and sends their wake-ups (local and Redis). When the
+/// wake-up cannot be published the jobs are marked `enqueue_failed`: still
+/// claimable, repaired by the repair loop; the answer shows the mark.
+async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), ApiError> {
+    let mut queues = Vec::new();
     for e in enqueued.iter().filter(|e| e.created) {
         state
             .metrics
@@ -53,13 +55,31 @@ fn announce(state: &AppState, enqueued: &[Enqueued]) {
             })
             .inc();
         tracing::info!(job_id = %e.job.id, queue = %e.job.queue, "job enqueued");
-        if !woken.contains(&e.job.queue) {
-            woken.push(e.job.queue.clone());
+        if !queues.contains(&e.job.queue) {
+            queues.push(e.job.queue.clone());
         }
     }
-    for queue in &woken {
-        state.wake.queue_ready(queue);
+    if queues.is_empty() {
+        return Ok(());
     }
+    if let Err(e) = state.wake.enqueued(&queues).await {
+        let ids: Vec<JobId> = enqueued.iter().filter(|e| e.created).map(|e| e.job.id).collect();
+        let marked = state.store.mark_enqueue_failed(&ids).await?;
+        tracing::warn!(error = %e, jobs = marked.len(), "wake-up not delivered: jobs marked enqueue_failed");
+        for (id, queue) in &marked {
+            state
+                .metrics
+                .enqueue_failed_marks
+                .get_or_create(&QueueLabels {
+                    queue: queue.to_string(),
+                })
+                .inc();
+            if let Some(e) = enqueued.iter_mut().find(|e| e.job.id == *id) {
+                e.job.state = runlease_protocol::JobState::EnqueueFailed;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `POST /v1/jobs`: 201 with the new job; 200 with the original for a repeated idempotency key.
@@ -70,13 +90,10 @@ pub async fn enqueue(
 ) -> Result<(StatusCode, Json<Job>), ApiError> {
     require(&caller, Action::Enqueue)?;
     let job = new_job(&state, &caller, req)?;
-    let enqueued = state.store.enqueue(vec![job]).await?;
-    announce(&state, &enqueued);
+    let mut enqueued = state.store.enqueue(vec![job]).await?;
+    announce(&state, &mut enqueued).await?;
     let Some(first) = enqueued.into_iter().next() else {
-        return Err(ApiError::new(
-            ErrorCode::Internal,
-            "enqueue answered no job",
-        ));
+        return Err(ApiError::new(ErrorCode::Internal, "enqueue answered no job"));
     };
     record_job(&first.job);
     let status = if first.created {
@@ -110,8 +127,8 @@ pub async fn enqueue_batch(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let enqueued = state.store.enqueue(jobs).await?;
-    announce(&state, &enqueued);
+    let mut enqueued = state.store.enqueue(jobs).await?;
+    announce(&state, &mut enqueued).await?;
     Ok((
         StatusCode::CREATED,
         Json(EnqueueBatchResponse {
@@ -154,7 +171,7 @@ pub async fn get_job(
         if job.state.is_terminal() || now >= deadline || state.shutdown.is_cancelled() {
             return Ok(Json(job));
         }
-        let nap = jittered(JOB_RECHECK_INTERVAL).min(deadline - now);
+        let nap = jittered(state.recheck).min(deadline - now);
         tokio::select! {
             () = next_job_wake(&mut wakes, id) => {}
             () = tokio::time::sleep(nap) => {}
@@ -179,7 +196,7 @@ pub async fn cancel(
             record_job(&job);
             if job.state.is_terminal() {
                 state.metrics.transition(&job, Via::Cancel);
-                state.wake.job_terminal(job.id);
+                state.wake.terminal(job.id);
                 tracing::info!("job cancelled");
             } else {
                 tracing::info!("cancel requested of a running job");
@@ -208,7 +225,7 @@ pub async fn retry(
         RetryOutcome::Done(job) => {
             record_job(&job);
             tracing::info!("job retried by an admin");
-            state.wake.queue_ready(&job.queue);
+            state.wake.ready(&job.queue);
             Ok(Json(*job))
         }
         RetryOutcome::NotFound => Err(ApiError::job_not_found()),

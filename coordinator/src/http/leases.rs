@@ -8,17 +8,16 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use runlease_protocol::limits::{
-    MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_LEASES_PER_REQUEST,
-    MAX_WAIT_MS,
+    MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_LEASES_PER_REQUEST, MAX_WAIT_MS,
 };
 use runlease_protocol::worker::{
-    ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishAction, FinishItem,
-    FinishRequest, FinishResponse, FinishResult, FinishStatus, HeartbeatRequest, HeartbeatResponse,
-    HeartbeatResult, HeartbeatStatus, Lease, ReleaseRequest,
+    ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishAction, FinishItem, FinishRequest,
+    FinishResponse, FinishResult, FinishStatus, HeartbeatRequest, HeartbeatResponse, HeartbeatResult,
+    HeartbeatStatus, Lease, ReleaseRequest,
 };
 use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
-use tokio::time::Instant;
 use serde_json::Value;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
@@ -29,7 +28,7 @@ use crate::metrics::{ActionLabels, QueueLabels, Via, WaiterGauge};
 use crate::store::Guarded;
 use crate::store::leases::{Finished, LeaseRef, Outcome, Renewal};
 use crate::token::TokenError;
-use crate::wake::{CLAIM_RECHECK_INTERVAL, jittered, next_queue_wake};
+use crate::wake::{jittered, next_queue_wake};
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -109,7 +108,7 @@ pub async fn claim(
             return Ok(Json(ClaimResponse { leases: Vec::new() }));
         }
         _waiting.get_or_insert_with(|| WaiterGauge::new(&state.metrics.claim_waiters));
-        let nap = jittered(CLAIM_RECHECK_INTERVAL).min(deadline - now);
+        let nap = jittered(state.recheck).min(deadline - now);
         tokio::select! {
             () = next_queue_wake(&mut wakes, &queues) => {}
             () = tokio::time::sleep(nap) => {}
@@ -225,11 +224,7 @@ pub async fn heartbeat(
 }
 
 /// Applies one finishing outcome: verify, guarded write, metrics, wake-ups.
-async fn finish_one(
-    state: &AppState,
-    token: &LeaseToken,
-    outcome: Outcome,
-) -> Result<Finished, ApiError> {
+async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> Result<Finished, ApiError> {
     let action = outcome.name();
     let Some(lease) = verify(state, token)? else {
         return Err(lease_lost(state, action));
@@ -248,9 +243,9 @@ async fn finish_one(
         state.metrics.transition(job, via);
         tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, state = %job.state, action, "attempt finished");
         if job.state.is_terminal() {
-            state.wake.job_terminal(job.id);
+            state.wake.terminal(job.id);
         } else if job.state == JobState::Queued {
-            state.wake.queue_ready(&job.queue);
+            state.wake.ready(&job.queue);
         }
     } else {
         tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, action, "repeated finish answered as already applied");
@@ -259,19 +254,11 @@ async fn finish_one(
 }
 
 async fn answer(state: &AppState, finished: Finished) -> Result<Json<Job>, ApiError> {
-    let job = state
-        .store
-        .with_attempts(vec![finished.record])
-        .await?
-        .pop();
+    let job = state.store.with_attempts(vec![finished.record]).await?.pop();
     job.map(Json).ok_or_else(ApiError::job_not_found)
 }
 
-fn fail_outcome(
-    error: String,
-    retryable: bool,
-    retry_after_ms: Option<i64>,
-) -> Result<Outcome, ApiError> {
+fn fail_outcome(error: String, retryable: bool, retry_after_ms: Option<i64>) -> Result<Outcome, ApiError> {
     if let Some(ms) = retry_after_ms
         && !(0..=MAX_DELAY_MS).contains(&ms)
     {
@@ -301,12 +288,7 @@ pub async fn complete(
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
-    let finished = finish_one(
-        &state,
-        &req.lease_token,
-        Outcome::Complete { result: req.result },
-    )
-    .await?;
+    let finished = finish_one(&state, &req.lease_token, Outcome::Complete { result: req.result }).await?;
     answer(&state, finished).await
 }
 
@@ -351,7 +333,9 @@ fn check_storable(item: &FinishItem) -> Result<(), ApiError> {
     if values.into_iter().all(storable) && item.error.as_deref().is_none_or(|e| !e.contains('\0')) {
         Ok(())
     } else {
-        Err(ApiError::invalid("a NUL character (\\u0000) cannot be stored in a result, error or progress"))
+        Err(ApiError::invalid(
+            "a NUL character (\\u0000) cannot be stored in a result, error or progress",
+        ))
     }
 }
 

@@ -53,8 +53,10 @@ pub struct AppState {
     pub keys: Arc<ApiKeys>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Local wake-ups.
+    /// Wake-ups (local, and Redis between coordinators).
     pub wake: Wake,
+    /// How often a parked long-poll re-checks PostgreSQL without a wake-up.
+    pub recheck: Duration,
     /// Lease terms.
     pub terms: LeaseTerms,
     /// Cancelled at shutdown: parked long-polls answer at once.

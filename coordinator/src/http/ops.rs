@@ -26,9 +26,9 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
             "status": "ready",
             "postgres": "ok",
             "migrations": "current",
-            // Redis signalling is not wired in yet: claims rely on local
-            // wake-ups and the timer re-check, which is always correct.
-            "redis": "not_used",
+            // Redis down is degraded, not down: waiters fall back to timers
+            // and enqueues are repaired later.
+            "redis": state.wake.redis_status().as_str(),
         }))),
         Ok(false) => Err(ApiError::new(
             ErrorCode::Overloaded,

@@ -60,19 +60,17 @@ impl DatabaseTarget {
                 _ => kept.push(pair),
             }
         }
-        let root_cert =
-            match root_path {
-                Some(path) => Some(std::fs::read_to_string(&path).map_err(|e| {
-                    StoreError::Config(format!("cannot read sslrootcert {path}: {e}"))
-                })?),
-                None => None,
-            };
+        let root_cert = match root_path {
+            Some(path) => Some(
+                std::fs::read_to_string(&path)
+                    .map_err(|e| StoreError::Config(format!("cannot read sslrootcert {path}: {e}")))?,
+            ),
+            None => None,
+        };
         let (tls, pg_mode) = match sslmode.as_str() {
             "disable" => (TlsPolicy::Disable, SslMode::Disable),
             "allow" | "prefer" => (TlsPolicy::EncryptOnly { required: false }, SslMode::Prefer),
-            "require" if root_cert.is_some() => {
-                (TlsPolicy::VerifyCa { root_cert }, SslMode::Require)
-            }
+            "require" if root_cert.is_some() => (TlsPolicy::VerifyCa { root_cert }, SslMode::Require),
             "require" => (TlsPolicy::EncryptOnly { required: true }, SslMode::Require),
             "verify-ca" => (TlsPolicy::VerifyCa { root_cert }, SslMode::Require),
             "verify-full" => (TlsPolicy::VerifyFull { root_cert }, SslMode::Require),
@@ -114,9 +112,8 @@ impl DatabaseTarget {
         let mut builder = native_tls::TlsConnector::builder();
         let add_root = |builder: &mut native_tls::TlsConnectorBuilder, pem: &Option<String>| {
             if let Some(pem) = pem {
-                let cert = native_tls::Certificate::from_pem(pem.as_bytes()).map_err(|e| {
-                    StoreError::Config(format!("sslrootcert is not a PEM certificate: {e}"))
-                })?;
+                let cert = native_tls::Certificate::from_pem(pem.as_bytes())
+                    .map_err(|e| StoreError::Config(format!("sslrootcert is not a PEM certificate: {e}")))?;
                 builder.add_root_certificate(cert);
             }
             Ok::<_, StoreError>(())
@@ -181,8 +178,7 @@ impl DatabaseTarget {
                 // "already exists", or the catalog's unique index caught it.
                 Err(e)
                     if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE)
-                        || e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {
-                }
+                        || e.code() == Some(&tokio_postgres::error::SqlState::UNIQUE_VIOLATION) => {}
                 Err(e) => return Err(e.into()),
             }
         }
@@ -203,8 +199,7 @@ mod tests {
 
     #[test]
     fn sslmode_is_taken_out_of_the_url_and_mapped() {
-        let t =
-            DatabaseTarget::parse("postgres://u@h:5/db?sslmode=require&connect_timeout=3").unwrap();
+        let t = DatabaseTarget::parse("postgres://u@h:5/db?sslmode=require&connect_timeout=3").unwrap();
         assert_eq!(t.tls, TlsPolicy::EncryptOnly { required: true });
         assert_eq!(t.pg.get_ssl_mode(), SslMode::Require);
         assert_eq!(t.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));

@@ -3,9 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::limits::{
-    MAX_ATTEMPTS_LIMIT, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS,
-};
+use runlease_protocol::limits::{MAX_ATTEMPTS_LIMIT, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS};
 use runlease_protocol::producer::{EnqueueJobRequest, QueueSummary};
 use runlease_protocol::{Job, JobId, JobState, QueueName};
 use serde_json::Value;
@@ -50,9 +48,7 @@ impl NewJob {
         }
         let max_attempts = req.max_attempts.unwrap_or(policy.default_max_attempts);
         if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
-            return Err(format!(
-                "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"
-            ));
+            return Err(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"));
         }
         if let Some(timeout) = req.timeout_ms
             && !(1..=MAX_TIMEOUT_MS).contains(&timeout)
@@ -149,10 +145,7 @@ impl Store {
             .collect();
 
         // Jobs skipped for an existing idempotency key: read the originals.
-        let skipped: Vec<&NewJob> = jobs
-            .iter()
-            .filter(|j| !inserted.contains_key(&j.id))
-            .collect();
+        let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
         let mut originals: HashMap<(String, String), Job> = HashMap::new();
         if !skipped.is_empty() {
             let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
@@ -177,23 +170,78 @@ impl Store {
                 if let Some(job) = inserted.remove(&j.id) {
                     return Ok(Enqueued { job, created: true });
                 }
-                let key = (
-                    j.queue.to_string(),
-                    j.idempotency_key.clone().unwrap_or_default(),
-                );
+                let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
                 originals
                     .get(&key)
                     .cloned()
-                    .map(|job| Enqueued {
-                        job,
-                        created: false,
-                    })
+                    .map(|job| Enqueued { job, created: false })
                     .ok_or_else(|| {
                         StoreError::Database(format!(
                             "job {} was neither inserted nor found by its key",
                             j.id
                         ))
                     })
+            })
+            .collect()
+    }
+
+    /// Marks jobs `enqueue_failed` (their wake-up did not go out); returns
+    /// those still `queued` that were marked.
+    pub async fn mark_enqueue_failed(&self, ids: &[JobId]) -> Result<Vec<(JobId, QueueName)>, StoreError> {
+        let client = self.conn().await?;
+        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+        let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
+        let rows = client.query(&stmt, &[&ids]).await?;
+        rows.iter()
+            .map(|r| {
+                let queue: String = col(r, "queue")?;
+                let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
+                Ok((JobId(col(r, "id")?), queue))
+            })
+            .collect()
+    }
+
+    /// One repair pass over up to `limit` `enqueue_failed` jobs: locks them,
+    /// calls `publish` with their queues, and moves them to `queued` only if
+    /// it returns true; otherwise nothing changes. Returns the queue of each
+    /// repaired job.
+    pub async fn repair_enqueue_failed<F, Fut>(
+        &self,
+        limit: i64,
+        publish: F,
+    ) -> Result<Vec<QueueName>, StoreError>
+    where
+        F: FnOnce(Vec<QueueName>) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let mut client = self.conn().await?;
+        let tx = client.transaction().await?;
+        let stmt = tx.prepare_cached(sql::JOB_REPAIR_PICK).await?;
+        let rows = tx.query(&stmt, &[&limit]).await?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut queues: Vec<QueueName> = Vec::new();
+        for row in &rows {
+            ids.push(col::<Uuid>(row, "id")?);
+            let queue = QueueName::new(col::<String>(row, "queue")?)
+                .map_err(|e| StoreError::Database(e.to_string()))?;
+            if !queues.contains(&queue) {
+                queues.push(queue);
+            }
+        }
+        if !publish(queues).await {
+            // Dropping the transaction rolls back and frees the rows.
+            return Ok(Vec::new());
+        }
+        let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
+        let repaired = tx.query(&stmt, &[&ids]).await?;
+        tx.commit().await?;
+        repaired
+            .iter()
+            .map(|r| {
+                QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string()))
             })
             .collect()
     }
@@ -215,10 +263,7 @@ impl Store {
     }
 
     /// Attaches the chronology to job rows a write returned.
-    pub(crate) async fn with_attempts(
-        &self,
-        records: Vec<JobRecord>,
-    ) -> Result<Vec<Job>, StoreError> {
+    pub(crate) async fn with_attempts(&self, records: Vec<JobRecord>) -> Result<Vec<Job>, StoreError> {
         let client = self.conn().await?;
         let ids: Vec<Uuid> = records.iter().map(|r| r.job.id.0).collect();
         let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
@@ -234,9 +279,7 @@ impl Store {
         drop(client);
         if !records.is_empty() {
             let job = self.with_attempts(records).await?.pop();
-            return Ok(job.map_or(CancelOutcome::NotFound, |j| {
-                CancelOutcome::Done(Box::new(j))
-            }));
+            return Ok(job.map_or(CancelOutcome::NotFound, |j| CancelOutcome::Done(Box::new(j))));
         }
         Ok(match self.get_job(id).await? {
             None => CancelOutcome::NotFound,
@@ -274,22 +317,17 @@ impl Store {
             let state: DbJobState = col(row, "state")?;
             let count: i64 = col(row, "jobs")?;
             let age: Option<i64> = col(row, "oldest_due_age_ms")?;
-            let name =
-                QueueName::new(queue.clone()).map_err(|e| StoreError::Database(e.to_string()))?;
+            let name = QueueName::new(queue.clone()).map_err(|e| StoreError::Database(e.to_string()))?;
             let summary = by_queue.entry(queue).or_insert_with(|| QueueSummary {
                 queue: name,
-                counts: JobState::ALL
-                    .iter()
-                    .map(|s| (s.as_str().to_owned(), 0))
-                    .collect(),
+                counts: JobState::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect(),
                 oldest_queued_age_ms: None,
                 lease_expiries: 0,
                 retries: 0,
             });
             summary.counts.insert(state.0.as_str().to_owned(), count);
             if let Some(age) = age {
-                summary.oldest_queued_age_ms =
-                    Some(summary.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
+                summary.oldest_queued_age_ms = Some(summary.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
             }
         }
         for row in &totals {

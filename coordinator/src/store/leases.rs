@@ -46,10 +46,7 @@ impl Outcome {
                 matches!(recorded, AttemptOutcome::Failed | AttemptOutcome::Cancelled)
             }
             Outcome::Release { .. } => {
-                matches!(
-                    recorded,
-                    AttemptOutcome::Released | AttemptOutcome::Cancelled
-                )
+                matches!(recorded, AttemptOutcome::Released | AttemptOutcome::Cancelled)
             }
         }
     }
@@ -131,10 +128,7 @@ impl Store {
     }
 
     /// Renews leases in one statement; answers each renewal in order.
-    pub async fn heartbeat(
-        &self,
-        renewals: &[Renewal],
-    ) -> Result<Vec<HeartbeatStatus>, StoreError> {
+    pub async fn heartbeat(&self, renewals: &[Renewal]) -> Result<Vec<HeartbeatStatus>, StoreError> {
         let client = self.conn().await?;
         let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
         let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
@@ -181,11 +175,7 @@ impl Store {
     /// Ends an attempt with one guarded statement. A repeat of an outcome that
     /// already took effect under the same lease (same worker) is `Applied` with
     /// `first: false`; any other mismatch is `Stale`.
-    pub async fn finish(
-        &self,
-        lease: &LeaseRef,
-        outcome: &Outcome,
-    ) -> Result<Guarded<Finished>, StoreError> {
+    pub async fn finish(&self, lease: &LeaseRef, outcome: &Outcome) -> Result<Guarded<Finished>, StoreError> {
         let client = self.conn().await?;
         let id = lease.job_id.0;
         let run_lease = lease.run_lease.0;

@@ -5,9 +5,7 @@ use std::collections::HashMap;
 use std::error::Error;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{
-    Attempt, AttemptOutcome, Job, JobId, JobState, QueueName, RunLease, WorkerId,
-};
+use runlease_protocol::{Attempt, AttemptOutcome, Job, JobId, JobState, QueueName, RunLease, WorkerId};
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Type};
 use uuid::Uuid;

@@ -10,6 +10,12 @@ pub const JOB_GET: &str = include_str!("sql/job_get.sql");
 pub const JOB_CANCEL: &str = include_str!("sql/job_cancel.sql");
 /// Admin retry of a failed or cancelled job.
 pub const JOB_RETRY: &str = include_str!("sql/job_retry.sql");
+/// Mark jobs whose wake-up was not delivered.
+pub const JOB_MARK_ENQUEUE_FAILED: &str = include_str!("sql/job_mark_enqueue_failed.sql");
+/// Lock enqueue_failed jobs for a repair pass.
+pub const JOB_REPAIR_PICK: &str = include_str!("sql/job_repair_pick.sql");
+/// Move repaired jobs back to queued.
+pub const JOB_REPAIR_REQUEUE: &str = include_str!("sql/job_repair_requeue.sql");
 /// The ended attempts of jobs.
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 /// How one attempt ended.
@@ -38,6 +44,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_get", JOB_GET),
     ("job_cancel", JOB_CANCEL),
     ("job_retry", JOB_RETRY),
+    ("job_mark_enqueue_failed", JOB_MARK_ENQUEUE_FAILED),
+    ("job_repair_pick", JOB_REPAIR_PICK),
+    ("job_repair_requeue", JOB_REPAIR_REQUEUE),
     ("attempt_list", ATTEMPT_LIST),
     ("attempt_get", ATTEMPT_GET),
     ("lease_claim", LEASE_CLAIM),

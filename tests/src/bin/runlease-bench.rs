@@ -30,13 +30,20 @@ struct Args {
 }
 
 fn parse_args() -> anyhow::Result<Args> {
-    let mut args = Args { workers: vec![1, 16, 256], jobs: 5000, concurrency: 1 };
+    let mut args = Args {
+        workers: vec![1, 16, 256],
+        jobs: 5000,
+        concurrency: 1,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--workers" => {
-                args.workers = value()?.split(',').map(|w| w.trim().parse()).collect::<Result<_, _>>()?;
+                args.workers = value()?
+                    .split(',')
+                    .map(|w| w.trim().parse())
+                    .collect::<Result<_, _>>()?;
             }
             "--jobs" => args.jobs = value()?.parse()?,
             "--concurrency" => args.concurrency = value()?.parse()?,
@@ -62,9 +69,15 @@ async fn xacts(db: &str) -> i64 {
     let admin = admin().await;
     // Backends flush their counters at most once a second.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
-    admin.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
     admin
-        .query_one("SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1", &[&db])
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+            &[&db],
+        )
         .await
         .unwrap()
         .get(0)
@@ -108,7 +121,9 @@ async fn run(workers: usize, jobs: usize, concurrency: usize) -> anyhow::Result<
             .worker_id(runlease_client::protocol::WorkerId::new(format!("bench-{w}")).unwrap())
             .concurrency(concurrency)
             .claim_wait(Duration::from_millis(500))
-            .handle(queue.clone(), |ctx: JobContext| async move { Ok::<_, JobError>(ctx.raw_payload().clone()) })
+            .handle(queue.clone(), |ctx: JobContext| async move {
+                Ok::<_, JobError>(ctx.raw_payload().clone())
+            })
             .build()?;
         handles.push(tokio::spawn(worker.run(stop.clone())));
     }
@@ -116,7 +131,10 @@ async fn run(workers: usize, jobs: usize, concurrency: usize) -> anyhow::Result<
     let mut probes = 0i64;
     loop {
         probes += 1;
-        let done: i64 = probe.query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[]).await?.get(0);
+        let done: i64 = probe
+            .query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
+            .await?
+            .get(0);
         if done as usize >= jobs {
             break;
         }
@@ -164,7 +182,14 @@ async fn main() -> anyhow::Result<()> {
     );
     println!(
         "{:>8} {:>12} {:>12} {:>14} {:>14} {:>16} {:>16} {:>10}",
-        "workers", "jobs/s", "jobs/s", "claim→done", "claim→done", "enqueue→start", "enqueue→start", "PG xacts"
+        "workers",
+        "jobs/s",
+        "jobs/s",
+        "claim→done",
+        "claim→done",
+        "enqueue→start",
+        "enqueue→start",
+        "PG xacts"
     );
     println!(
         "{:>8} {:>12} {:>12} {:>14} {:>14} {:>16} {:>16} {:>10}",

@@ -34,10 +34,7 @@ async fn keys_and_roles_decide_who_may_do_what() {
     );
     assert_eq!(wrong.post("/v1/jobs", &job).await.0, 401);
     let (status, body) = worker.post("/v1/jobs", &job).await;
-    assert_eq!(
-        (status, body["error"]["code"].as_str()),
-        (403, Some("forbidden"))
-    );
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
     let (status, created) = producer.post("/v1/jobs", &job).await;
     assert_eq!(status, 201);
     let (status, other) = producer
@@ -47,10 +44,7 @@ async fn keys_and_roles_decide_who_may_do_what() {
 
     let claim = |q: &str| json!({"queues": [q], "worker_id": "w", "max_jobs": 1});
     assert_eq!(producer.post("/v1/claim", &claim("emails")).await.0, 403);
-    assert_eq!(
-        emails_worker.post("/v1/claim", &claim("billing")).await.0,
-        403
-    );
+    assert_eq!(emails_worker.post("/v1/claim", &claim("billing")).await.0, 403);
     let (status, body) = emails_worker.post("/v1/claim", &claim("emails")).await;
     assert_eq!(status, 200);
     assert_eq!(body["leases"][0]["job_id"], created["id"]);
@@ -80,17 +74,11 @@ async fn keys_and_roles_decide_who_may_do_what() {
         200
     );
     assert_eq!(
-        producer
-            .post(&format!("/v1/jobs/{id}/retry"), &json!({}))
-            .await
-            .0,
+        producer.post(&format!("/v1/jobs/{id}/retry"), &json!({})).await.0,
         403
     );
     assert_eq!(
-        admin
-            .post(&format!("/v1/jobs/{id}/retry"), &json!({}))
-            .await
-            .0,
+        admin.post(&format!("/v1/jobs/{id}/retry"), &json!({})).await.0,
         200
     );
 

@@ -5,10 +5,7 @@ use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::{Value, json};
 
 fn is_error_body(body: &Value, code: &str) -> bool {
-    body["error"]["code"] == code
-        && body["error"]["message"]
-            .as_str()
-            .is_some_and(|m| !m.is_empty())
+    body["error"]["code"] == code && body["error"]["message"].as_str().is_some_and(|m| !m.is_empty())
 }
 
 #[tokio::test]
@@ -25,55 +22,378 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
     type Case = (&'static str, String, Option<Vec<u8>>, u16, &'static str);
     let cases: Vec<Case> = vec![
         // Not JSON at all, or cut short.
-        ("POST", "/v1/jobs".into(), Some(b"{not json".to_vec()), 400, "bad_request"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(b"{not json".to_vec()),
+            400,
+            "bad_request",
+        ),
         ("POST", "/v1/jobs".into(), Some(b"".to_vec()), 400, "bad_request"),
-        ("POST", "/v1/jobs".into(), Some(b"{\"queue\":\"q\",\"payload\":1} trailing".to_vec()), 400, "bad_request"),
-        ("POST", "/v1/claim".into(), Some(vec![0xff, 0xfe, 0x00]), 400, "bad_request"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(b"{\"queue\":\"q\",\"payload\":1} trailing".to_vec()),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(vec![0xff, 0xfe, 0x00]),
+            400,
+            "bad_request",
+        ),
         // Missing, mistyped, unknown fields.
-        ("POST", "/v1/jobs".into(), Some(json!({"payload": 1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": 5, "payload": 1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "priorty": 1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!([1, 2]).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "has space", "payload": 1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "", "payload": 1}).to_string().into()), 422, "invalid"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!({"payload": 1}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!({"queue": "q"}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!({"queue": 5, "payload": 1}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "priorty": 1})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!([1, 2]).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!({"queue": "has space", "payload": 1}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(json!({"queue": "", "payload": 1}).to_string().into()),
+            422,
+            "invalid",
+        ),
         // Out of range numbers.
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "max_attempts": 0}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "max_attempts": 100000}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "priority": 1e40}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "priority": 3000000000u64}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "delay_ms": -1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "timeout_ms": 0}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "delay_ms": 5, "run_at": "2030-01-01T00:00:00Z"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "run_at": "tomorrow"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": 1, "idempotency_key": ""}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": "nul \u{0000} inside"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/jobs/batch".into(), Some(json!({"jobs": []}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": ["q"], "worker_id": "w", "max_jobs": 0}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": ["q"], "worker_id": "w", "max_jobs": 1001}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": ["q"], "worker_id": "w", "wait_ms": 60001}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": ["q"], "worker_id": "w", "wait_ms": -5}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": [], "worker_id": "w"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/claim".into(), Some(json!({"queues": ["q"], "worker_id": ""}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/heartbeat".into(), Some(json!({"leases": []}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/fail".into(), Some(json!({"lease_token": token, "error": "x", "retry_after_ms": -1}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/fail".into(), Some(json!({"lease_token": token}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/complete".into(), Some(json!({"lease_token": 42}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/complete".into(), Some(json!({"lease_token": token, "result": "nul \u{0000}"}).to_string().into()), 422, "invalid"),
-        ("POST", "/v1/finish".into(), Some(json!({"items": [{"lease_token": token, "action": "explode"}]}).to_string().into()), 422, "invalid"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "max_attempts": 0})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "max_attempts": 100000})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "priority": 1e40})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "priority": 3000000000u64})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "delay_ms": -1})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "timeout_ms": 0})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "delay_ms": 5, "run_at": "2030-01-01T00:00:00Z"})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "run_at": "tomorrow"})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": 1, "idempotency_key": ""})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": "nul \u{0000} inside"})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/jobs/batch".into(),
+            Some(json!({"jobs": []}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(
+                json!({"queues": ["q"], "worker_id": "w", "max_jobs": 0})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(
+                json!({"queues": ["q"], "worker_id": "w", "max_jobs": 1001})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(
+                json!({"queues": ["q"], "worker_id": "w", "wait_ms": 60001})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(
+                json!({"queues": ["q"], "worker_id": "w", "wait_ms": -5})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(json!({"queues": [], "worker_id": "w"}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/claim".into(),
+            Some(json!({"queues": ["q"], "worker_id": ""}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/heartbeat".into(),
+            Some(json!({"leases": []}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/fail".into(),
+            Some(
+                json!({"lease_token": token, "error": "x", "retry_after_ms": -1})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/fail".into(),
+            Some(json!({"lease_token": token}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/complete".into(),
+            Some(json!({"lease_token": 42}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/complete".into(),
+            Some(
+                json!({"lease_token": token, "result": "nul \u{0000}"})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            "/v1/finish".into(),
+            Some(
+                json!({"items": [{"lease_token": token, "action": "explode"}]})
+                    .to_string()
+                    .into(),
+            ),
+            422,
+            "invalid",
+        ),
         ("GET", "/v1/jobs/not-a-uuid".into(), None, 400, "bad_request"),
         ("GET", format!("/v1/jobs/{unknown}"), None, 404, "not_found"),
-        ("GET", format!("/v1/jobs/{}?wait_ms=abc", running.id), None, 400, "bad_request"),
-        ("GET", format!("/v1/jobs/{}?wait_ms=60001", running.id), None, 422, "invalid"),
-        ("POST", format!("/v1/jobs/{unknown}/cancel"), Some(b"{}".to_vec()), 404, "not_found"),
-        ("POST", format!("/v1/jobs/{unknown}/retry"), Some(b"{}".to_vec()), 404, "not_found"),
-        ("POST", "/v1/jobs/zzz/cancel".into(), Some(b"{}".to_vec()), 400, "bad_request"),
+        (
+            "GET",
+            format!("/v1/jobs/{}?wait_ms=abc", running.id),
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            format!("/v1/jobs/{}?wait_ms=60001", running.id),
+            None,
+            422,
+            "invalid",
+        ),
+        (
+            "POST",
+            format!("/v1/jobs/{unknown}/cancel"),
+            Some(b"{}".to_vec()),
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            format!("/v1/jobs/{unknown}/retry"),
+            Some(b"{}".to_vec()),
+            404,
+            "not_found",
+        ),
+        (
+            "POST",
+            "/v1/jobs/zzz/cancel".into(),
+            Some(b"{}".to_vec()),
+            400,
+            "bad_request",
+        ),
         ("GET", "/v1/nothing-here".into(), None, 404, "not_found"),
         ("DELETE", "/v1/jobs".into(), None, 405, "method_not_allowed"),
         // Too large: the limit here is 64 KiB.
-        ("POST", "/v1/jobs".into(), Some(json!({"queue": "q", "payload": "x".repeat(70_000)}).to_string().into()), 413, "too_large"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                json!({"queue": "q", "payload": "x".repeat(70_000)})
+                    .to_string()
+                    .into(),
+            ),
+            413,
+            "too_large",
+        ),
         // Deeply nested JSON is refused by the parser's depth limit.
-        ("POST", "/v1/jobs".into(), Some(format!("{{\"queue\":\"q\",\"payload\":{}{}}}", "[".repeat(5000), "]".repeat(5000)).into()), 400, "bad_request"),
+        (
+            "POST",
+            "/v1/jobs".into(),
+            Some(
+                format!(
+                    "{{\"queue\":\"q\",\"payload\":{}{}}}",
+                    "[".repeat(5000),
+                    "]".repeat(5000)
+                )
+                .into(),
+            ),
+            400,
+            "bad_request",
+        ),
     ];
     let http = reqwest::Client::new();
     for (method, path, body, want_status, want_code) in &cases {
@@ -130,9 +450,6 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(
-        available, 0.0,
-        "no request is stuck waiting for a connection"
-    );
+    assert_eq!(available, 0.0, "no request is stuck waiting for a connection");
     assert_eq!(c.api.complete(&lease, json!("ok")).await.0, 200);
 }

@@ -106,9 +106,7 @@ async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
-        table.contains("state")
-            && table.contains("queued")
-            && table.contains(r#"{"from":"stdin"}"#),
+        table.contains("state") && table.contains("queued") && table.contains(r#"{"from":"stdin"}"#),
         "{table}"
     );
 
@@ -117,9 +115,7 @@ async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
     let waiter = {
         let url = url.clone();
         let id = id.clone();
-        tokio::spawn(
-            async move { runlease(&url, &["wait", &id, "--timeout-secs", "30"], None).await },
-        )
+        tokio::spawn(async move { runlease(&url, &["wait", &id, "--timeout-secs", "30"], None).await })
     };
     let lease = api.claim_one("mail", "w").await;
     assert_eq!(lease.job_id.to_string(), id);
@@ -163,10 +159,7 @@ async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
     let third_id = third["id"].as_str().unwrap().to_owned();
     runlease(&url, &["cancel", &third_id], None).await;
     assert_eq!(
-        runlease(&url, &["wait", &third_id], None)
-            .await
-            .status
-            .code(),
+        runlease(&url, &["wait", &third_id], None).await.status.code(),
         Some(2)
     );
 }
@@ -183,15 +176,11 @@ async fn cli_errors_exit_nonzero_with_one_line() {
         one_line_error(&runlease(&url, &["enqueue", "q", "{bad json"], None).await)
             .contains("payload is not valid JSON")
     );
-    assert!(
-        one_line_error(&runlease(&url, &["enqueue", "bad queue", "1"], None).await)
-            .contains("queue")
-    );
+    assert!(one_line_error(&runlease(&url, &["enqueue", "bad queue", "1"], None).await).contains("queue"));
     let done = c.api.enqueue("q", json!(1)).await;
     runlease(&url, &["cancel", &done.id.to_string()], None).await;
     assert!(
-        one_line_error(&runlease(&url, &["cancel", &done.id.to_string()], None).await)
-            .contains("conflict")
+        one_line_error(&runlease(&url, &["cancel", &done.id.to_string()], None).await).contains("conflict")
     );
     // Nobody listens here.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -199,7 +188,6 @@ async fn cli_errors_exit_nonzero_with_one_line() {
         .local_addr()
         .unwrap()
         .port();
-    let err =
-        one_line_error(&runlease(&format!("http://127.0.0.1:{port}"), &["queues"], None).await);
+    let err = one_line_error(&runlease(&format!("http://127.0.0.1:{port}"), &["queues"], None).await);
     assert!(err.contains("cannot reach the coordinator"), "{err}");
 }

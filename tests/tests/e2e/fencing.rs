@@ -124,11 +124,7 @@ async fn racing_claimers_never_share_a_lease_and_every_job_is_done_once() {
         .await
         .unwrap();
     assert_eq!(
-        (
-            row.get::<_, i64>(0),
-            row.get::<_, i64>(1),
-            row.get::<_, i64>(2)
-        ),
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)),
         (1000, 1000, 1)
     );
     let completed: i64 = client
@@ -228,10 +224,7 @@ async fn a_forged_token_changes_nothing() {
         .unwrap()
         .parse()
         .unwrap();
-    assert_eq!(
-        forged, 16.0,
-        "15 forged uses and one malformed token are counted"
-    );
+    assert_eq!(forged, 16.0, "15 forged uses and one malformed token are counted");
 }
 
 #[tokio::test]
@@ -248,10 +241,7 @@ async fn a_repeated_finish_with_the_same_token_answers_200_as_it_was_left() {
         serde_json::from_value(second).unwrap(),
     );
     assert_eq!(first, second);
-    assert_eq!(
-        crate::attempts_with(&db, created.id.0, "completed").await,
-        1
-    );
+    assert_eq!(crate::attempts_with(&db, created.id.0, "completed").await, 1);
 
     // A fail after the complete is not the same outcome: 409.
     let (status, _) = c.api.fail(&lease, "late", true, None).await;
@@ -329,7 +319,10 @@ async fn finish_answers_each_item_on_its_own_in_order() {
         )
         .await;
     assert_eq!(status, 422, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().starts_with("items[1]"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().starts_with("items[1]"),
+        "{body}"
+    );
     assert_eq!(c.api.job(a.id).await.state, JobState::Running);
     assert_eq!(c.api.job(b.id).await.state, JobState::Running);
 

@@ -15,10 +15,7 @@ fn job(body: Value) -> Job {
 async fn enqueue_claim_heartbeat_complete() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    let created = c
-        .api
-        .enqueue("emails", json!({"to": "a@example.com"}))
-        .await;
+    let created = c.api.enqueue("emails", json!({"to": "a@example.com"})).await;
     assert_eq!(created.state, JobState::Queued);
     assert_eq!(created.run_lease, RunLease(0));
     assert_eq!(created.attempt, 0);
@@ -53,10 +50,7 @@ async fn enqueue_claim_heartbeat_complete() {
     assert_eq!(status, 200);
     assert_eq!(body["leases"][0]["status"], "renewed");
     assert_eq!(body["leases"][0]["job_id"], json!(created.id));
-    assert_eq!(
-        c.api.job(created.id).await.progress,
-        Some(json!({"step": 2}))
-    );
+    assert_eq!(c.api.job(created.id).await.progress, Some(json!({"step": 2})));
 
     let (status, body) = c.api.complete(&lease, json!({"sent": true})).await;
     assert_eq!(status, 200, "{body}");
@@ -100,10 +94,7 @@ async fn fail_with_budget_requeues_with_backoff_and_without_budget_fails() {
     // retry_after_ms from the worker decides the delay.
     let client = db.client().await;
     client
-        .execute(
-            "UPDATE jobs SET run_at = now() WHERE id = $1",
-            &[&created.id.0],
-        )
+        .execute("UPDATE jobs SET run_at = now() WHERE id = $1", &[&created.id.0])
         .await
         .unwrap();
     let lease = c.api.claim_one("q", "w1").await;
@@ -150,16 +141,9 @@ async fn retry_budget_ends_in_failed_with_the_chronology_recorded() {
     for n in 1..=3 {
         let lease = c.api.claim_one("q", "w1").await;
         assert_eq!(lease.attempt, n);
-        let (status, body) = c
-            .api
-            .fail(&lease, &format!("failure {n}"), true, Some(0))
-            .await;
+        let (status, body) = c.api.fail(&lease, &format!("failure {n}"), true, Some(0)).await;
         assert_eq!(status, 200);
-        let expected = if n < 3 {
-            JobState::Queued
-        } else {
-            JobState::Failed
-        };
+        let expected = if n < 3 { JobState::Queued } else { JobState::Failed };
         assert_eq!(job(body).state, expected);
     }
     let failed = c.api.job(created.id).await;
@@ -173,21 +157,9 @@ async fn retry_budget_ends_in_failed_with_the_chronology_recorded() {
     assert_eq!(
         chronology,
         vec![
-            (
-                1,
-                Some(AttemptOutcome::Failed),
-                Some("failure 1".to_owned())
-            ),
-            (
-                2,
-                Some(AttemptOutcome::Failed),
-                Some("failure 2".to_owned())
-            ),
-            (
-                3,
-                Some(AttemptOutcome::Failed),
-                Some("failure 3".to_owned())
-            ),
+            (1, Some(AttemptOutcome::Failed), Some("failure 1".to_owned())),
+            (2, Some(AttemptOutcome::Failed), Some("failure 2".to_owned())),
+            (3, Some(AttemptOutcome::Failed), Some("failure 3".to_owned())),
         ]
     );
     let states: Vec<String> = db
@@ -217,10 +189,7 @@ async fn release_charges_no_attempt_and_keeps_the_checkpoint() {
     let released = job(body);
     assert_eq!(released.state, JobState::Queued);
     assert_eq!(released.attempt, 0, "a release gives its attempt back");
-    assert!(
-        released.run_at <= released.updated_at,
-        "claimable again at once"
-    );
+    assert!(released.run_at <= released.updated_at, "claimable again at once");
 
     let next = c.api.claim_one("q", "lambda-2").await;
     assert_eq!(next.job_id, created.id);
@@ -278,10 +247,7 @@ async fn cancel_of_a_running_job_reaches_the_worker_through_its_heartbeat() {
     assert_eq!(status, 200);
     let cancelled = job(body);
     assert_eq!(cancelled.state, JobState::Cancelled);
-    assert_eq!(
-        cancelled.attempts[0].outcome,
-        Some(AttemptOutcome::Cancelled)
-    );
+    assert_eq!(cancelled.attempts[0].outcome, Some(AttemptOutcome::Cancelled));
 }
 
 #[tokio::test]
@@ -347,10 +313,7 @@ async fn expired_leases_are_requeued_with_budget_and_failed_without() {
     let requeued = c.api.job(created.id).await;
     assert_eq!(requeued.state, JobState::Queued);
     assert_eq!(requeued.attempt, 1, "an expired lease is charged");
-    assert_eq!(
-        requeued.attempts[0].outcome,
-        Some(AttemptOutcome::LeaseExpired)
-    );
+    assert_eq!(requeued.attempts[0].outcome, Some(AttemptOutcome::LeaseExpired));
 
     let second = c.api.claim_one("q", "w2").await;
     assert_eq!(second.attempt, 2);
@@ -378,11 +341,7 @@ async fn admin_retry_requeues_failed_and_cancelled_jobs_with_a_fresh_budget() {
     let retried = job(body);
     assert_eq!(retried.state, JobState::Queued);
     assert_eq!(retried.attempt, 0);
-    assert_eq!(
-        retried.run_lease,
-        RunLease(1),
-        "retry does not touch run_lease"
-    );
+    assert_eq!(retried.run_lease, RunLease(1), "retry does not touch run_lease");
     let again = c.api.claim_one("q", "w1").await;
     assert_eq!(again.run_lease, RunLease(2));
 
@@ -425,10 +384,7 @@ async fn enqueue_failed_jobs_stay_claimable_and_cancellable() {
         .unwrap();
     let lease = c.api.claim_one("q", "w1").await;
     assert_eq!(lease.job_id, a.id);
-    let (status, body) = c
-        .api
-        .post(&format!("/v1/jobs/{}/cancel", b.id), &json!({}))
-        .await;
+    let (status, body) = c.api.post(&format!("/v1/jobs/{}/cancel", b.id), &json!({})).await;
     assert_eq!(status, 200);
     assert_eq!(job(body).state, JobState::Cancelled);
 }
@@ -492,11 +448,7 @@ async fn batch_enqueue_answers_in_order_in_one_transaction() {
     let answered = body["jobs"].as_array().unwrap();
     assert_eq!(answered.len(), 50);
     for (i, j) in answered.iter().enumerate() {
-        assert_eq!(
-            j["payload"]["i"],
-            json!(i % 40),
-            "item {i} answers its key's job"
-        );
+        assert_eq!(j["payload"]["i"], json!(i % 40), "item {i} answers its key's job");
     }
     assert_eq!(answered[45]["id"], answered[5]["id"]);
     let count: i64 = db
@@ -515,10 +467,7 @@ async fn batch_enqueue_answers_in_order_in_one_transaction() {
         .await;
     assert_eq!(status, 422);
     assert!(
-        body["error"]["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("jobs[1]"),
+        body["error"]["message"].as_str().unwrap().starts_with("jobs[1]"),
         "{body}"
     );
     let count: i64 = db

@@ -80,9 +80,6 @@ async fn a_parked_read_answers_when_the_job_is_done() {
 
     // A read of a job that stays running answers as it is after the wait.
     let other = c.api.enqueue("q", json!(2)).await;
-    let (status, body) = c
-        .api
-        .get(&format!("/v1/jobs/{}?wait_ms=200", other.id))
-        .await;
+    let (status, body) = c.api.get(&format!("/v1/jobs/{}?wait_ms=200", other.id)).await;
     assert_eq!((status, body["state"].as_str()), (200, Some("queued")));
 }

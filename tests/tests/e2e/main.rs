@@ -28,11 +28,7 @@ pub async fn expire_leases(db: &TestDb, ids: &[Uuid]) {
         )
         .await
         .unwrap();
-    assert_eq!(
-        n as usize,
-        ids.len(),
-        "every lease to expire must be running"
-    );
+    assert_eq!(n as usize, ids.len(), "every lease to expire must be running");
 }
 
 /// Number of rows of `job_attempts` for a job with `outcome`.

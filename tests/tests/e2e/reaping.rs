@@ -11,33 +11,29 @@ use serde_json::json;
 
 use crate::expire_leases;
 
-/// One reaper pass over `db`, as another coordinator's reaper would run it.
-pub async fn reap_once(db: &TestDb) -> ReapReport {
-    let store = db.store().await;
-    let reaper = Reaper::new(
-        store,
-        Arc::new(Metrics::new(Duration::from_secs(25))),
-        Wake::new(),
+/// A reaper over `db`, as another coordinator would run it.
+async fn reaper(db: &TestDb) -> Reaper {
+    let metrics = Arc::new(Metrics::new(Duration::from_secs(25)));
+    Reaper::new(
+        db.store().await,
+        metrics,
+        Wake::local_only(),
         Duration::from_secs(1),
-    );
-    reaper.run_once().await.unwrap()
+    )
+}
+
+/// One reaper pass over `db`.
+pub async fn reap_once(db: &TestDb) -> ReapReport {
+    reaper(db).await.run_once().await.unwrap()
 }
 
 #[tokio::test]
 async fn two_reapers_at_once_requeue_each_expired_lease_once() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    let jobs: Vec<_> = (0..1200)
-        .map(|i| json!({"queue": "r", "payload": i}))
-        .collect();
+    let jobs: Vec<_> = (0..1200).map(|i| json!({"queue": "r", "payload": i})).collect();
     for chunk in jobs.chunks(600) {
-        assert_eq!(
-            c.api
-                .post("/v1/jobs/batch", &json!({"jobs": chunk}))
-                .await
-                .0,
-            201
-        );
+        assert_eq!(c.api.post("/v1/jobs/batch", &json!({"jobs": chunk})).await.0, 201);
     }
     let mut ids = Vec::new();
     while ids.len() < 1200 {
@@ -51,34 +47,10 @@ async fn two_reapers_at_once_requeue_each_expired_lease_once() {
     assert_eq!(live_lease.job_id, live.id);
     expire_leases(&db, &ids).await;
 
-    let a = tokio::spawn({
-        let db_store = db.store().await;
-        async move {
-            Reaper::new(
-                db_store,
-                Arc::new(Metrics::new(Duration::from_secs(25))),
-                Wake::new(),
-                Duration::from_secs(1),
-            )
-            .run_once()
-            .await
-            .unwrap()
-        }
-    });
-    let b = tokio::spawn({
-        let db_store = db.store().await;
-        async move {
-            Reaper::new(
-                db_store,
-                Arc::new(Metrics::new(Duration::from_secs(25))),
-                Wake::new(),
-                Duration::from_secs(1),
-            )
-            .run_once()
-            .await
-            .unwrap()
-        }
-    });
+    // Two coordinators' reapers, each with its own pool, at the same moment.
+    let (first, second) = (reaper(&db).await, reaper(&db).await);
+    let a = tokio::spawn(async move { first.run_once().await.unwrap() });
+    let b = tokio::spawn(async move { second.run_once().await.unwrap() });
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
     assert_eq!(a.total() + b.total(), 1200, "reaped {a:?} + {b:?}");
     assert_eq!(a.requeued + b.requeued, 1200);

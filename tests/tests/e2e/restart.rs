@@ -64,10 +64,7 @@ async fn shutdown_answers_parked_claims_and_finishes_in_flight_requests() {
     let parked = tokio::spawn(async move { api.claim_wait("idle", "w", 1, 60_000).await });
     let api = c.api.clone();
     let created = c.api.enqueue("q", json!(1)).await;
-    let read = tokio::spawn(async move {
-        api.get(&format!("/v1/jobs/{}?wait_ms=60000", created.id))
-            .await
-    });
+    let read = tokio::spawn(async move { api.get(&format!("/v1/jobs/{}?wait_ms=60000", created.id)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let started = Instant::now();
     c.stop().await.unwrap();

@@ -28,11 +28,7 @@ fn fast(cfg: &mut runlease_coordinator::config::Config) {
     cfg.reaper_interval_ms = 100;
 }
 
-async fn wait_for_state(
-    c: &TestCoordinator,
-    id: runlease_client::protocol::JobId,
-    state: JobState,
-) {
+async fn wait_for_state(c: &TestCoordinator, id: runlease_client::protocol::JobId, state: JobState) {
     for _ in 0..400 {
         if c.api.job(id).await.state == state {
             return;
@@ -149,11 +145,7 @@ async fn a_lost_lease_cancels_the_handler_and_its_late_result_never_lands() {
     let cancelled = tokio::time::timeout(Duration::from_secs(10), rx.recv())
         .await
         .unwrap();
-    assert_eq!(
-        cancelled,
-        Some("cancelled"),
-        "the handler's cancellation fired"
-    );
+    assert_eq!(cancelled, Some("cancelled"), "the handler's cancellation fired");
     stop.cancel();
     let report = run.await.unwrap();
     assert_eq!(
@@ -240,20 +232,14 @@ async fn a_partitioned_worker_fences_itself_and_nothing_of_its_attempt_lands() {
     );
 }
 
-async fn finish_elsewhere(
-    c: &TestCoordinator,
-    queue: &str,
-) -> runlease_client::protocol::worker::Lease {
+async fn finish_elsewhere(c: &TestCoordinator, queue: &str) -> runlease_client::protocol::worker::Lease {
     let lease = c
         .api
         .claim_wait(queue, "next", 1, 5_000)
         .await
         .pop()
         .expect("released job is claimable at once");
-    assert_eq!(
-        c.api.complete(&lease, json!("finished elsewhere")).await.0,
-        200
-    );
+    assert_eq!(c.api.complete(&lease, json!("finished elsewhere")).await.0, 200);
     lease
 }
 
@@ -306,8 +292,7 @@ async fn deadline_mode_releases_before_the_deadline_and_skips_jobs_that_do_not_f
     too_long.timeout_ms = Some(60_000);
     too_long.priority = Some(5);
     let too_long = c.api.enqueue_with(too_long).await;
-    let mut fits =
-        runlease_client::protocol::producer::EnqueueJobRequest::new(q("deadline"), json!("fits"));
+    let mut fits = runlease_client::protocol::producer::EnqueueJobRequest::new(q("deadline"), json!("fits"));
     fits.timeout_ms = Some(2_500);
     fits.priority = Some(1);
     let fits = c.api.enqueue_with(fits).await;
@@ -358,10 +343,7 @@ async fn twenty_workers_finish_five_thousand_jobs_each_exactly_once() {
         let jobs: Vec<Value> = (0..1000)
             .map(|i| json!({"queue": "scale", "payload": chunk * 1000 + i}))
             .collect();
-        assert_eq!(
-            c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await.0,
-            201
-        );
+        assert_eq!(c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await.0, 201);
     }
     let runs = Arc::new(AtomicUsize::new(0));
     let stop = CancellationToken::new();
@@ -413,11 +395,7 @@ async fn twenty_workers_finish_five_thousand_jobs_each_exactly_once() {
         .await
         .unwrap();
     assert_eq!(
-        (
-            row.get::<_, i64>(0),
-            row.get::<_, i64>(1),
-            row.get::<_, i64>(2)
-        ),
+        (row.get::<_, i64>(0), row.get::<_, i64>(1), row.get::<_, i64>(2)),
         (5000, 5000, 5000)
     );
     let attempts: i64 = client_db

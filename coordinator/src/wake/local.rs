@@ -1,8 +1,8 @@
-//! Local wake-ups inside one coordinator: a job became claimable on a queue,
-//! or a job reached a terminal state. Waiters subscribe *before* they look at
+//! Wake-ups inside one coordinator: a job became claimable on a queue, or a
+//! job reached a terminal state. Waiters subscribe *before* they look at
 //! PostgreSQL, so a wake-up sent between their look and their wait is not
 //! lost; they also re-check on a timer, so no wake-up is needed for
-//! correctness. (Redis carries the same signals between coordinators.)
+//! correctness.
 
 use std::time::Duration;
 
@@ -10,28 +10,25 @@ use rand::RngExt;
 use runlease_protocol::{JobId, QueueName};
 use tokio::sync::broadcast;
 
-/// How often a parked claim re-checks PostgreSQL without a wake-up (before jitter).
-pub const CLAIM_RECHECK_INTERVAL: Duration = Duration::from_millis(1000);
-/// How often a parked job read re-checks PostgreSQL without a wake-up (before jitter).
-pub const JOB_RECHECK_INTERVAL: Duration = Duration::from_millis(1000);
-
 /// Capacity of each broadcast ring; a waiter that lags behind treats it as a wake-up.
 const CHANNEL_CAPACITY: usize = 4096;
 
 /// The wake-up channels of one coordinator.
 #[derive(Debug, Clone)]
-pub struct Wake {
-    queues: broadcast::Sender<QueueName>,
-    jobs: broadcast::Sender<JobId>,
+pub struct LocalWake {
+    /// `None` wakes the waiters of every queue.
+    queues: broadcast::Sender<Option<QueueName>>,
+    /// `None` wakes the waiters of every job.
+    jobs: broadcast::Sender<Option<JobId>>,
 }
 
-impl Default for Wake {
+impl Default for LocalWake {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl Wake {
+impl LocalWake {
     /// New channels.
     pub fn new() -> Self {
         Self {
@@ -43,21 +40,27 @@ impl Wake {
     /// A job may be claimable on `queue`.
     pub fn queue_ready(&self, queue: &QueueName) {
         // No receivers is fine: nobody is parked.
-        let _ = self.queues.send(queue.clone());
+        let _ = self.queues.send(Some(queue.clone()));
     }
 
     /// `job` reached a terminal state.
     pub fn job_terminal(&self, job: JobId) {
-        let _ = self.jobs.send(job);
+        let _ = self.jobs.send(Some(job));
+    }
+
+    /// Every waiter should look again (e.g. signals may have been missed).
+    pub fn wake_all(&self) {
+        let _ = self.queues.send(None);
+        let _ = self.jobs.send(None);
     }
 
     /// Subscribe to queue wake-ups.
-    pub fn subscribe_queues(&self) -> broadcast::Receiver<QueueName> {
+    pub fn subscribe_queues(&self) -> broadcast::Receiver<Option<QueueName>> {
         self.queues.subscribe()
     }
 
     /// Subscribe to terminal-job wake-ups.
-    pub fn subscribe_jobs(&self) -> broadcast::Receiver<JobId> {
+    pub fn subscribe_jobs(&self) -> broadcast::Receiver<Option<JobId>> {
         self.jobs.subscribe()
     }
 }
@@ -70,10 +73,11 @@ pub fn jittered(base: Duration) -> Duration {
 
 /// Waits until a wake-up for one of `queues` arrives (or the receiver lags,
 /// which may have hidden one).
-pub async fn next_queue_wake(rx: &mut broadcast::Receiver<QueueName>, queues: &[QueueName]) {
+pub async fn next_queue_wake(rx: &mut broadcast::Receiver<Option<QueueName>>, queues: &[QueueName]) {
     loop {
         match rx.recv().await {
-            Ok(q) if queues.contains(&q) => return,
+            Ok(None) => return,
+            Ok(Some(q)) if queues.contains(&q) => return,
             Ok(_) => continue,
             Err(broadcast::error::RecvError::Lagged(_)) => return,
             Err(broadcast::error::RecvError::Closed) => return std::future::pending().await,
@@ -82,10 +86,11 @@ pub async fn next_queue_wake(rx: &mut broadcast::Receiver<QueueName>, queues: &[
 }
 
 /// Waits until `job` is announced terminal (or the receiver lags).
-pub async fn next_job_wake(rx: &mut broadcast::Receiver<JobId>, job: JobId) {
+pub async fn next_job_wake(rx: &mut broadcast::Receiver<Option<JobId>>, job: JobId) {
     loop {
         match rx.recv().await {
-            Ok(id) if id == job => return,
+            Ok(None) => return,
+            Ok(Some(id)) if id == job => return,
             Ok(_) => continue,
             Err(broadcast::error::RecvError::Lagged(_)) => return,
             Err(broadcast::error::RecvError::Closed) => return std::future::pending().await,

@@ -1,0 +1,199 @@
+//! Wake-ups: how parked claims and job reads learn, without polling hard,
+//! that looking at PostgreSQL again is worth it. Signals are hints; every
+//! waiter also re-checks on a timer.
+//!
+//! - [`local`]: broadcast channels inside one coordinator.
+//! - [`redis`]: the same signals between coordinators, over Redis pub/sub.
+//! - [`repair`]: re-sends the wake-ups of `enqueue_failed` jobs.
+
+pub mod local;
+pub mod redis;
+pub mod repair;
+
+use std::sync::Arc;
+
+use runlease_protocol::{JobId, QueueName};
+use tokio::sync::broadcast;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use local::{LocalWake, jittered, next_job_wake, next_queue_wake};
+
+use crate::metrics::Metrics;
+use redis::{PublishError, RedisLink};
+
+/// Best-effort signals waiting to be published (terminal jobs, releases).
+const OUTBOX_CAPACITY: usize = 10_000;
+
+/// A best-effort signal for the outbox.
+#[derive(Debug)]
+enum Signal {
+    Queue(QueueName),
+    Terminal(JobId),
+}
+
+/// How Redis is doing, for `/readyz`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisStatus {
+    /// `RUNLEASE_REDIS_URL` is empty: one coordinator, local wake-ups only.
+    Disabled,
+    /// Subscribed, and publishes go through.
+    Ok,
+    /// Down or reconnecting: waiters fall back to timers; enqueues are marked
+    /// `enqueue_failed` and repaired later.
+    Degraded,
+}
+
+impl RedisStatus {
+    /// As `/readyz` reports it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RedisStatus::Disabled => "disabled",
+            RedisStatus::Ok => "ok",
+            RedisStatus::Degraded => "degraded",
+        }
+    }
+}
+
+/// The wake-ups of one coordinator: local channels plus, when configured, Redis.
+#[derive(Clone)]
+pub struct Wake {
+    local: LocalWake,
+    redis: Option<Arc<RedisLink>>,
+    outbox: Option<mpsc::Sender<Signal>>,
+    metrics: Option<Arc<Metrics>>,
+}
+
+impl Default for Wake {
+    fn default() -> Self {
+        Self::local_only()
+    }
+}
+
+impl Wake {
+    /// Wake-ups inside this process only.
+    pub fn local_only() -> Self {
+        Self {
+            local: LocalWake::new(),
+            redis: None,
+            outbox: None,
+            metrics: None,
+        }
+    }
+
+    /// Wake-ups through Redis at `url` (channels under `prefix`), with the
+    /// subscriber and the outbox publisher spawned on `tracker` until `cancel`.
+    pub fn with_redis(
+        url: &str,
+        prefix: &str,
+        metrics: Arc<Metrics>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Result<Self, String> {
+        let link = Arc::new(RedisLink::new(url, prefix)?);
+        let local = LocalWake::new();
+        tracker.spawn({
+            let link = link.clone();
+            let local = local.clone();
+            let cancel = cancel.clone();
+            async move { link.subscribe(local, cancel).await }
+        });
+        let (tx, mut rx) = mpsc::channel::<Signal>(OUTBOX_CAPACITY);
+        tracker.spawn({
+            let link = link.clone();
+            let metrics = metrics.clone();
+            async move {
+                loop {
+                    let signal = tokio::select! {
+                        s = rx.recv() => match s { Some(s) => s, None => return },
+                        () = cancel.cancelled() => return,
+                    };
+                    let sent = match &signal {
+                        Signal::Queue(q) => link.publish_queue(q).await,
+                        Signal::Terminal(id) => link.publish_terminal(*id).await,
+                    };
+                    if sent.is_err() {
+                        metrics.redis_publish_failures.inc();
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            local,
+            redis: Some(link),
+            outbox: Some(tx),
+            metrics: Some(metrics),
+        })
+    }
+
+    /// Redis's state.
+    pub fn redis_status(&self) -> RedisStatus {
+        match &self.redis {
+            None => RedisStatus::Disabled,
+            Some(link) if link.healthy() => RedisStatus::Ok,
+            Some(_) => RedisStatus::Degraded,
+        }
+    }
+
+    /// Subscribe to queue wake-ups (`None`: every queue).
+    pub fn subscribe_queues(&self) -> broadcast::Receiver<Option<QueueName>> {
+        self.local.subscribe_queues()
+    }
+
+    /// Subscribe to terminal-job wake-ups (`None`: every job).
+    pub fn subscribe_jobs(&self) -> broadcast::Receiver<Option<JobId>> {
+        self.local.subscribe_jobs()
+    }
+
+    /// Jobs were enqueued on `queues`: wakes local claims and publishes to
+    /// every coordinator, waiting for Redis. An error means the signal did
+    /// not go out: the caller marks the jobs `enqueue_failed`.
+    pub async fn enqueued(&self, queues: &[QueueName]) -> Result<(), PublishError> {
+        for queue in queues {
+            self.local.queue_ready(queue);
+        }
+        let Some(link) = &self.redis else { return Ok(()) };
+        for queue in queues {
+            if let Err(e) = link.publish_queue(queue).await {
+                if let Some(m) = &self.metrics {
+                    m.redis_publish_failures.inc();
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Wakes local claims of `queue` and publishes it to every coordinator,
+    /// waiting for Redis (the repair loop).
+    pub async fn republish(&self, queue: &QueueName) -> Result<(), PublishError> {
+        self.local.queue_ready(queue);
+        match &self.redis {
+            Some(link) => link.publish_queue(queue).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A job became claimable again on `queue` (release, reap, retry): local
+    /// wake-up now, Redis best effort.
+    pub fn ready(&self, queue: &QueueName) {
+        self.local.queue_ready(queue);
+        self.send(Signal::Queue(queue.clone()));
+    }
+
+    /// `job` reached a terminal state: local wake-up now, Redis best effort.
+    pub fn terminal(&self, job: JobId) {
+        self.local.job_terminal(job);
+        self.send(Signal::Terminal(job));
+    }
+
+    fn send(&self, signal: Signal) {
+        if let Some(outbox) = &self.outbox
+            && outbox.try_send(signal).is_err()
+            && let Some(m) = &self.metrics
+        {
+            m.redis_publish_failures.inc();
+        }
+    }
+}
