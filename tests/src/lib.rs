@@ -4,6 +4,7 @@
 //! - [`TestDb`]: one database per test, dropped (forcibly) when the test ends.
 //! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
+//! - [`CoordinatorProcess`]: the coordinator binary as a child process.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
 //! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
 //!
@@ -14,6 +15,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod api;
+pub mod process;
 pub mod proxy;
 pub mod redis;
 
@@ -31,6 +33,7 @@ use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 pub use api::Api;
+pub use process::CoordinatorProcess;
 pub use proxy::Proxy;
 pub use redis::TestRedis;
 

@@ -86,6 +86,8 @@ impl RedisLink {
         self.publish(&self.terminal_channel, &job.to_string()).await
     }
 
+    /// The cached connection, or why not to try now: after a failure,
+    /// publishes fail fast until the backoff passes (without extending it).
     fn connection(&self) -> Result<Option<MultiplexedConnection>, PublishError> {
         let publisher = self.publisher.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(at) = publisher.retry_at
@@ -113,8 +115,9 @@ impl RedisLink {
 
     async fn publish(&self, channel: &str, value: &str) -> Result<(), PublishError> {
         let message = format!("{}\n{value}", self.origin);
+        let cached = self.connection()?;
         let attempt = async {
-            let mut conn = match self.connection()? {
+            let mut conn = match cached {
                 Some(conn) => conn,
                 None => {
                     let config = AsyncConnectionConfig::new()

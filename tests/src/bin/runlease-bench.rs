@@ -9,7 +9,12 @@
 //!   the attempt chronology (PostgreSQL's clock);
 //! - PostgreSQL transactions per job (`pg_stat_database` of the run's database).
 //!
+//! With `--wake N` it measures instead the wake latency between two
+//! coordinators (enqueue on A → parked claim answered on B), first with
+//! Redis, then with Redis stopped (the timer fallback).
+//!
 //! `cargo run -p runlease-tests --bin runlease-bench -- --workers 1,16,256 --jobs 5000`
+//! `cargo run -p runlease-tests --bin runlease-bench -- --wake 200`
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,7 +24,7 @@ use anyhow::{Context, bail};
 use runlease_client::protocol::QueueName;
 use runlease_client::protocol::producer::EnqueueJobRequest;
 use runlease_client::{Client, JobContext, JobError, Worker};
-use runlease_tests::{TestCoordinator, TestDb, admin};
+use runlease_tests::{TestCoordinator, TestDb, TestRedis, admin};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +32,7 @@ struct Args {
     workers: Vec<usize>,
     jobs: usize,
     concurrency: usize,
+    wake: Option<usize>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -34,6 +40,7 @@ fn parse_args() -> anyhow::Result<Args> {
         workers: vec![1, 16, 256],
         jobs: 5000,
         concurrency: 1,
+        wake: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -47,8 +54,12 @@ fn parse_args() -> anyhow::Result<Args> {
             }
             "--jobs" => args.jobs = value()?.parse()?,
             "--concurrency" => args.concurrency = value()?.parse()?,
+            "--wake" => args.wake = Some(value()?.parse()?),
             "-h" | "--help" => {
                 println!("runlease-bench [--workers 1,16,256] [--jobs 5000] [--concurrency 1]");
+                println!(
+                    "runlease-bench --wake 200   (wake latency between two coordinators, Redis up and down)"
+                );
                 std::process::exit(0);
             }
             other => bail!("unknown argument {other}; see --help"),
@@ -171,9 +182,59 @@ async fn run(workers: usize, jobs: usize, concurrency: usize) -> anyhow::Result<
     Ok(result)
 }
 
+/// Wake latency: a claim parked on coordinator B, a job enqueued through
+/// coordinator A; the time from sending the enqueue to B's claim answer.
+async fn wake_latency(rounds: usize, redis: &TestRedis, db: &TestDb) -> anyhow::Result<(f64, f64)> {
+    let url = redis.url();
+    let start = |url: String| {
+        TestCoordinator::start_with(db, move |cfg| {
+            cfg.redis_url = url;
+        })
+    };
+    let a = start(url.clone()).await;
+    let b = start(url).await;
+    // Let both subscriptions come up (when Redis is up at all).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let api_b = b.api.clone();
+        let parked = tokio::spawn(async move {
+            let leases = api_b.claim_wait("wake", "bench-b", 1, 10_000).await;
+            (leases, Instant::now())
+        });
+        // Give the claim time to park (its first look finds nothing).
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let sent = Instant::now();
+        a.api.enqueue("wake", json!(i)).await;
+        let (leases, answered) = parked.await?;
+        if leases.is_empty() {
+            bail!("round {i}: the parked claim answered empty");
+        }
+        b.api.complete(&leases[0], json!(null)).await;
+        samples.push(answered.duration_since(sent).as_secs_f64() * 1000.0);
+    }
+    samples.sort_by(f64::total_cmp);
+    a.stop().await?;
+    b.stop().await?;
+    Ok((percentile(&samples, 0.5), percentile(&samples, 0.99)))
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = parse_args()?;
+    if let Some(rounds) = args.wake {
+        let mut redis = TestRedis::start().await;
+        let db = TestDb::new().await;
+        let (p50, p99) = wake_latency(rounds, &redis, &db).await?;
+        println!("wake latency, enqueue on A → claim answer on B, {rounds} rounds");
+        println!("  with Redis:             p50 {p50:>8.1} ms   p99 {p99:>8.1} ms");
+        redis.stop();
+        let (p50, p99) = wake_latency(rounds, &redis, &db).await?;
+        println!(
+            "  Redis stopped (timer):  p50 {p50:>8.1} ms   p99 {p99:>8.1} ms   (RUNLEASE_CLAIM_RECHECK_MS 1000, jittered)"
+        );
+        return Ok(());
+    }
     println!(
         "runlease-bench: {} jobs per run, worker concurrency {}, coordinator in-process, PostgreSQL at {}",
         args.jobs,

@@ -11,6 +11,7 @@ mod lifecycle;
 mod long_poll;
 mod reaping;
 mod restart;
+mod signals;
 mod store;
 mod worker;
 

@@ -1,11 +1,9 @@
 //! Restarts and shutdown: a coordinator restarted over its database loses and
 //! changes nothing; SIGTERM drains and exits 0.
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use runlease_tests::{Api, TEST_SECRET, TestCoordinator, TestDb};
+use runlease_tests::{CoordinatorProcess, TestCoordinator, TestDb};
 use serde_json::json;
 
 async fn snapshot(db: &TestDb) -> Vec<String> {
@@ -80,61 +78,21 @@ async fn shutdown_answers_parked_claims_and_finishes_in_flight_requests() {
     assert_eq!((status, body["state"].as_str()), (200, Some("queued")));
 }
 
-fn coordinator_binary() -> PathBuf {
-    // target/<profile>/deps/e2e-<hash> → target/<profile>/runlease-coordinator
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir.join("runlease-coordinator");
-    assert!(
-        bin.exists(),
-        "{} is missing: build it first (cargo build -p runlease-coordinator, or run the tests with cargo nextest run --workspace)",
-        bin.display()
-    );
-    bin
-}
-
 #[tokio::test]
 async fn sigterm_drains_and_exits_zero() {
     let db = TestDb::new().await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = tokio::process::Command::new(coordinator_binary())
-        .env("RUNLEASE_DATABASE_URL", &db.url)
-        .env("RUNLEASE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("RUNLEASE_SECRET", TEST_SECRET)
-        .env_remove("RUNLEASE_API_KEYS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let api = Api::new(format!("http://127.0.0.1:{port}"));
-    let mut ready = false;
-    for _ in 0..400 {
-        if let Ok((200, _)) = api.try_get("/readyz").await {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(ready, "the coordinator binary did not become ready");
-    let parked_api = api.clone();
-    let parked = tokio::spawn(async move { parked_api.claim_wait("q", "w", 1, 60_000).await });
+    let mut process = CoordinatorProcess::start(&db, &[]).await;
+    let api = process.api.clone();
+    let parked = tokio::spawn(async move { api.claim_wait("q", "w", 1, 60_000).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-
-    let pid = child.id().unwrap().to_string();
-    let kill = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+    process.terminate();
+    let status = tokio::time::timeout(Duration::from_secs(20), process.child.wait())
         .await
         .expect("the coordinator did not exit after SIGTERM")
         .unwrap();
     assert_eq!(status.code(), Some(0), "exit status after SIGTERM");
-    assert!(parked.await.unwrap().is_empty());
+    assert!(
+        parked.await.unwrap().is_empty(),
+        "the parked claim was answered with an empty list"
+    );
 }

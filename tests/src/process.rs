@@ -1,0 +1,75 @@
+//! The `runlease-coordinator` binary as a child process, for tests that need
+//! separate processes (signals, several coordinators).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::{Api, TEST_SECRET, TestDb};
+
+/// The binary next to the test executable (`target/<profile>/`).
+pub fn coordinator_binary() -> PathBuf {
+    // target/<profile>/deps/e2e-<hash> → target/<profile>/runlease-coordinator
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("runlease-coordinator");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with cargo nextest run --workspace (it builds every binary)",
+        bin.display()
+    );
+    bin
+}
+
+/// A coordinator process over a test database; killed when dropped.
+pub struct CoordinatorProcess {
+    /// A caller bound to it.
+    pub api: Api,
+    /// The child process.
+    pub child: Child,
+}
+
+impl CoordinatorProcess {
+    /// Starts the binary over `db` with the test secret, a free port, the
+    /// given extra `RUNLEASE_*` variables, and waits until it is ready.
+    pub async fn start(db: &TestDb, env: &[(&str, String)]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = Command::new(coordinator_binary());
+        cmd.env("RUNLEASE_DATABASE_URL", &db.url)
+            .env("RUNLEASE_LISTEN", format!("127.0.0.1:{port}"))
+            .env("RUNLEASE_SECRET", TEST_SECRET)
+            .env("RUNLEASE_REDIS_PREFIX", format!("runlease-test:{}", db.name))
+            .env_remove("RUNLEASE_API_KEYS")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().unwrap();
+        let api = Api::new(format!("http://127.0.0.1:{port}"));
+        for _ in 0..400 {
+            if let Ok((200, _)) = api.try_get("/readyz").await {
+                return Self { api, child };
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the coordinator binary did not become ready on port {port}");
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let pid = self.child.id().expect("still running").to_string();
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+}
