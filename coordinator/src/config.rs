@@ -35,6 +35,10 @@ pub const DEFAULT_REDIS_PREFIX: &str = "runlease";
 pub const DEFAULT_CLAIM_RECHECK_MS: u64 = 1_000;
 /// Default `RUNLEASE_REPAIR_INTERVAL_MS`: how often `enqueue_failed` jobs are repaired.
 pub const DEFAULT_REPAIR_INTERVAL_MS: u64 = 1_000;
+/// Default `RUNLEASE_BATCH_MAX_SIZE`: most requests (or claim slots) per statement.
+pub const DEFAULT_BATCH_MAX_SIZE: usize = 1000;
+/// Default `RUNLEASE_BATCH_MAX_DELAY_MS`: 0, pure group commit (a lone request is not slowed).
+pub const DEFAULT_BATCH_MAX_DELAY_MS: u64 = 0;
 /// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 
@@ -119,6 +123,19 @@ pub struct Config {
     #[arg(long, env = "RUNLEASE_DATABASE_POOL_SIZE", default_value_t = DEFAULT_DATABASE_POOL_SIZE,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
     pub database_pool_size: usize,
+    /// Gather concurrent claims, heartbeats and finishes into shared
+    /// statements (`false`: one statement per request).
+    #[arg(long, env = "RUNLEASE_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub batching: bool,
+    /// Most requests (or claim slots) written by one statement.
+    #[arg(long, env = "RUNLEASE_BATCH_MAX_SIZE", default_value_t = DEFAULT_BATCH_MAX_SIZE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub batch_max_size: usize,
+    /// How long the first request of a batch may wait for company, ms (0:
+    /// batches form only while an earlier one is being written).
+    #[arg(long, env = "RUNLEASE_BATCH_MAX_DELAY_MS", default_value_t = DEFAULT_BATCH_MAX_DELAY_MS,
+          value_parser = clap::value_parser!(u64).range(0..=1_000))]
+    pub batch_max_delay_ms: u64,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
     #[arg(long, env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: u64,

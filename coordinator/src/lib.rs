@@ -10,10 +10,12 @@
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
 //! - [`reaper`]: takes back expired leases.
+//! - [`batch`]: gathering claims, heartbeats and finishes into shared statements.
 //! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
 //! - [`metrics`]: Prometheus metrics.
 
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod http;
 pub mod metrics;
@@ -30,11 +32,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ApiKeys;
+use crate::batch::claims::ClaimDispatcher;
+use crate::batch::{BatchSettings, Batcher};
 use crate::config::Config;
-use crate::http::{AppState, LeaseTerms};
+use crate::http::{AppState, Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::store::connect::DatabaseTarget;
+use crate::store::leases::{LeaseRef, Outcome, Renewal};
 use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
 use crate::token::TokenKey;
 use crate::wake::Wake;
@@ -149,19 +154,69 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
     );
     tracker.spawn(repairer.run(shutdown.child_token()));
 
+    let recheck = Duration::from_millis(config.claim_recheck_ms);
+    let settings = BatchSettings {
+        enabled: config.batching,
+        max_size: config.batch_max_size,
+        max_delay: Duration::from_millis(config.batch_max_delay_ms),
+    };
+    tracing::info!(?settings, "batching");
+    let claims = ClaimDispatcher::spawn(
+        store.clone(),
+        wake.clone(),
+        metrics.clone(),
+        settings,
+        recheck,
+        &tracker,
+        shutdown.clone(),
+    );
+    let finisher: Finisher = Batcher::spawn("finish", settings, &tracker, shutdown.clone(), {
+        let store = store.clone();
+        move |requests: Vec<Vec<(LeaseRef, Outcome)>>| {
+            let store = store.clone();
+            async move {
+                let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                let items: Vec<(LeaseRef, Outcome)> = requests.into_iter().flatten().collect();
+                let mut answers = store.finish(&items).await?.into_iter();
+                Ok(sizes
+                    .iter()
+                    .map(|n| answers.by_ref().take(*n).collect())
+                    .collect())
+            }
+        }
+    });
+    let renewer: Renewer = Batcher::spawn("heartbeat", settings, &tracker, shutdown.clone(), {
+        let store = store.clone();
+        move |requests: Vec<Vec<Renewal>>| {
+            let store = store.clone();
+            async move {
+                let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                let renewals: Vec<Renewal> = requests.into_iter().flatten().collect();
+                let mut statuses = store.heartbeat(&renewals).await?.into_iter();
+                Ok(sizes
+                    .iter()
+                    .map(|n| statuses.by_ref().take(*n).collect())
+                    .collect())
+            }
+        }
+    });
+
     let state = AppState {
         store,
         tokens: TokenKey::new(&secret),
         keys: Arc::new(keys),
         metrics,
         wake,
-        recheck: Duration::from_millis(config.claim_recheck_ms),
+        recheck,
         terms: LeaseTerms {
             ttl: config.lease_ttl(),
             heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
             default_timeout: Duration::from_millis(config.default_timeout_ms),
         },
         shutdown: shutdown.clone(),
+        claims,
+        finisher,
+        renewer,
     };
     tracing::info!(%addr, "runlease coordinator listening");
     axum::serve(listener, http::app(state, config.max_body_bytes))

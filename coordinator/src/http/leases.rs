@@ -17,18 +17,17 @@ use runlease_protocol::worker::{
 };
 use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
 use serde_json::Value;
-use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
+use crate::batch::claims::ClaimAsk;
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
-use crate::metrics::{ActionLabels, QueueLabels, Via, WaiterGauge};
+use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::Guarded;
 use crate::store::leases::{Finished, LeaseRef, Outcome, Renewal};
 use crate::token::TokenError;
-use crate::wake::{jittered, next_queue_wake};
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -69,52 +68,37 @@ pub async fn claim(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let deadline = Instant::now() + Duration::from_millis(req.wait_ms);
-    // Subscribed before the first look: an enqueue in between still wakes us.
-    let mut wakes = state.wake.subscribe_queues();
-    let mut _waiting = None;
-    loop {
-        let records = state
-            .store
-            .claim(&queues, &req.worker_id, req.max_jobs, req.time_left_ms)
-            .await?;
-        if !records.is_empty() {
-            let terms = state.terms;
-            let leases = records
-                .into_iter()
-                .map(|r| {
-                    let job = r.job;
-                    state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
-                    tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
-                    let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
-                    Lease {
-                        lease_token: state.tokens.mint(job.id, job.run_lease, &req.worker_id),
-                        job_id: job.id,
-                        run_lease: job.run_lease,
-                        queue: job.queue,
-                        payload: job.payload,
-                        attempt: job.attempt,
-                        progress: job.progress,
-                        lease_ttl_ms: millis(terms.ttl),
-                        heartbeat_interval_ms: millis(terms.heartbeat_interval),
-                        timeout_ms: millis(timeout),
-                    }
-                })
-                .collect();
-            return Ok(Json(ClaimResponse { leases }));
-        }
-        let now = Instant::now();
-        if now >= deadline || state.shutdown.is_cancelled() {
-            return Ok(Json(ClaimResponse { leases: Vec::new() }));
-        }
-        _waiting.get_or_insert_with(|| WaiterGauge::new(&state.metrics.claim_waiters));
-        let nap = jittered(state.recheck).min(deadline - now);
-        tokio::select! {
-            () = next_queue_wake(&mut wakes, &queues) => {}
-            () = tokio::time::sleep(nap) => {}
-            () = state.shutdown.cancelled() => {}
-        }
-    }
+    let ask = ClaimAsk {
+        queues,
+        worker: req.worker_id.clone(),
+        max_jobs: req.max_jobs,
+        time_left_ms: req.time_left_ms,
+        wait: Duration::from_millis(req.wait_ms),
+    };
+    let records = state.claims.claim(ask).await?;
+    let terms = state.terms;
+    let leases = records
+        .into_iter()
+        .map(|r| {
+            let job = r.job;
+            state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
+            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
+            let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
+            Lease {
+                lease_token: state.tokens.mint(job.id, job.run_lease, &req.worker_id),
+                job_id: job.id,
+                run_lease: job.run_lease,
+                queue: job.queue,
+                payload: job.payload,
+                attempt: job.attempt,
+                progress: job.progress,
+                lease_ttl_ms: millis(terms.ttl),
+                heartbeat_interval_ms: millis(terms.heartbeat_interval),
+                timeout_ms: millis(timeout),
+            }
+        })
+        .collect();
+    Ok(Json(ClaimResponse { leases }))
 }
 
 /// Verifies a token. Malformed: 400 for the whole request. Forged: `None`,
@@ -184,7 +168,7 @@ pub async fn heartbeat(
     let mut statuses = if renewals.is_empty() {
         Vec::new()
     } else {
-        state.store.heartbeat(&renewals).await?
+        state.renewer.submit(renewals).await?
     }
     .into_iter();
     let mut answers = Vec::with_capacity(verified.len());
@@ -223,7 +207,30 @@ pub async fn heartbeat(
     Ok(Json(HeartbeatResponse { leases: answers }))
 }
 
-/// Applies one finishing outcome: verify, guarded write, metrics, wake-ups.
+/// Counts, logs and announces an applied finish.
+fn finished_effects(state: &AppState, lease: &LeaseRef, outcome: &Outcome, finished: &Finished) {
+    let job = &finished.record.job;
+    let action = outcome.name();
+    if !finished.first {
+        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, action, "repeated finish answered as already applied");
+        return;
+    }
+    let via = match outcome {
+        Outcome::Complete { .. } => Via::Complete,
+        Outcome::Fail { .. } => Via::Fail,
+        Outcome::Release { .. } => Via::Release,
+    };
+    state.metrics.transition(job, via);
+    tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, state = %job.state, action, "attempt finished");
+    if job.state.is_terminal() {
+        state.wake.terminal(job.id);
+    } else if job.state == JobState::Queued {
+        state.wake.ready(&job.queue);
+    }
+}
+
+/// Applies one finishing outcome: verify, guarded write (batched with other
+/// requests), metrics, wake-ups.
 async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> Result<Finished, ApiError> {
     let action = outcome.name();
     let Some(lease) = verify(state, token)? else {
@@ -232,24 +239,15 @@ async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> R
     let span = tracing::Span::current();
     span.record("job_id", tracing::field::display(lease.job_id));
     span.record("run_lease", lease.run_lease.0);
-    let finished = applied(state, state.store.finish(&lease, &outcome).await?, action)?;
-    let job = &finished.record.job;
-    if finished.first {
-        let via = match outcome {
-            Outcome::Complete { .. } => Via::Complete,
-            Outcome::Fail { .. } => Via::Fail,
-            Outcome::Release { .. } => Via::Release,
-        };
-        state.metrics.transition(job, via);
-        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, state = %job.state, action, "attempt finished");
-        if job.state.is_terminal() {
-            state.wake.terminal(job.id);
-        } else if job.state == JobState::Queued {
-            state.wake.ready(&job.queue);
-        }
-    } else {
-        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, action, "repeated finish answered as already applied");
-    }
+    let mut answers = state
+        .finisher
+        .submit(vec![(lease.clone(), outcome.clone())])
+        .await?;
+    let guarded = answers
+        .pop()
+        .ok_or_else(|| ApiError::new(ErrorCode::Internal, "a finish answered nothing"))?;
+    let finished = applied(state, guarded, action)?;
+    finished_effects(state, &lease, &outcome, &finished);
     Ok(finished)
 }
 
@@ -389,35 +387,79 @@ pub async fn finish(
         }
         planned.push(item_outcome(item, i)?);
     }
-    let mut results = Vec::with_capacity(planned.len());
-    for (item, outcome) in req.items.iter().zip(planned) {
-        let (job_id, run_lease) = state
-            .tokens
-            .peek(&item.lease_token)
-            .unwrap_or((JobId(Uuid::nil()), RunLease(0)));
-        let result = match finish_one(&state, &item.lease_token, outcome).await {
-            Ok(finished) => FinishResult {
+    // Forged tokens are answered lease_lost without a write; the rest are
+    // written together, in one transaction.
+    let mut verified = Vec::with_capacity(planned.len());
+    let mut index_of = Vec::with_capacity(planned.len());
+    for (i, (item, outcome)) in req.items.iter().zip(planned).enumerate() {
+        if let Some(lease) = verify(&state, &item.lease_token)? {
+            verified.push((lease, outcome));
+            index_of.push(i);
+        } else {
+            state
+                .metrics
+                .lease_lost
+                .get_or_create(&ActionLabels {
+                    action: outcome.name().to_owned(),
+                })
+                .inc();
+        }
+    }
+    let answers = if verified.is_empty() {
+        Vec::new()
+    } else {
+        state.finisher.submit(verified.clone()).await?
+    };
+    let mut statuses: Vec<Option<JobState>> = vec![None; req.items.len()];
+    let mut ok = vec![false; req.items.len()];
+    let mut stale = Vec::new();
+    for ((i, (lease, outcome)), guarded) in index_of.iter().zip(&verified).zip(answers) {
+        match guarded {
+            Guarded::Applied(finished) => {
+                finished_effects(&state, lease, outcome, &finished);
+                statuses[*i] = Some(finished.record.job.state);
+                ok[*i] = true;
+            }
+            Guarded::Stale => {
+                state
+                    .metrics
+                    .lease_lost
+                    .get_or_create(&ActionLabels {
+                        action: outcome.name().to_owned(),
+                    })
+                    .inc();
+                stale.push((*i, lease.job_id));
+            }
+        }
+    }
+    // A stale lease learns where its job went; a forged token learns nothing.
+    if !stale.is_empty() {
+        let ids: Vec<JobId> = stale.iter().map(|(_, id)| *id).collect();
+        let jobs = state.store.get_jobs(&ids).await?;
+        for (i, id) in stale {
+            statuses[i] = jobs.iter().find(|j| j.id == id).map(|j| j.state);
+        }
+    }
+    let results = req
+        .items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let (job_id, run_lease) = state
+                .tokens
+                .peek(&item.lease_token)
+                .unwrap_or((JobId(Uuid::nil()), RunLease(0)));
+            FinishResult {
                 job_id,
                 run_lease,
-                status: FinishStatus::Ok,
-                state: Some(finished.record.job.state),
-            },
-            Err(e) if e.code == ErrorCode::LeaseLost => {
-                // A stale lease learns where its job went; a forged token learns nothing.
-                let current = match state.tokens.verify(&item.lease_token) {
-                    Ok(_) => state.store.get_job(job_id).await?.map(|j| j.state),
-                    Err(_) => None,
-                };
-                FinishResult {
-                    job_id,
-                    run_lease,
-                    status: FinishStatus::LeaseLost,
-                    state: current,
-                }
+                status: if ok[i] {
+                    FinishStatus::Ok
+                } else {
+                    FinishStatus::LeaseLost
+                },
+                state: statuses[i],
             }
-            Err(e) => return Err(e),
-        };
-        results.push(result);
-    }
+        })
+        .collect();
     Ok(Json(FinishResponse { items: results }))
 }

@@ -83,8 +83,14 @@ pub struct LeaseRef {
     pub worker_id: WorkerId,
 }
 
+/// Whether an attempt recorded as `recorded` (outcome, worker) is `outcome`
+/// already applied under `lease`: same worker, matching outcome.
+fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outcome: &Outcome) -> bool {
+    recorded.is_some_and(|(o, worker)| worker == lease.worker_id.as_str() && outcome.matches(*o))
+}
+
 /// How a finish ended when it applied.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Finished {
     /// The job as the write (or, for a repeat, the database now) holds it.
     pub record: JobRecord,
@@ -93,17 +99,18 @@ pub struct Finished {
 }
 
 impl Store {
-    /// Claims up to `limit` due jobs of `queues` for `worker`.
+    /// Claims due jobs of `queues` for `slots` (one worker id per lease
+    /// wanted, in hand-out order). Answers `(slot index, job)` pairs, sorted
+    /// by slot: the best jobs go to the first slots.
     pub async fn claim(
         &self,
         queues: &[QueueName],
-        worker: &WorkerId,
-        limit: u32,
+        slots: &[&WorkerId],
         time_left_ms: Option<u64>,
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    ) -> Result<Vec<(usize, JobRecord)>, StoreError> {
         let client = self.conn().await?;
         let queues: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-        let limit = i64::from(limit);
+        let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
         let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
         let policy = self.policy();
         let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
@@ -112,19 +119,22 @@ impl Store {
                 &stmt,
                 &[
                     &queues,
-                    &worker.as_str(),
-                    &limit,
+                    &workers,
                     &policy.lease_ttl_ms,
                     &policy.default_timeout_ms,
                     &time_left,
                 ],
             )
             .await?;
-        let mut records = JobRecord::from_rows(&rows)?;
-        records.sort_by(|a, b| {
-            (a.job.priority, a.job.run_at, a.job.id).cmp(&(b.job.priority, b.job.run_at, b.job.id))
-        });
-        Ok(records)
+        let mut claimed = rows
+            .iter()
+            .map(|row| {
+                let slot: i64 = col(row, "slot")?;
+                Ok((usize::try_from(slot - 1).unwrap_or(0), JobRecord::from_row(row)?))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        claimed.sort_by_key(|(slot, _)| *slot);
+        Ok(claimed)
     }
 
     /// Renews leases in one statement; answers each renewal in order.
@@ -172,71 +182,141 @@ impl Store {
             .collect())
     }
 
-    /// Ends an attempt with one guarded statement. A repeat of an outcome that
-    /// already took effect under the same lease (same worker) is `Applied` with
-    /// `first: false`; any other mismatch is `Stale`.
-    pub async fn finish(&self, lease: &LeaseRef, outcome: &Outcome) -> Result<Guarded<Finished>, StoreError> {
-        let client = self.conn().await?;
-        let id = lease.job_id.0;
-        let run_lease = lease.run_lease.0;
-        let policy = self.policy();
-        let rows = match outcome {
-            Outcome::Complete { result } => {
-                let stmt = client.prepare_cached(sql::LEASE_COMPLETE).await?;
-                client.query(&stmt, &[&id, &run_lease, result]).await?
-            }
-            Outcome::Fail {
-                error,
-                retryable,
-                retry_after_ms,
-            } => {
-                let stmt = client.prepare_cached(sql::LEASE_FAIL).await?;
-                client
-                    .query(
-                        &stmt,
-                        &[
-                            &id,
-                            &run_lease,
-                            error,
-                            retryable,
-                            retry_after_ms,
-                            &policy.backoff_base_ms,
-                            &policy.backoff_cap_ms,
-                        ],
-                    )
-                    .await?
-            }
-            Outcome::Release { progress } => {
-                let stmt = client.prepare_cached(sql::LEASE_RELEASE).await?;
-                client.query(&stmt, &[&id, &run_lease, progress]).await?
-            }
+    /// Ends attempts: one guarded statement per kind of outcome, all in one
+    /// transaction (a database error applies none and fails every item).
+    /// Each item is answered in order: `Applied` (with `first: false` when it
+    /// repeats an outcome that already took effect under the same lease and
+    /// worker) or `Stale`.
+    pub async fn finish(&self, items: &[(LeaseRef, Outcome)]) -> Result<Vec<Guarded<Finished>>, StoreError> {
+        let mut client = self.conn().await?;
+        let policy = *self.policy();
+        let tx = client.transaction().await?;
+        let mut applied: HashMap<(Uuid, i64), JobRecord> = HashMap::new();
+
+        let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
+        let ids_leases = |want: fn(&Outcome) -> bool| {
+            let ids: Vec<Uuid> = pick(want).map(|(l, _)| l.job_id.0).collect();
+            let leases: Vec<i64> = pick(want).map(|(l, _)| l.run_lease.0).collect();
+            (ids, leases)
         };
-        if let Some(row) = rows.first() {
-            return Ok(Guarded::Applied(Finished {
-                record: JobRecord::from_row(row)?,
-                first: true,
-            }));
+
+        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Complete { .. }));
+        if !ids.is_empty() {
+            let results: Vec<&Value> = pick(|o| matches!(o, Outcome::Complete { .. }))
+                .map(|(_, o)| match o {
+                    Outcome::Complete { result } => result,
+                    _ => unreachable!("filtered to completes"),
+                })
+                .collect();
+            let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
+            for row in tx.query(&stmt, &[&ids, &leases, &results]).await? {
+                let record = JobRecord::from_row(&row)?;
+                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+            }
         }
 
-        // No row matched: a repeat of this very outcome, or a stale lease.
-        let stmt = client.prepare_cached(sql::ATTEMPT_GET).await?;
-        let Some(row) = client.query_opt(&stmt, &[&id, &run_lease]).await? else {
-            return Ok(Guarded::Stale);
-        };
-        let recorded: DbOutcome = col(&row, "outcome")?;
-        let worker: String = col(&row, "worker_id")?;
-        if worker != lease.worker_id.as_str() || !outcome.matches(recorded.0) {
-            return Ok(Guarded::Stale);
+        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Fail { .. }));
+        if !ids.is_empty() {
+            let mut errors: Vec<&str> = Vec::new();
+            let mut retryables: Vec<bool> = Vec::new();
+            let mut delays: Vec<Option<i64>> = Vec::new();
+            for (_, o) in pick(|o| matches!(o, Outcome::Fail { .. })) {
+                if let Outcome::Fail {
+                    error,
+                    retryable,
+                    retry_after_ms,
+                } = o
+                {
+                    errors.push(error);
+                    retryables.push(*retryable);
+                    delays.push(*retry_after_ms);
+                }
+            }
+            let stmt = tx.prepare_cached(sql::LEASE_FAIL).await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                &ids,
+                &leases,
+                &errors,
+                &retryables,
+                &delays,
+                &policy.backoff_base_ms,
+                &policy.backoff_cap_ms,
+            ];
+            for row in tx.query(&stmt, &params).await? {
+                let record = JobRecord::from_row(&row)?;
+                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+            }
         }
-        let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let rows = client.query(&stmt, &[&vec![id]]).await?;
-        match rows.first() {
-            Some(row) => Ok(Guarded::Applied(Finished {
-                record: JobRecord::from_row(row)?,
-                first: false,
-            })),
-            None => Ok(Guarded::Stale),
+
+        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Release { .. }));
+        if !ids.is_empty() {
+            let progress: Vec<Option<&Value>> = pick(|o| matches!(o, Outcome::Release { .. }))
+                .map(|(_, o)| match o {
+                    Outcome::Release { progress } => progress.as_ref(),
+                    _ => unreachable!("filtered to releases"),
+                })
+                .collect();
+            let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
+            for row in tx.query(&stmt, &[&ids, &leases, &progress]).await? {
+                let record = JobRecord::from_row(&row)?;
+                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+            }
         }
+        tx.commit().await?;
+
+        // Items no guard matched: repeats of an applied outcome, or stale.
+        let missed: Vec<&(LeaseRef, Outcome)> = items
+            .iter()
+            .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
+            .collect();
+        let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
+        let mut current: HashMap<Uuid, JobRecord> = HashMap::new();
+        if !missed.is_empty() {
+            let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
+            let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
+            let stmt = client.prepare_cached(sql::ATTEMPT_GET).await?;
+            for row in client.query(&stmt, &[&ids, &leases]).await? {
+                let outcome: DbOutcome = col(&row, "outcome")?;
+                recorded.insert(
+                    (col(&row, "job_id")?, col(&row, "run_lease")?),
+                    (outcome.0, col(&row, "worker_id")?),
+                );
+            }
+            let repeats: Vec<Uuid> = missed
+                .iter()
+                .filter(|(l, o)| is_repeat(recorded.get(&(l.job_id.0, l.run_lease.0)), l, o))
+                .map(|(l, _)| l.job_id.0)
+                .collect();
+            if !repeats.is_empty() {
+                let stmt = client.prepare_cached(sql::JOB_GET).await?;
+                for row in client.query(&stmt, &[&repeats]).await? {
+                    let record = JobRecord::from_row(&row)?;
+                    current.insert(record.job.id.0, record);
+                }
+            }
+        }
+
+        Ok(items
+            .iter()
+            .map(|(lease, outcome)| {
+                let key = (lease.job_id.0, lease.run_lease.0);
+                if let Some(record) = applied.get(&key) {
+                    return Guarded::Applied(Finished {
+                        record: record.clone(),
+                        first: true,
+                    });
+                }
+                match current.get(&key.0) {
+                    Some(record) if is_repeat(recorded.get(&key), lease, outcome) => {
+                        Guarded::Applied(Finished {
+                            record: record.clone(),
+                            first: false,
+                        })
+                    }
+                    _ => Guarded::Stale,
+                }
+            })
+            .collect())
     }
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.

@@ -22,7 +22,7 @@ use tokio_postgres::error::SqlState;
 
 /// Errors of the store. A caller branches on `Unavailable` (answer 503 and
 /// retry later); everything else is a fault to log.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached, or no pooled connection freed up in time.
     #[error("database unavailable: {0}")]
@@ -31,6 +31,9 @@ pub enum StoreError {
     /// `\u0000` in JSON or text): the request is invalid, nothing was written.
     #[error("{0}")]
     Rejected(String),
+    /// A deadlock or serialization failure: the whole transaction may be retried.
+    #[error("transient conflict: {0}")]
+    Retry(String),
     /// A statement failed; a bug or a broken database.
     #[error("database error: {0}")]
     Database(String),
@@ -67,6 +70,10 @@ impl From<tokio_postgres::Error> for StoreError {
             };
         if unavailable {
             StoreError::Unavailable(db_error_text(&e))
+        } else if e.code().is_some_and(|c| {
+            *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
+        }) {
+            StoreError::Retry(db_error_text(&e))
         } else if e.code().is_some_and(|c| c.code().starts_with("22")) {
             StoreError::Rejected(db_error_text(&e))
         } else {

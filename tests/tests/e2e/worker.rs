@@ -111,13 +111,17 @@ async fn a_worker_aborted_mid_job_is_reaped_and_another_completes_it() {
 async fn a_lost_lease_cancels_the_handler_and_its_late_result_never_lands() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.lease_ttl_ms = 1_500;
-        cfg.heartbeat_interval_ms = 200;
+        // Heartbeats far apart, so none renews the lease between the test
+        // expiring it and reaping it; the next one learns it was lost.
+        cfg.lease_ttl_ms = 6_000;
+        cfg.heartbeat_interval_ms = 2_000;
     })
     .await;
     let job = c.api.enqueue("lost", json!(1)).await;
     let (tx, mut rx) = mpsc::unbounded_channel::<&'static str>();
     let worker = Worker::builder(client(c.api.base()))
+        // One slot, busy with the job: the worker does not claim it back.
+        .concurrency(1)
         .claim_wait(Duration::from_millis(300))
         .handle(q("lost"), move |ctx: JobContext| {
             let tx = tx.clone();

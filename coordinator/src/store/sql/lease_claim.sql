@@ -1,32 +1,41 @@
--- Claim up to $3 due jobs of queues $1 for worker $2: a compare-and-set to
--- running that increments run_lease, charges one attempt and sets the lease
--- to now() + TTL, capped at the attempt's timeout.
--- $1 text[] queues, $2 text worker_id, $3 bigint limit, $4 bigint lease TTL ms,
--- $5 bigint default timeout ms, $6 bigint time left ms (NULL: no limit; only jobs
--- whose timeout fits are taken).
+-- Claim due jobs of queues $1 for a list of slots: one slot per lease wanted,
+-- each naming its worker ($2; one claimer asking for 3 jobs fills 3 slots).
+-- A compare-and-set to running that increments run_lease, charges one
+-- attempt and sets the lease to now() + TTL, capped at the attempt's timeout.
+-- Jobs are handed out in (priority, run_at, id) order to slots in order; each
+-- row answers the slot (1-based) it filled, so one statement serves many
+-- parked claimers.
+-- $1 text[] queues, $2 text[] slot workers, $3 bigint lease TTL ms,
+-- $4 bigint default timeout ms, $5 bigint time left ms (NULL: no limit; only
+-- jobs whose timeout fits are taken).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable.
--- Locking: FOR UPDATE SKIP LOCKED, so concurrent claimers neither wait on nor
+-- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; the UPDATE re-checks the state it selected.
-WITH picked AS (
-    SELECT id
+WITH slots AS (
+    SELECT worker, ord FROM unnest($2::text[]) WITH ORDINALITY AS s(worker, ord)
+), picked AS (
+    SELECT id, priority, run_at
     FROM jobs
     WHERE queue = ANY($1::text[])
       AND state IN ('queued', 'enqueue_failed')
       AND run_at <= now()
-      AND ($6::bigint IS NULL OR coalesce(timeout_ms, $5::bigint) <= $6::bigint)
+      AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
     ORDER BY priority, run_at, id
-    LIMIT $3
+    LIMIT cardinality($2::text[])
     FOR UPDATE SKIP LOCKED
+), numbered AS (
+    SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
 )
 UPDATE jobs j SET
     state = 'running',
     run_lease = j.run_lease + 1,
     attempt = j.attempt + 1,
-    owned_by = $2,
+    owned_by = s.worker,
     claimed_at = now(),
-    lease_expires_at = now() + least($4::bigint, coalesce(j.timeout_ms, $5::bigint))
+    lease_expires_at = now() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
                                * interval '1 millisecond',
     updated_at = now()
-FROM picked
-WHERE j.id = picked.id AND j.state IN ('queued', 'enqueue_failed')
-RETURNING j.*
+FROM numbered n
+JOIN slots s ON s.ord = n.ord
+WHERE j.id = n.id AND j.state IN ('queued', 'enqueue_failed')
+RETURNING j.*, n.ord AS slot

@@ -1,15 +1,27 @@
--- Complete a running attempt: one guarded statement on (id, state = 'running',
--- run_lease) that also appends the attempt to job_attempts. A completion lands
--- as done even when a cancel was requested.
--- $1 uuid id, $2 bigint run_lease, $3 jsonb result.
--- No row: the lease is stale (or this completion was already applied).
--- Index: jobs_pkey. Locking: the row, for the statement.
-WITH finished AS (
-    UPDATE jobs SET
-        state = 'done', result = $3::jsonb, finished_at = now(),
+-- Complete running attempts, many at once: one statement guarded per row on
+-- (id, state = 'running', run_lease), appending each ended attempt to
+-- job_attempts. A completion lands as done even when a cancel was requested.
+-- $1 uuid[] ids, $2 bigint[] run leases, $3 jsonb[] results (parallel arrays;
+-- one element per request; a repeated (id, run_lease) matches once).
+-- Rows that do not match are absent from the answer: stale, or already applied.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order first (so concurrent batches cannot
+-- deadlock), then the guarded UPDATE.
+WITH input AS (
+    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, result)
+), locked AS (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM input)
+    ORDER BY j.id
+    FOR UPDATE
+), finished AS (
+    UPDATE jobs j SET
+        state = 'done', result = i.result, finished_at = now(),
         lease_expires_at = NULL, updated_at = now()
-    WHERE id = $1 AND state = 'running' AND run_lease = $2
-    RETURNING *
+    FROM input i
+    WHERE j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
+      AND j.id IN (SELECT id FROM locked)
+    RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(), 'completed', state FROM finished

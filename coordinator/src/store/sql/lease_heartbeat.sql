@@ -4,14 +4,27 @@
 -- $1 uuid[] ids, $2 bigint[] run leases, $3 jsonb[] progress (NULL keeps the
 -- saved checkpoint), $4 bigint lease TTL ms, $5 bigint default timeout ms.
 -- Rows that do not match are absent from the answer: those leases are lost.
--- Index: jobs_pkey. Locking: the matched rows, for the statement.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order first (no deadlock with finishing batches),
+-- then the guarded UPDATE. Past its timeout a lease is not extended, but the
+-- worker's checkpoint is still saved (it is what the next attempt receives).
+WITH input AS (
+    SELECT DISTINCT ON (id, run_lease) *
+    FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, progress)
+), locked AS (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM input)
+    ORDER BY j.id
+    FOR UPDATE
+)
 UPDATE jobs j SET
     lease_expires_at = least(now() + $4::bigint * interval '1 millisecond',
                              j.claimed_at + coalesce(j.timeout_ms, $5::bigint) * interval '1 millisecond'),
     progress = coalesce(h.progress, j.progress),
     updated_at = now()
-FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS h(id, run_lease, progress)
+FROM input h
 WHERE j.id = h.id AND j.state = 'running' AND j.run_lease = h.run_lease
+  AND j.id IN (SELECT id FROM locked)
 RETURNING j.id, j.run_lease,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           j.lease_expires_at > now() AS live

@@ -1,21 +1,35 @@
--- Release a running attempt: one guarded statement on (id, state = 'running',
--- run_lease). The job is claimable again at once and the attempt's charge is
--- given back; with a cancel requested it becomes cancelled instead. The
--- worker's checkpoint (NULL keeps the saved one) is what the next attempt gets.
--- $1 uuid id, $2 bigint run_lease, $3 jsonb progress.
--- Index: jobs_pkey. Locking: the row, for the statement.
-WITH finished AS (
-    UPDATE jobs SET
-        state = CASE WHEN cancel_requested_at IS NOT NULL
+-- Release running attempts, many at once: one statement guarded per row on
+-- (id, state = 'running', run_lease). Each job is claimable again at once and
+-- the attempt's charge is given back; with a cancel requested it becomes
+-- cancelled instead. The worker's checkpoint (NULL keeps the saved one) is what
+-- the next attempt gets.
+-- $1 uuid[] ids, $2 bigint[] run leases, $3 jsonb[] progress.
+-- Rows that do not match are absent from the answer: stale, or already applied.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order first (no deadlock between batches), then the
+-- guarded UPDATE.
+WITH input AS (
+    SELECT DISTINCT ON (id, run_lease) *
+    FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, progress)
+), locked AS (
+    SELECT j.id FROM jobs j
+    WHERE j.id IN (SELECT id FROM input)
+    ORDER BY j.id
+    FOR UPDATE
+), finished AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.cancel_requested_at IS NOT NULL
                      THEN 'cancelled'::job_state ELSE 'queued'::job_state END,
-        attempt = CASE WHEN cancel_requested_at IS NOT NULL THEN attempt ELSE attempt - 1 END,
-        progress = coalesce($3::jsonb, progress),
+        attempt = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempt ELSE j.attempt - 1 END,
+        progress = coalesce(i.progress, j.progress),
         run_at = now(),
         lease_expires_at = NULL,
-        finished_at = CASE WHEN cancel_requested_at IS NOT NULL THEN now() END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
         updated_at = now()
-    WHERE id = $1 AND state = 'running' AND run_lease = $2
-    RETURNING *
+    FROM input i
+    WHERE j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
+      AND j.id IN (SELECT id FROM locked)
+    RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),

@@ -1,0 +1,360 @@
+//! The claim dispatcher: parked claimers of the same queues are served by one
+//! claim statement whose slots are the sum of what they asked for, and the
+//! rows are handed out in arrival order. A new claim, a wake-up for one of the
+//! queues, or the re-check timer makes the dispatcher look again; a claimer
+//! whose wait ran out is answered with an empty list. With batching off, each
+//! claim runs its own statements (the per-request mode).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use runlease_protocol::{QueueName, WorkerId};
+use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batch::BatchSettings;
+use crate::metrics::Metrics;
+use crate::store::leases::{LeaseRef, Outcome};
+use crate::store::rows::JobRecord;
+use crate::store::{Store, StoreError};
+use crate::wake::{Wake, jittered, next_queue_wake};
+
+/// One claim request.
+#[derive(Debug, Clone)]
+pub struct ClaimAsk {
+    /// Queues, sorted and without repeats.
+    pub queues: Vec<QueueName>,
+    /// The claiming worker.
+    pub worker: WorkerId,
+    /// Most leases wanted.
+    pub max_jobs: u32,
+    /// The worker's remaining run time.
+    pub time_left_ms: Option<u64>,
+    /// How long it may park.
+    pub wait: Duration,
+}
+
+struct Parked {
+    ask: ClaimAsk,
+    deadline: Instant,
+    reply: oneshot::Sender<Result<Vec<JobRecord>, StoreError>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct GroupKey {
+    queues: Vec<QueueName>,
+    time_left_ms: Option<u64>,
+}
+
+struct Group {
+    parked: VecDeque<Parked>,
+    dirty: bool,
+    next_check: Instant,
+}
+
+/// Serves claims.
+#[derive(Clone)]
+pub struct ClaimDispatcher {
+    tx: Option<mpsc::UnboundedSender<Parked>>,
+    store: Store,
+    wake: Wake,
+    metrics: Arc<Metrics>,
+    recheck: Duration,
+    max_slots: usize,
+    shutdown: CancellationToken,
+}
+
+impl ClaimDispatcher {
+    /// A dispatcher over `store`; with batching on, its loop runs on `tracker`
+    /// until every handle is dropped. At `shutdown` parked claims are
+    /// answered with empty lists and new ones are answered at once.
+    pub fn spawn(
+        store: Store,
+        wake: Wake,
+        metrics: Arc<Metrics>,
+        settings: BatchSettings,
+        recheck: Duration,
+        tracker: &TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let mut this = Self {
+            tx: None,
+            store,
+            wake,
+            metrics,
+            recheck,
+            max_slots: settings.max_size.max(1),
+            shutdown,
+        };
+        if settings.enabled {
+            let (tx, rx) = mpsc::unbounded_channel();
+            this.tx = Some(tx);
+            let worker = this.clone_without_sender();
+            tracker.spawn(worker.run(rx));
+        }
+        this
+    }
+
+    fn clone_without_sender(&self) -> Self {
+        Self {
+            tx: None,
+            ..self.clone()
+        }
+    }
+
+    /// Claims up to `ask.max_jobs` leases, parking up to `ask.wait` when none
+    /// is claimable.
+    pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<JobRecord>, StoreError> {
+        let deadline = Instant::now() + ask.wait;
+        let Some(tx) = &self.tx else {
+            return self.claim_alone(ask, deadline).await;
+        };
+        let (reply, answer) = oneshot::channel();
+        tx.send(Parked { ask, deadline, reply })
+            .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
+        answer.await.unwrap_or_else(|_| Ok(Vec::new()))
+    }
+
+    /// The per-request mode: this claim's own statements, re-checking on
+    /// wake-ups and the timer.
+    async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<JobRecord>, StoreError> {
+        // Subscribed before the first look: an enqueue in between still wakes us.
+        let mut wakes = self.wake.subscribe_queues();
+        let slots: Vec<&WorkerId> = (0..ask.max_jobs).map(|_| &ask.worker).collect();
+        let mut waiting = None;
+        loop {
+            let claimed = self.store.claim(&ask.queues, &slots, ask.time_left_ms).await?;
+            if !claimed.is_empty() {
+                return Ok(claimed.into_iter().map(|(_, r)| r).collect());
+            }
+            let now = Instant::now();
+            if now >= deadline || self.shutdown.is_cancelled() {
+                return Ok(Vec::new());
+            }
+            waiting.get_or_insert_with(|| crate::metrics::WaiterGauge::new(&self.metrics.claim_waiters));
+            let nap = jittered(self.recheck).min(deadline - now);
+            tokio::select! {
+                () = next_queue_wake(&mut wakes, &ask.queues) => {}
+                () = tokio::time::sleep(nap) => {}
+                () = self.shutdown.cancelled() => {}
+            }
+        }
+    }
+
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Parked>) {
+        let mut wakes = self.wake.subscribe_queues();
+        let mut groups: HashMap<GroupKey, Group> = HashMap::new();
+        let mut stopping = false;
+        loop {
+            let next_timer = groups
+                .values()
+                .flat_map(|g| {
+                    g.parked
+                        .iter()
+                        .map(|p| p.deadline)
+                        .chain(std::iter::once(g.next_check))
+                })
+                .min();
+            tokio::select! {
+                parked = rx.recv() => {
+                    let Some(parked) = parked else { break };
+                    self.admit(&mut groups, parked, stopping);
+                    while let Ok(parked) = rx.try_recv() {
+                        self.admit(&mut groups, parked, stopping);
+                    }
+                }
+                wake = wakes.recv() => {
+                    match wake {
+                        Ok(Some(queue)) => {
+                            for (key, group) in groups.iter_mut() {
+                                if key.queues.contains(&queue) {
+                                    group.dirty = true;
+                                }
+                            }
+                        }
+                        // A wake-all, or a lag that may have hidden one.
+                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                            groups.values_mut().for_each(|g| g.dirty = true);
+                        }
+                        Err(broadcast::error::RecvError::Closed) => {}
+                    }
+                }
+                () = async {
+                    match next_timer {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let now = Instant::now();
+                    for group in groups.values_mut() {
+                        if group.next_check <= now {
+                            group.dirty = true;
+                        }
+                    }
+                }
+                () = self.shutdown.cancelled(), if !stopping => {
+                    stopping = true;
+                    for (_, group) in groups.drain() {
+                        for parked in group.parked {
+                            let _ = parked.reply.send(Ok(Vec::new()));
+                        }
+                    }
+                }
+            }
+            self.expire(&mut groups);
+            let dirty: Vec<GroupKey> = groups
+                .iter()
+                .filter(|(_, g)| g.dirty)
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in dirty {
+                if let Some(mut group) = groups.remove(&key) {
+                    self.serve(&key, &mut group).await;
+                    if !group.parked.is_empty() {
+                        groups.insert(key, group);
+                    }
+                }
+            }
+            self.metrics
+                .claim_waiters
+                .set(groups.values().map(|g| g.parked.len() as i64).sum());
+        }
+        self.metrics.claim_waiters.set(0);
+    }
+
+    fn admit(&self, groups: &mut HashMap<GroupKey, Group>, parked: Parked, stopping: bool) {
+        if stopping {
+            let _ = parked.reply.send(Ok(Vec::new()));
+            return;
+        }
+        let key = GroupKey {
+            queues: parked.ask.queues.clone(),
+            time_left_ms: parked.ask.time_left_ms,
+        };
+        let group = groups.entry(key).or_insert_with(|| Group {
+            parked: VecDeque::new(),
+            dirty: true,
+            next_check: Instant::now(),
+        });
+        group.dirty = true;
+        group.parked.push_back(parked);
+    }
+
+    /// Answers claimers whose wait ran out, and forgets those who left.
+    fn expire(&self, groups: &mut HashMap<GroupKey, Group>) {
+        let now = Instant::now();
+        for group in groups.values_mut() {
+            let mut kept = VecDeque::with_capacity(group.parked.len());
+            for parked in group.parked.drain(..) {
+                if parked.reply.is_closed() {
+                    continue;
+                }
+                if parked.deadline <= now && !group.dirty {
+                    let _ = parked.reply.send(Ok(Vec::new()));
+                    continue;
+                }
+                kept.push_back(parked);
+            }
+            group.parked = kept;
+        }
+        groups.retain(|_, g| !g.parked.is_empty());
+    }
+
+    /// Runs claim statements for a group until it is served or nothing more
+    /// is claimable; parked claimers whose wait ran out are then answered.
+    async fn serve(&self, key: &GroupKey, group: &mut Group) {
+        loop {
+            group.parked.retain(|p| !p.reply.is_closed());
+            if group.parked.is_empty() {
+                return;
+            }
+            // Slots in arrival order, capped per statement.
+            let mut slots: Vec<&WorkerId> = Vec::new();
+            let mut owners: Vec<usize> = Vec::new();
+            for (i, parked) in group.parked.iter().enumerate() {
+                if slots.len() >= self.max_slots {
+                    break;
+                }
+                let take = (parked.ask.max_jobs as usize).min(self.max_slots - slots.len());
+                for _ in 0..take {
+                    slots.push(&parked.ask.worker);
+                    owners.push(i);
+                }
+            }
+            let wanted = slots.len();
+            let claimed = match self.store.claim(&key.queues, &slots, key.time_left_ms).await {
+                Ok(claimed) => claimed,
+                Err(e) => {
+                    for parked in group.parked.drain(..) {
+                        let _ = parked.reply.send(Err(e.clone()));
+                    }
+                    return;
+                }
+            };
+            let got = claimed.len();
+            let mut per_parked: HashMap<usize, Vec<JobRecord>> = HashMap::new();
+            for (slot, record) in claimed {
+                if let Some(&owner) = owners.get(slot) {
+                    per_parked.entry(owner).or_default().push(record);
+                }
+            }
+            // Answer the served claimers, back to front so indexes stay valid.
+            let mut served: Vec<usize> = per_parked.keys().copied().collect();
+            served.sort_unstable_by(|a, b| b.cmp(a));
+            for i in served {
+                let Some(parked) = group.parked.remove(i) else {
+                    continue;
+                };
+                let records = per_parked.remove(&i).unwrap_or_default();
+                if let Err(Ok(records)) = parked.reply.send(Ok(records)) {
+                    self.release_unwanted(&parked.ask.worker, records).await;
+                }
+            }
+            if got < wanted {
+                // Nothing more is claimable now: wait for a wake-up or the timer.
+                group.dirty = false;
+                group.next_check = Instant::now() + jittered(self.recheck);
+                let now = Instant::now();
+                let mut kept = VecDeque::with_capacity(group.parked.len());
+                for parked in group.parked.drain(..) {
+                    if parked.deadline <= now {
+                        let _ = parked.reply.send(Ok(Vec::new()));
+                    } else {
+                        kept.push_back(parked);
+                    }
+                }
+                group.parked = kept;
+                return;
+            }
+        }
+    }
+
+    /// Leases claimed for a claimer that left before its answer: give them
+    /// back at once instead of letting them expire (no attempt charged).
+    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<JobRecord>) {
+        let items: Vec<(LeaseRef, Outcome)> = records
+            .iter()
+            .map(|r| {
+                let lease = LeaseRef {
+                    job_id: r.job.id,
+                    run_lease: r.job.run_lease,
+                    worker_id: worker.clone(),
+                };
+                (lease, Outcome::Release { progress: None })
+            })
+            .collect();
+        tracing::info!(
+            leases = items.len(),
+            "claimer left before its answer: releasing its leases"
+        );
+        if let Err(e) = self.store.finish(&items).await {
+            tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
+        }
+        for r in &records {
+            self.wake.ready(&r.job.queue);
+        }
+    }
+}

@@ -1,0 +1,172 @@
+//! Batching: many concurrent requests, few statements. Finishing calls and
+//! heartbeats go through a [`Batcher`] (group commit: while one batch is being
+//! written, the next gathers); parked claims go through the
+//! [`claims::ClaimDispatcher`], which serves a queue's waiting claimers with one
+//! claim statement. A request is answered only after its batch committed,
+//! with its own outcome.
+//!
+//! - [`Batcher`]: the gather-and-flush loop, generic over what it writes.
+//! - [`claims`]: the claim dispatcher.
+
+pub mod claims;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::store::StoreError;
+
+/// How requests are gathered.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchSettings {
+    /// Off: every request is its own statement (the per-request mode).
+    pub enabled: bool,
+    /// Most requests in one batch.
+    pub max_size: usize,
+    /// How long the first request of a batch may wait for company. Zero (the
+    /// default) is pure group commit: a lone request is written at once, and
+    /// batches grow only while an earlier one is being written.
+    pub max_delay: Duration,
+}
+
+/// Tries of a flush that hit a deadlock or serialization failure.
+const FLUSH_TRIES: u32 = 3;
+
+struct Pending<Req, Resp> {
+    req: Req,
+    reply: oneshot::Sender<Result<Resp, StoreError>>,
+}
+
+type FlushFn<Req, Resp> = dyn Fn(Vec<Req>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Resp>, StoreError>> + Send>>
+    + Send
+    + Sync;
+
+/// Gathers requests and writes them with one `flush` call per batch; `flush`
+/// answers one response per request, in order.
+pub struct Batcher<Req, Resp> {
+    tx: Option<mpsc::UnboundedSender<Pending<Req, Resp>>>,
+    flush: Arc<FlushFn<Req, Resp>>,
+}
+
+impl<Req, Resp> Clone for Batcher<Req, Resp> {
+    fn clone(&self) -> Self {
+        Self {
+            tx: self.tx.clone(),
+            flush: self.flush.clone(),
+        }
+    }
+}
+
+async fn flush_with_retry<Req: Clone, Resp>(
+    flush: &FlushFn<Req, Resp>,
+    reqs: Vec<Req>,
+) -> Result<Vec<Resp>, StoreError> {
+    let mut tries = 1;
+    loop {
+        match flush(reqs.clone()).await {
+            Err(StoreError::Retry(detail)) if tries < FLUSH_TRIES => {
+                tracing::debug!(%detail, tries, "batch hit a deadlock or serialization failure; retrying");
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
+impl<Req, Resp> Batcher<Req, Resp>
+where
+    Req: Clone + Send + 'static,
+    Resp: Send + 'static,
+{
+    /// A batcher writing with `flush`. With batching enabled its loop runs on
+    /// `tracker` until every handle is dropped; `cancel` (shutdown) turns the
+    /// gathering delay off, so what was gathered is flushed at once.
+    pub fn spawn<F, Fut>(
+        name: &'static str,
+        settings: BatchSettings,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+        flush: F,
+    ) -> Self
+    where
+        F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Resp>, StoreError>> + Send + 'static,
+    {
+        let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs| Box::pin(flush(reqs)));
+        if !settings.enabled {
+            return Self { tx: None, flush };
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
+        let f = flush.clone();
+        let max_size = settings.max_size.max(1);
+        tracker.spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                if !settings.max_delay.is_zero() && !cancel.is_cancelled() {
+                    let until = Instant::now() + settings.max_delay;
+                    while batch.len() < max_size {
+                        tokio::select! {
+                            p = rx.recv() => match p { Some(p) => batch.push(p), None => break },
+                            () = tokio::time::sleep_until(until) => break,
+                            () = cancel.cancelled() => break,
+                        }
+                    }
+                }
+                while batch.len() < max_size {
+                    match rx.try_recv() {
+                        Ok(p) => batch.push(p),
+                        Err(_) => break,
+                    }
+                }
+                let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
+                let n = reqs.len();
+                tracing::trace!(batcher = name, size = n, "flushing a batch");
+                match flush_with_retry(&*f, reqs).await {
+                    Ok(resps) if resps.len() == n => {
+                        for (reply, resp) in replies.into_iter().zip(resps) {
+                            // A requester that went away is fine: its write stands.
+                            let _ = reply.send(Ok(resp));
+                        }
+                    }
+                    Ok(resps) => {
+                        let e = StoreError::Database(format!(
+                            "{name} answered {} results for {n} requests",
+                            resps.len()
+                        ));
+                        for reply in replies {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                    }
+                    Err(e) => {
+                        for reply in replies {
+                            let _ = reply.send(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+        });
+        Self { tx: Some(tx), flush }
+    }
+
+    /// Writes `req` with the next batch (or alone, with batching off) and
+    /// answers once that batch committed.
+    pub async fn submit(&self, req: Req) -> Result<Resp, StoreError> {
+        let Some(tx) = &self.tx else {
+            let mut resps = flush_with_retry(&*self.flush, vec![req]).await?;
+            return resps
+                .pop()
+                .ok_or_else(|| StoreError::Database("a flush answered nothing".into()));
+        };
+        let (reply, answer) = oneshot::channel();
+        tx.send(Pending { req, reply })
+            .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?
+    }
+}
