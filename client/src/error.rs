@@ -5,7 +5,7 @@ use std::time::Duration;
 use runlease_protocol::{ErrorCode, Job};
 
 /// What went wrong talking to the coordinator.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// The lease is stale, foreign or forged: drop the job, do not retry.
     #[error("lease lost: {0}")]

@@ -170,36 +170,44 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         &tracker,
         shutdown.clone(),
     );
-    let finisher: Finisher = Batcher::spawn("finish", settings, &tracker, shutdown.clone(), {
-        let store = store.clone();
-        move |requests: Vec<Vec<(LeaseRef, Outcome)>>| {
+    let finisher: Finisher =
+        Batcher::spawn("finish", settings, metrics.clone(), &tracker, shutdown.clone(), {
             let store = store.clone();
-            async move {
-                let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                let items: Vec<(LeaseRef, Outcome)> = requests.into_iter().flatten().collect();
-                let mut answers = store.finish(&items).await?.into_iter();
-                Ok(sizes
-                    .iter()
-                    .map(|n| answers.by_ref().take(*n).collect())
-                    .collect())
+            move |requests: Vec<Vec<(LeaseRef, Outcome)>>| {
+                let store = store.clone();
+                async move {
+                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                    let items: Vec<(LeaseRef, Outcome)> = requests.into_iter().flatten().collect();
+                    let mut answers = store.finish(&items).await?.into_iter();
+                    Ok(sizes
+                        .iter()
+                        .map(|n| answers.by_ref().take(*n).collect())
+                        .collect())
+                }
             }
-        }
-    });
-    let renewer: Renewer = Batcher::spawn("heartbeat", settings, &tracker, shutdown.clone(), {
-        let store = store.clone();
-        move |requests: Vec<Vec<Renewal>>| {
+        });
+    let renewer: Renewer = Batcher::spawn(
+        "heartbeat",
+        settings,
+        metrics.clone(),
+        &tracker,
+        shutdown.clone(),
+        {
             let store = store.clone();
-            async move {
-                let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                let renewals: Vec<Renewal> = requests.into_iter().flatten().collect();
-                let mut statuses = store.heartbeat(&renewals).await?.into_iter();
-                Ok(sizes
-                    .iter()
-                    .map(|n| statuses.by_ref().take(*n).collect())
-                    .collect())
+            move |requests: Vec<Vec<Renewal>>| {
+                let store = store.clone();
+                async move {
+                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                    let renewals: Vec<Renewal> = requests.into_iter().flatten().collect();
+                    let mut statuses = store.heartbeat(&renewals).await?.into_iter();
+                    Ok(sizes
+                        .iter()
+                        .map(|n| statuses.by_ref().take(*n).collect())
+                        .collect())
+                }
             }
-        }
-    });
+        },
+    );
 
     let state = AppState {
         store,

@@ -36,6 +36,13 @@ pub struct ActionLabels {
     pub action: String,
 }
 
+/// Label set of batch sizes.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BatchLabels {
+    /// claim, finish or heartbeat.
+    pub kind: String,
+}
+
 /// Label set of request latency.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
@@ -45,6 +52,10 @@ pub struct RouteLabels {
     pub method: String,
     /// Status class: 2xx, 4xx, 5xx.
     pub status: String,
+}
+
+fn batch_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 12))
 }
 
 fn latency_histogram() -> Histogram {
@@ -88,6 +99,8 @@ pub struct Metrics {
     pub job_waiters: Gauge,
     /// Request duration per route.
     pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    /// Requests (claim slots, for claims) written per statement.
+    pub batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
     /// Connections in the pool.
     pub pool_size: Gauge,
     /// Idle connections in the pool.
@@ -134,6 +147,7 @@ impl Metrics {
             claim_waiters: Gauge::default(),
             job_waiters: Gauge::default(),
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+            batch_size: Family::new_with_constructor(batch_histogram as fn() -> Histogram),
             pool_size: Gauge::default(),
             pool_available: Gauge::default(),
             pool_waiting: Gauge::default(),
@@ -213,6 +227,11 @@ impl Metrics {
             m.request_duration.clone(),
         );
         registry.register(
+            "batch_size",
+            "Requests (claim slots, for claims) written per statement",
+            m.batch_size.clone(),
+        );
+        registry.register(
             "db_pool_size",
             "PostgreSQL connections in the pool",
             m.pool_size.clone(),
@@ -253,6 +272,15 @@ impl Metrics {
             m.slo_ratio.clone(),
         );
         Self { registry, ..m }
+    }
+
+    /// Records the size of a batch of `kind`.
+    pub fn batch(&self, kind: &str, size: usize) {
+        self.batch_size
+            .get_or_create(&BatchLabels {
+                kind: kind.to_owned(),
+            })
+            .observe(size as f64);
     }
 
     /// Counts a job's arrival in a terminal state against the SLO.

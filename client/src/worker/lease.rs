@@ -4,14 +4,14 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use runlease_protocol::worker::{CompleteRequest, FailRequest, Lease, ReleaseRequest};
+use runlease_protocol::worker::{FinishAction, FinishItem, FinishStatus, Lease};
 use runlease_protocol::{JobId, LeaseToken, RunLease};
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::worker::finisher::FinishQueue;
 
 /// Why the runtime stopped a handler. The first reason wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +119,7 @@ impl Held {
 /// A claimed job: consumed by exactly one of complete, fail, release or
 /// abandon, so it cannot be finished twice.
 pub struct Claimed {
-    client: Client,
+    finisher: FinishQueue,
     token: LeaseToken,
     /// The job.
     pub job_id: JobId,
@@ -128,50 +128,59 @@ pub struct Claimed {
 }
 
 impl Claimed {
-    /// The claimed job behind `held`.
-    pub fn new(client: Client, held: &Held) -> Self {
+    /// The claimed job behind `held`, finished through `finisher`.
+    pub fn new(finisher: FinishQueue, held: &Held) -> Self {
         Self {
-            client,
+            finisher,
             token: held.token.clone(),
             job_id: held.job_id,
             run_lease: held.run_lease,
         }
     }
 
+    async fn finish(self, action: FinishAction, fill: impl FnOnce(&mut FinishItem)) -> Result<()> {
+        let mut item = FinishItem {
+            lease_token: self.token,
+            action,
+            result: None,
+            error: None,
+            retryable: None,
+            retry_after_ms: None,
+            progress: None,
+        };
+        fill(&mut item);
+        let answer = self.finisher.submit(item).await?;
+        match answer.status {
+            FinishStatus::Ok => Ok(()),
+            FinishStatus::LeaseLost => Err(Error::LeaseLost(format!(
+                "job {} is {} under another lease",
+                self.job_id,
+                answer.state.map_or("unknown".to_owned(), |s| s.to_string())
+            ))),
+        }
+    }
+
     /// Completes the job (retried on transport errors: idempotent per lease).
     pub async fn complete(self, result: Value) -> Result<()> {
-        self.client
-            .complete(&CompleteRequest {
-                lease_token: self.token,
-                result,
-            })
+        self.finish(FinishAction::Complete, |i| i.result = Some(result))
             .await
-            .map(drop)
     }
 
     /// Fails the attempt.
     pub async fn fail(self, error: String, retryable: bool, retry_after: Option<Duration>) -> Result<()> {
         let retry_after_ms = retry_after.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        self.client
-            .fail(&FailRequest {
-                lease_token: self.token,
-                error,
-                retryable,
-                retry_after_ms,
-            })
-            .await
-            .map(drop)
+        self.finish(FinishAction::Fail, |i| {
+            i.error = Some(error);
+            i.retryable = Some(retryable);
+            i.retry_after_ms = retry_after_ms;
+        })
+        .await
     }
 
     /// Gives the job back without charging an attempt.
     pub async fn release(self, progress: Option<Value>) -> Result<()> {
-        self.client
-            .release(&ReleaseRequest {
-                lease_token: self.token,
-                progress,
-            })
+        self.finish(FinishAction::Release, |i| i.progress = progress)
             .await
-            .map(drop)
     }
 
     /// Sends nothing: the lease is lost or fenced; the coordinator decides.

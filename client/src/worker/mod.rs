@@ -12,8 +12,10 @@
 //!
 //! - [`context`]: `JobContext`, `JobError`.
 //! - [`lease`]: the shared state of a held lease and the consumable claimed job.
+//! - [`finisher`]: outcomes of concurrent jobs sent together in `POST /v1/finish`.
 
 pub mod context;
+pub mod finisher;
 pub mod lease;
 
 use std::collections::HashMap;
@@ -37,6 +39,7 @@ use crate::client::Client;
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
 pub use context::{JobContext, JobError};
+use finisher::FinishQueue;
 use lease::{Claimed, Held, StopReason, is_lease_lost};
 
 /// Default concurrency: jobs run at once by one worker.
@@ -261,6 +264,7 @@ impl Worker {
         let background = CancellationToken::new();
 
         tracker.spawn(heartbeat_loop(inner.clone(), background.clone()));
+        let finisher = FinishQueue::spawn(inner.client.clone(), &tracker, background.clone());
         if let Some(deadline) = inner.deadline {
             let inner = inner.clone();
             let stop_claiming = stop_claiming.clone();
@@ -277,7 +281,7 @@ impl Worker {
         }
 
         let jobs = TaskTracker::new();
-        claim_loop(&inner, &jobs, &stop_claiming).await;
+        claim_loop(&inner, &finisher, &jobs, &stop_claiming).await;
 
         // Drain: in-flight jobs get the drain bound, then are released.
         jobs.close();
@@ -310,7 +314,12 @@ fn stop_all(inner: &Inner, reason: StopReason) {
 }
 
 /// Claims while there are free slots, until `stop` fires.
-async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationToken) {
+async fn claim_loop(
+    inner: &Arc<Inner>,
+    finisher: &FinishQueue,
+    jobs: &TaskTracker,
+    stop: &CancellationToken,
+) {
     let slots = Arc::new(Semaphore::new(inner.concurrency));
     let queues: Vec<QueueName> = inner.handlers.keys().cloned().collect();
     let mut failures = 0u32;
@@ -369,15 +378,15 @@ async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationT
                 for lease in answer.leases {
                     let held = Arc::new(Held::new(&lease, sent));
                     if stopping {
-                        release_unstarted(inner, &held, "the worker is stopping").await;
+                        release_unstarted(inner, finisher, &held, "the worker is stopping").await;
                         continue;
                     }
                     let Some(handler) = inner.handlers.get(&lease.queue).cloned() else {
-                        release_unstarted(inner, &held, "no handler for this queue").await;
+                        release_unstarted(inner, finisher, &held, "no handler for this queue").await;
                         continue;
                     };
                     let Some(permit) = permits.pop() else {
-                        release_unstarted(inner, &held, "more leases than free slots").await;
+                        release_unstarted(inner, finisher, &held, "more leases than free slots").await;
                         continue;
                     };
                     inner
@@ -387,12 +396,13 @@ async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationT
                         .insert(lease.job_id, held.clone());
                     inner.added.notify_one();
                     let inner = inner.clone();
+                    let finisher = finisher.clone();
                     let span = tracing::info_span!(
                         "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue
                     );
                     jobs.spawn(
                         async move {
-                            run_job(&inner, handler, lease, held).await;
+                            run_job(&inner, &finisher, handler, lease, held).await;
                             drop(permit);
                         }
                         .instrument(span),
@@ -415,9 +425,9 @@ async fn claim_loop(inner: &Arc<Inner>, jobs: &TaskTracker, stop: &CancellationT
     }
 }
 
-async fn release_unstarted(inner: &Inner, held: &Held, why: &str) {
+async fn release_unstarted(inner: &Inner, finisher: &FinishQueue, held: &Held, why: &str) {
     tracing::info!(job_id = %held.job_id, why, "releasing a lease without running it");
-    match Claimed::new(inner.client.clone(), held)
+    match Claimed::new(finisher.clone(), held)
         .release(held.progress())
         .await
     {
@@ -485,7 +495,7 @@ async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
 }
 
 /// Runs one handler and finishes its attempt as its end requires.
-async fn run_job(inner: &Inner, handler: Handler, lease: Lease, held: Arc<Held>) {
+async fn run_job(inner: &Inner, finisher: &FinishQueue, handler: Handler, lease: Lease, held: Arc<Held>) {
     let ctx = JobContext {
         job_id: lease.job_id,
         run_lease: lease.run_lease,
@@ -513,7 +523,7 @@ async fn run_job(inner: &Inner, handler: Handler, lease: Lease, held: Arc<Held>)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&lease.job_id);
-    let claimed = Claimed::new(inner.client.clone(), &held);
+    let claimed = Claimed::new(finisher.clone(), &held);
     let counters = &inner.counters;
 
     let finished = match (held.stop_reason(), outcome) {

@@ -126,6 +126,7 @@ impl ClaimDispatcher {
         let slots: Vec<&WorkerId> = (0..ask.max_jobs).map(|_| &ask.worker).collect();
         let mut waiting = None;
         loop {
+            self.metrics.batch("claim", slots.len());
             let claimed = self.store.claim(&ask.queues, &slots, ask.time_left_ms).await?;
             if !claimed.is_empty() {
                 return Ok(claimed.into_iter().map(|(_, r)| r).collect());
@@ -285,6 +286,7 @@ impl ClaimDispatcher {
                 }
             }
             let wanted = slots.len();
+            self.metrics.batch("claim", wanted);
             let claimed = match self.store.claim(&key.queues, &slots, key.time_left_ms).await {
                 Ok(claimed) => claimed,
                 Err(e) => {

@@ -19,6 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::metrics::Metrics;
 use crate::store::StoreError;
 
 /// How requests are gathered.
@@ -89,6 +90,7 @@ where
     pub fn spawn<F, Fut>(
         name: &'static str,
         settings: BatchSettings,
+        metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
         flush: F,
@@ -97,7 +99,10 @@ where
         F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Resp>, StoreError>> + Send + 'static,
     {
-        let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs| Box::pin(flush(reqs)));
+        let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs: Vec<Req>| {
+            metrics.batch(name, reqs.len());
+            Box::pin(flush(reqs))
+        });
         if !settings.enabled {
             return Self { tx: None, flush };
         }

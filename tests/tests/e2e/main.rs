@@ -5,6 +5,7 @@
 
 mod auth;
 mod bad_input;
+mod batching;
 mod cli;
 mod fencing;
 mod lifecycle;

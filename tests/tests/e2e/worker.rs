@@ -421,7 +421,8 @@ async fn a_lost_complete_answer_is_retried_and_the_job_is_not_run_again() {
     let job = c.api.enqueue("lossy", json!(7)).await;
     let runs = Arc::new(AtomicUsize::new(0));
     let r = runs.clone();
-    proxy.swallow_next_answer_to("POST /v1/complete");
+    // The runtime finishes through POST /v1/finish.
+    proxy.swallow_next_answer_to("POST /v1/finish");
     let worker = Worker::builder(client(&proxy.url()))
         .claim_wait(Duration::from_millis(300))
         .handle(q("lossy"), move |_ctx: JobContext| {

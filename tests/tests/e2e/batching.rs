@@ -1,0 +1,200 @@
+//! Batching: concurrent requests share statements, yet each is answered with
+//! its own outcome, only after its batch committed.
+
+use std::time::Duration;
+
+use runlease_protocol::{JobState, RunLease};
+use runlease_tests::{TestCoordinator, TestDb};
+use serde_json::json;
+
+/// A gathering window wide enough that concurrent requests share a batch.
+fn gather(cfg: &mut runlease_coordinator::config::Config) {
+    cfg.batch_max_delay_ms = 300;
+}
+
+fn metric(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_current_and_a_stale_finish_of_one_job_in_one_batch_only_the_current_applies() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, gather).await;
+    let job = c.api.enqueue("q", json!(1)).await;
+    let stale = c.api.claim_one("q", "w1").await;
+    assert_eq!(c.api.release(&stale, None).await.0, 200);
+    let current = c.api.claim_one("q", "w2").await;
+    assert_eq!(current.run_lease, RunLease(2));
+
+    let (a, b) = tokio::join!(
+        c.api.complete(&stale, json!("stale result")),
+        c.api.complete(&current, json!("current result")),
+    );
+    assert_eq!(a.0, 409, "{}", a.1);
+    assert_eq!(a.1["error"]["code"], "lease_lost");
+    assert_eq!(b.0, 200, "{}", b.1);
+    let done = c.api.job(job.id).await;
+    assert_eq!(done.state, JobState::Done);
+    assert_eq!(done.result, Some(json!("current result")));
+    assert_eq!(crate::attempts_with(&db, job.id.0, "completed").await, 1);
+
+    // They were written together: one finish batch of two.
+    let (_, metrics) = c.api.get_text("/metrics").await;
+    assert!(
+        metrics.contains("runlease_batch_size_count{kind=\"finish\"} 2")
+            || metrics.contains("runlease_batch_size_sum{kind=\"finish\"} 3.0"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn a_batch_that_hits_a_database_error_fails_every_request_and_applies_none() {
+    let db = TestDb::new().await;
+    // A trigger that fails the statement when one job's result is "boom".
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.result = '\"boom\"'::jsonb THEN RAISE EXCEPTION 'boom refused'; END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_boom BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_boom();",
+        )
+        .await
+        .unwrap();
+    let c = TestCoordinator::start_with(&db, gather).await;
+    for i in 0..5 {
+        c.api.enqueue("q", json!(i)).await;
+    }
+    let leases = c.api.claim("q", "w", 5).await;
+    assert_eq!(leases.len(), 5);
+    let results = futures_like_join(&c, &leases).await;
+    for (status, body) in &results {
+        assert_eq!(
+            *status, 500,
+            "every request of the failed batch gets an error: {body}"
+        );
+        assert_eq!(body["error"]["code"], "internal");
+    }
+    let running: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM jobs WHERE state = 'running'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 5, "none applied");
+    let attempts: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM job_attempts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 0);
+    // The same leases complete once the poison is gone.
+    for lease in &leases[1..] {
+        assert_eq!(c.api.complete(lease, json!("fine")).await.0, 200);
+    }
+}
+
+/// Completes every lease at once; the first with the poisoned result.
+async fn futures_like_join(
+    c: &TestCoordinator,
+    leases: &[runlease_protocol::worker::Lease],
+) -> Vec<(u16, serde_json::Value)> {
+    let mut handles = Vec::new();
+    for (i, lease) in leases.iter().enumerate() {
+        let api = c.api.clone();
+        let lease = lease.clone();
+        let result = if i == 0 { json!("boom") } else { json!("fine") };
+        handles.push(tokio::spawn(async move { api.complete(&lease, result).await }));
+    }
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn shutdown_flushes_a_half_gathered_batch() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.batch_max_delay_ms = 1_000).await;
+    let job = c.api.enqueue("q", json!(1)).await;
+    let lease = c.api.claim_one("q", "w").await;
+    let api = c.api.clone();
+    let pending = tokio::spawn(async move { api.complete(&lease, json!("flushed")).await });
+    // The complete is gathered, waiting for company, when shutdown begins.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    c.stop().await.unwrap();
+    let (status, body) = pending.await.unwrap();
+    assert_eq!(status, 200, "answered after its batch committed: {body}");
+    let row = db
+        .client()
+        .await
+        .query_one("SELECT state::text, result FROM jobs WHERE id = $1", &[&job.id.0])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "done");
+    assert_eq!(row.get::<_, serde_json::Value>(1), json!("flushed"));
+}
+
+#[tokio::test]
+async fn parked_claimers_of_a_queue_are_served_by_shared_claim_statements() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let mut parked = Vec::new();
+    for w in 0..40 {
+        let api = c.api.clone();
+        parked.push(tokio::spawn(async move {
+            api.claim_wait("shared", &format!("w{w}"), 2, 20_000).await
+        }));
+    }
+    // Let them all park.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, before) = c.api.get_text("/metrics").await;
+    assert_eq!(metric(&before, "runlease_claim_waiters"), 40.0, "{before}");
+    let statements_before = metric(&before, "runlease_batch_size_count{kind=\"claim\"}");
+    let jobs: Vec<_> = (0..80)
+        .map(|i| json!({"queue": "shared", "payload": i}))
+        .collect();
+    assert_eq!(c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await.0, 201);
+
+    let mut seen = std::collections::HashSet::new();
+    for p in parked {
+        let leases = p.await.unwrap();
+        assert_eq!(leases.len(), 2, "each parked claimer gets what it asked for");
+        for l in leases {
+            assert!(seen.insert(l.job_id), "a job handed out twice");
+        }
+    }
+    assert_eq!(seen.len(), 80);
+    let (_, after) = c.api.get_text("/metrics").await;
+    let statements = metric(&after, "runlease_batch_size_count{kind=\"claim\"}") - statements_before;
+    assert!(
+        statements < 40.0,
+        "40 parked claimers served by {statements} claim statements"
+    );
+}
+
+#[tokio::test]
+async fn the_per_request_mode_gives_the_same_answers() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.batching = false).await;
+    let job = c.api.enqueue("q", json!(1)).await;
+    let lease = c.api.claim_one("q", "w").await;
+    assert_eq!(c.api.heartbeat(&lease).await, "renewed");
+    assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
+    assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
+    assert_eq!(c.api.job(job.id).await.state, JobState::Done);
+    let api = c.api.clone();
+    let parked = tokio::spawn(async move { api.claim_wait("q", "w", 1, 20_000).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = c.api.enqueue("q", json!(2)).await;
+    assert_eq!(parked.await.unwrap()[0].job_id, second.id);
+}
