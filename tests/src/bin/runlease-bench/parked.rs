@@ -1,0 +1,111 @@
+//! Scale of waiting: N workers parked in long-poll claims on one coordinator
+//! process. Reports the coordinator's PostgreSQL connections and resident
+//! memory while they wait, then how long one batch of N jobs takes to reach
+//! them all.
+
+use std::time::{Duration, Instant};
+
+use runlease_client::Client;
+use runlease_client::protocol::worker::ClaimRequest;
+use runlease_client::protocol::{QueueName, WorkerId};
+use runlease_tests::{CoordinatorProcess, TestDb, admin};
+use serde_json::{Value, json};
+
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+pub async fn report(n: usize) -> anyhow::Result<()> {
+    let db = TestDb::new().await;
+    let process = CoordinatorProcess::start(
+        &db,
+        &[
+            ("RUNLEASE_DATABASE_POOL_SIZE", "20".into()),
+            ("RUNLEASE_REDIS_URL", String::new()),
+        ],
+    )
+    .await;
+    let pid = process.child.id().unwrap_or(0);
+    let base = process.api.base().to_owned();
+    let client = Client::builder(&base).timeout(Duration::from_secs(120)).build()?;
+    let idle_rss = rss_mib(pid);
+
+    let mut parked = Vec::with_capacity(n);
+    for w in 0..n {
+        let client = client.clone();
+        parked.push(tokio::spawn(async move {
+            let req = ClaimRequest {
+                queues: vec![QueueName::new("parked").unwrap()],
+                worker_id: WorkerId::new(format!("parked-{w}")).unwrap(),
+                max_jobs: 1,
+                wait_ms: 60_000,
+                time_left_ms: None,
+            };
+            client.claim(&req).await.map(|r| r.leases.len())
+        }));
+    }
+    let http = reqwest::Client::new();
+    let started = Instant::now();
+    while metric(&http, &base, "runlease_claim_waiters").await < n as f64 {
+        if started.elapsed() > Duration::from_secs(50) {
+            anyhow::bail!(
+                "only {} of {n} claims parked",
+                metric(&http, &base, "runlease_claim_waiters").await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let admin = admin().await;
+    let connections: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+            &[&db.name],
+        )
+        .await?
+        .get(0);
+    let rss = rss_mib(pid);
+    println!("{n} claims parked on one coordinator (pool size 20):");
+    println!("  PostgreSQL connections of its database: {connections}");
+    println!("  coordinator resident memory: {rss:.0} MiB (idle before: {idle_rss:.0} MiB)");
+
+    let started = Instant::now();
+    for chunk in 0..n.div_ceil(1000) {
+        let count = (n - chunk * 1000).min(1000);
+        let jobs: Vec<Value> = (0..count)
+            .map(|i| json!({"queue": "parked", "payload": i}))
+            .collect();
+        http.post(format!("{base}/v1/jobs/batch"))
+            .json(&json!({"jobs": jobs}))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let mut served = 0;
+    for p in parked {
+        served += p.await?.unwrap_or(0);
+    }
+    println!(
+        "  {n} jobs enqueued → all {served} parked claimers answered in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}

@@ -1,0 +1,104 @@
+//! PostgreSQL alone: the coordinator's own guarded statements (enqueue,
+//! claim, complete) straight from tokio-postgres, 100 jobs per statement, on a
+//! few connections at once. This is the ceiling runlease is measured against.
+
+use std::time::{Duration, Instant};
+
+use runlease_coordinator::store::sql;
+use runlease_tests::TestDb;
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+/// Jobs per statement.
+pub const PER_STATEMENT: usize = 100;
+/// Connections working at once.
+const CONNECTIONS: usize = 4;
+
+/// What PostgreSQL alone did.
+pub struct Raw {
+    /// Enqueue phase.
+    pub enqueue: Duration,
+    /// Claim + complete phase.
+    pub drain: Duration,
+}
+
+/// Runs `jobs` through enqueue, claim and complete, 100 per statement.
+pub async fn run(jobs: usize) -> Raw {
+    let db = TestDb::new().await;
+    let per_conn = jobs / CONNECTIONS;
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            let stmt = client.prepare(sql::JOB_ENQUEUE).await.unwrap();
+            let mut left = per_conn;
+            while left > 0 {
+                let n = left.min(PER_STATEMENT);
+                left -= n;
+                let ids: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+                let queues: Vec<&str> = vec!["raw"; n];
+                let payloads: Vec<Value> = (0..n).map(|i| json!(i)).collect();
+                let priorities: Vec<i32> = vec![0; n];
+                let run_at: Vec<Option<chrono::DateTime<chrono::Utc>>> = vec![None; n];
+                let delays: Vec<Option<i64>> = vec![None; n];
+                let attempts: Vec<i32> = vec![4; n];
+                let timeouts: Vec<Option<i64>> = vec![None; n];
+                let keys: Vec<Option<&str>> = vec![None; n];
+                client
+                    .query(
+                        &stmt,
+                        &[
+                            &ids,
+                            &queues,
+                            &payloads,
+                            &priorities,
+                            &run_at,
+                            &delays,
+                            &attempts,
+                            &timeouts,
+                            &keys,
+                        ],
+                    )
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let enqueue = started.elapsed();
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CONNECTIONS {
+        let client = db.client().await;
+        tasks.push(tokio::spawn(async move {
+            let claim = client.prepare(sql::LEASE_CLAIM).await.unwrap();
+            let complete = client.prepare(sql::LEASE_COMPLETE).await.unwrap();
+            let worker = format!("raw-{c}");
+            let slots: Vec<&str> = vec![worker.as_str(); PER_STATEMENT];
+            let queues = vec!["raw"];
+            loop {
+                let rows = client
+                    .query(&claim, &[&queues, &slots, &15_000i64, &300_000i64, &None::<i64>])
+                    .await
+                    .unwrap();
+                if rows.is_empty() {
+                    return;
+                }
+                let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
+                let leases: Vec<i64> = rows.iter().map(|r| r.get("run_lease")).collect();
+                let results: Vec<Value> = vec![Value::Null; rows.len()];
+                client.query(&complete, &[&ids, &leases, &results]).await.unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let drain = started.elapsed();
+    Raw { enqueue, drain }
+}

@@ -1,0 +1,56 @@
+//! Small measurement helpers.
+
+use std::time::Duration;
+
+use runlease_tests::admin;
+
+/// The `p` quantile of sorted samples.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
+
+/// Transactions committed or rolled back in database `db` so far.
+pub async fn xacts(db: &str) -> i64 {
+    let admin = admin().await;
+    // Backends flush their counters at most once a second.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    admin
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+            &[&db],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Claim→complete and enqueue→start latencies (ms, p50 and p99) from the
+/// attempt chronology of completed jobs (PostgreSQL's clock).
+pub async fn latencies(client: &tokio_postgres::Client) -> ((f64, f64), (f64, f64)) {
+    let rows = client
+        .query(
+            "SELECT (extract(epoch FROM a.finished_at - a.claimed_at) * 1000)::float8,
+                    (extract(epoch FROM a.claimed_at - j.created_at) * 1000)::float8
+             FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE a.outcome = 'completed'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut c2c: Vec<f64> = rows.iter().map(|r| r.get::<_, f64>(0)).collect();
+    let mut e2s: Vec<f64> = rows.iter().map(|r| r.get::<_, f64>(1)).collect();
+    c2c.sort_by(f64::total_cmp);
+    e2s.sort_by(f64::total_cmp);
+    (
+        (percentile(&c2c, 0.5), percentile(&c2c, 0.99)),
+        (percentile(&e2s, 0.5), percentile(&e2s, 0.99)),
+    )
+}
