@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, Via};
 use crate::store::{Store, StoreError};
-use crate::wake::{Wake, jittered};
+use crate::wake::{Wake, every};
 
 /// Most leases one statement reaps; a full batch is followed at once by another.
 pub const REAP_BATCH: i64 = 500;
@@ -86,15 +86,12 @@ impl Reaper {
 
     /// Runs passes until `cancel` fires.
     pub async fn run(self, cancel: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(jittered(self.interval)) => {}
-            }
+        every(self.interval, &cancel, || async {
             if let Err(e) = self.run_once().await {
                 self.metrics.reaper_errors.inc();
                 tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
             }
-        }
+        })
+        .await;
     }
 }

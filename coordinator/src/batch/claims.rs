@@ -205,7 +205,10 @@ impl ClaimDispatcher {
                     }
                 }
             }
-            self.expire(&mut groups);
+            // Scanning every parked claim is only needed once a deadline passed.
+            if next_timer.is_some_and(|at| at <= Instant::now()) {
+                self.expire(&mut groups);
+            }
             let dirty: Vec<GroupKey> = groups
                 .iter()
                 .filter(|(_, g)| g.dirty)

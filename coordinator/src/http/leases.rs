@@ -137,6 +137,17 @@ fn applied<T>(state: &AppState, guarded: Guarded<T>, action: &str) -> Result<T, 
     }
 }
 
+/// 422 unless a list holds 1 to 1000 items.
+fn require_items(field: &str, len: usize) -> Result<(), ApiError> {
+    if (1..=MAX_LEASES_PER_REQUEST).contains(&len) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "{field} must hold 1 to {MAX_LEASES_PER_REQUEST} items"
+        )))
+    }
+}
+
 /// `POST /v1/heartbeat`: renews many leases in one statement.
 pub async fn heartbeat(
     State(state): State<AppState>,
@@ -144,11 +155,7 @@ pub async fn heartbeat(
     JsonBody(req): JsonBody<HeartbeatRequest>,
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     require(&caller, Action::Work)?;
-    if req.leases.is_empty() || req.leases.len() > MAX_LEASES_PER_REQUEST {
-        return Err(ApiError::invalid(format!(
-            "leases must hold 1 to {MAX_LEASES_PER_REQUEST} items"
-        )));
-    }
+    require_items("leases", req.leases.len())?;
     let mut verified = Vec::with_capacity(req.leases.len());
     for item in &req.leases {
         verified.push(verify(&state, &item.lease_token)?.ok_or(&item.lease_token));
@@ -367,15 +374,9 @@ pub async fn finish(
     JsonBody(req): JsonBody<FinishRequest>,
 ) -> Result<Json<FinishResponse>, ApiError> {
     require(&caller, Action::Work)?;
-    if req.items.is_empty() || req.items.len() > MAX_LEASES_PER_REQUEST {
-        return Err(ApiError::invalid(format!(
-            "items must hold 1 to {MAX_LEASES_PER_REQUEST} items"
-        )));
-    }
-    // Validate everything first: a bad item fails the request before any write.
-    // Items are then applied one by one; should PostgreSQL fail midway, the
-    // request answers an error although earlier items took effect; repeating
-    // the whole request is safe, since finishing is idempotent per lease.
+    require_items("items", req.items.len())?;
+    // Validate everything first: a bad item fails the request before any
+    // write. The items are then written in one transaction.
     let mut planned = Vec::with_capacity(req.items.len());
     for (i, item) in req.items.iter().enumerate() {
         if state.tokens.verify(&item.lease_token) == Err(TokenError::Malformed) {

@@ -71,6 +71,22 @@ pub fn jittered(base: Duration) -> Duration {
     base.mul_f64(rand::rng().random_range(0.75..1.25))
 }
 
+/// Runs `pass` every `interval` (jittered) until `cancel` fires: the loop of
+/// every background pass (reaper, repair) around its `run_once`.
+pub async fn every<F, Fut>(interval: Duration, cancel: &tokio_util::sync::CancellationToken, mut pass: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(jittered(interval)) => {}
+        }
+        pass().await;
+    }
+}
+
 /// Waits until a wake-up for one of `queues` arrives (or the receiver lags,
 /// which may have hidden one).
 pub async fn next_queue_wake(rx: &mut broadcast::Receiver<Option<QueueName>>, queues: &[QueueName]) {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, QueueLabels};
 use crate::store::{Store, StoreError};
-use crate::wake::{Wake, jittered};
+use crate::wake::{Wake, every};
 
 /// Most jobs one repair statement takes; a full batch is followed at once by another.
 pub const REPAIR_BATCH: i64 = 1000;
@@ -86,14 +86,11 @@ impl Repairer {
 
     /// Runs passes until `cancel` fires.
     pub async fn run(self, cancel: CancellationToken) {
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(jittered(self.interval)) => {}
-            }
+        every(self.interval, &cancel, || async {
             if let Err(e) = self.run_once().await {
                 tracing::warn!(error = %e, "repair pass failed; retrying next interval");
             }
-        }
+        })
+        .await;
     }
 }
