@@ -32,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ApiKeys;
-use crate::batch::claims::ClaimDispatcher;
+use crate::batch::claims::ClaimBatcher;
 use crate::batch::{BatchSettings, Batcher};
 use crate::config::Config;
 use crate::http::{AppState, Finisher, LeaseTerms, Renewer};
@@ -161,7 +161,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         max_delay: Duration::from_millis(config.batch_max_delay_ms),
     };
     tracing::info!(?settings, "batching");
-    let claims = ClaimDispatcher::spawn(
+    let claims = ClaimBatcher::spawn(
         store.clone(),
         wake.clone(),
         metrics.clone(),

@@ -227,6 +227,11 @@ impl Metrics {
             m.request_duration.clone(),
         );
         registry.register(
+            "redis_publish_failures",
+            "Wake-ups that could not be published to Redis",
+            m.redis_publish_failures.clone(),
+        );
+        registry.register(
             "batch_size",
             "Requests (claim slots, for claims) written per statement",
             m.batch_size.clone(),

@@ -11,9 +11,15 @@ use crate::{Api, TEST_SECRET, TestDb};
 
 /// The binary next to the test executable (`target/<profile>/`).
 pub fn coordinator_binary() -> PathBuf {
-    // target/<profile>/deps/e2e-<hash> → target/<profile>/runlease-coordinator
+    // Tests run from target/<profile>/deps/, binaries (the bench) from
+    // target/<profile>/: the coordinator is in target/<profile>/.
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
+    let dir = exe.parent().unwrap();
+    let dir = if dir.ends_with("deps") {
+        dir.parent().unwrap()
+    } else {
+        dir
+    };
     let bin = dir.join("runlease-coordinator");
     assert!(
         bin.exists(),

@@ -298,7 +298,24 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help and --version print and succeed; usage errors exit 1 with one
+        // line, like every other error (2 is `wait`'s "failed or cancelled").
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.to_string();
+            let line = text
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
+            eprintln!("runlease: {}", line.trim_start_matches("error: "));
+            return ExitCode::FAILURE;
+        }
+    };
     match run(cli).await {
         Ok(code) => code,
         Err(e) => {

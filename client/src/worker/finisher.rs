@@ -39,7 +39,21 @@ impl FinishQueue {
                     }
                 }
                 let (items, replies): (Vec<FinishItem>, Vec<_>) = batch.into_iter().unzip();
-                match client.finish(&FinishRequest { items }).await {
+                let answer = client.finish(&FinishRequest { items: items.clone() }).await;
+                if matches!(answer, Err(Error::Invalid { .. })) && items.len() > 1 {
+                    // One item the coordinator refuses must not take the
+                    // others down: send each alone, so only it fails.
+                    for (item, reply) in items.into_iter().zip(replies) {
+                        let one = client.finish(&FinishRequest { items: vec![item] }).await;
+                        let _ = reply.send(one.and_then(|mut a| {
+                            a.items
+                                .pop()
+                                .ok_or_else(|| Error::Decode("finish answered no item".into()))
+                        }));
+                    }
+                    continue;
+                }
+                match answer {
                     Ok(answer) if answer.items.len() == replies.len() => {
                         for (reply, result) in replies.into_iter().zip(answer.items) {
                             let _ = reply.send(Ok(result));

@@ -13,6 +13,10 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{Error, Result};
 use crate::worker::finisher::FinishQueue;
 
+/// Longest time a lease is taken to have been granted before its claim's
+/// answer arrived.
+const MAX_ANSWER_ALLOWANCE: Duration = Duration::from_secs(1);
+
 /// Why the runtime stopped a handler. The first reason wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StopReason {
@@ -40,6 +44,9 @@ pub struct Held {
     pub(crate) ttl: Duration,
     pub(crate) heartbeat_interval: Duration,
     pub(crate) cancel: CancellationToken,
+    /// When the coordinator granted the lease (as near as the worker can tell,
+    /// never later): the attempt's timeout counts from here.
+    pub(crate) granted_at: Instant,
     stop: Mutex<Option<StopReason>>,
     progress: Mutex<Option<Value>>,
     /// When the last heartbeat that succeeded was *sent* (or the claim was):
@@ -48,18 +55,26 @@ pub struct Held {
 }
 
 impl Held {
-    /// State for a lease claimed by a request sent at `claim_sent`.
-    pub fn new(lease: &Lease, claim_sent: Instant) -> Self {
+    /// State for a lease whose claim was sent at `sent` and answered at
+    /// `received`. The coordinator granted it in between: a parked claim's
+    /// statement runs just before it answers, so the lease is taken to start
+    /// a little before the answer (never before the claim was sent). Fencing
+    /// and the attempt's timeout count from there.
+    pub fn new(lease: &Lease, sent: Instant, received: Instant) -> Self {
+        let ttl = Duration::from_millis(lease.lease_ttl_ms);
+        let allowance = (ttl / 4).min(MAX_ANSWER_ALLOWANCE);
+        let granted = sent.max(received.checked_sub(allowance).unwrap_or(sent));
         Self {
             job_id: lease.job_id,
             run_lease: lease.run_lease,
             token: lease.lease_token.clone(),
-            ttl: Duration::from_millis(lease.lease_ttl_ms),
+            ttl,
             heartbeat_interval: Duration::from_millis(lease.heartbeat_interval_ms),
             cancel: CancellationToken::new(),
+            granted_at: granted,
             stop: Mutex::new(None),
             progress: Mutex::new(lease.progress.clone()),
-            renewed_at: Mutex::new(claim_sent),
+            renewed_at: Mutex::new(granted),
         }
     }
 

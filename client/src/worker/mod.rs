@@ -45,11 +45,12 @@ use lease::{Claimed, Held, StopReason, is_lease_lost};
 /// Default concurrency: jobs run at once by one worker.
 pub const DEFAULT_CONCURRENCY: usize = 8;
 /// Default claim long-poll.
-pub const DEFAULT_CLAIM_WAIT: Duration = Duration::from_secs(20);
+pub const DEFAULT_CLAIM_WAIT: Duration = Duration::from_secs(30);
 /// Default bound on how long a drain lets in-flight jobs finish before releasing them.
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default time a stopped handler gets to return before it is dropped.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(2);
+/// Default time a stopped handler gets to return before it is dropped: less
+/// than the release margin, so a release still goes out before a deadline.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(1);
 /// Default margin before a hard deadline by which held leases are released.
 pub const DEFAULT_RELEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Below this much time left before the release margin, deadline mode stops claiming.
@@ -329,8 +330,16 @@ async fn claim_loop(
             () = stop.cancelled() => return,
         };
         let mut permits = vec![first];
-        while let Ok(p) = slots.clone().try_acquire_owned() {
-            permits.push(p);
+        // Jobs finished together (one /v1/finish answer) free their slots one
+        // task after another: let them, so one claim asks for all of them.
+        for _ in 0..4 {
+            while let Ok(p) = slots.clone().try_acquire_owned() {
+                permits.push(p);
+            }
+            if permits.len() >= inner.concurrency {
+                break;
+            }
+            tokio::task::yield_now().await;
         }
 
         let mut wait = inner.claim_wait;
@@ -375,8 +384,9 @@ async fn claim_loop(
         match answer {
             Ok(answer) => {
                 failures = 0;
+                let received = Instant::now();
                 for lease in answer.leases {
-                    let held = Arc::new(Held::new(&lease, sent));
+                    let held = Arc::new(Held::new(&lease, sent, received));
                     if stopping {
                         release_unstarted(inner, finisher, &held, "the worker is stopping").await;
                         continue;
@@ -511,7 +521,7 @@ async fn run_job(inner: &Inner, finisher: &FinishQueue, handler: Handler, lease:
     let mut outcome = tokio::select! {
         result = &mut fut => Some(result),
         () = held.cancel.cancelled() => None,
-        () = tokio::time::sleep(timeout) => { held.stop(StopReason::TimedOut); None }
+        () = tokio::time::sleep_until(held.granted_at + timeout) => { held.stop(StopReason::TimedOut); None }
         () = held.fence_when_unrenewed() => None,
     };
     if outcome.is_none() {
@@ -527,11 +537,16 @@ async fn run_job(inner: &Inner, finisher: &FinishQueue, handler: Handler, lease:
     let counters = &inner.counters;
 
     let finished = match (held.stop_reason(), outcome) {
+        // Finished on its own: its outcome stands.
         (None, Some(Ok(result))) => claimed.complete(result).await.map(|()| &counters.completed),
         (None, Some(Err(e))) => claimed
             .fail(e.message, e.retryable, e.retry_after)
             .await
             .map(|()| &counters.failed),
+        // Done within the grace of a drain or deadline: the work stands too.
+        (Some(StopReason::Drain | StopReason::Deadline), Some(Ok(result))) => {
+            claimed.complete(result).await.map(|()| &counters.completed)
+        }
         (Some(StopReason::LeaseLost | StopReason::Fenced), _) | (None, None) => {
             claimed.abandon();
             Ok(&counters.abandoned)

@@ -1,7 +1,7 @@
-//! The claim dispatcher: parked claimers of the same queues are served by one
+//! The claim batcher: parked claimers of the same queues are served by one
 //! claim statement whose slots are the sum of what they asked for, and the
 //! rows are handed out in arrival order. A new claim, a wake-up for one of the
-//! queues, or the re-check timer makes the dispatcher look again; a claimer
+//! queues, or the re-check timer makes the batcher look again; a claimer
 //! whose wait ran out is answered with an empty list. With batching off, each
 //! claim runs its own statements (the per-request mode).
 
@@ -57,7 +57,7 @@ struct Group {
 
 /// Serves claims.
 #[derive(Clone)]
-pub struct ClaimDispatcher {
+pub struct ClaimBatcher {
     tx: Option<mpsc::UnboundedSender<Parked>>,
     store: Store,
     wake: Wake,
@@ -67,8 +67,8 @@ pub struct ClaimDispatcher {
     shutdown: CancellationToken,
 }
 
-impl ClaimDispatcher {
-    /// A dispatcher over `store`; with batching on, its loop runs on `tracker`
+impl ClaimBatcher {
+    /// A claim batcher over `store`; with batching on, its loop runs on `tracker`
     /// until every handle is dropped. At `shutdown` parked claims are
     /// answered with empty lists and new ones are answered at once.
     pub fn spawn(

@@ -1,12 +1,12 @@
 //! Batching: many concurrent requests, few statements. Finishing calls and
 //! heartbeats go through a [`Batcher`] (group commit: while one batch is being
 //! written, the next gathers); parked claims go through the
-//! [`claims::ClaimDispatcher`], which serves a queue's waiting claimers with one
+//! [`claims::ClaimBatcher`], which serves a queue's waiting claimers with one
 //! claim statement. A request is answered only after its batch committed,
 //! with its own outcome.
 //!
 //! - [`Batcher`]: the gather-and-flush loop, generic over what it writes.
-//! - [`claims`]: the claim dispatcher.
+//! - [`claims`]: the claim batcher.
 
 pub mod claims;
 

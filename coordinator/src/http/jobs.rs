@@ -64,7 +64,16 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
     }
     if let Err(e) = state.wake.enqueued(&queues).await {
         let ids: Vec<JobId> = enqueued.iter().filter(|e| e.created).map(|e| e.job.id).collect();
-        let marked = state.store.mark_enqueue_failed(&ids).await?;
+        // The jobs are committed either way: should the mark fail too, they
+        // stay queued and claims find them on their timer; the enqueue still
+        // succeeded and must say so.
+        let marked = match state.store.mark_enqueue_failed(&ids).await {
+            Ok(marked) => marked,
+            Err(mark_error) => {
+                tracing::error!(error = %e, %mark_error, "wake-up not delivered and jobs not marked enqueue_failed");
+                return Ok(());
+            }
+        };
         tracing::warn!(error = %e, jobs = marked.len(), "wake-up not delivered: jobs marked enqueue_failed");
         for (id, queue) in &marked {
             state

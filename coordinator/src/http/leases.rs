@@ -156,6 +156,13 @@ pub async fn heartbeat(
 ) -> Result<Json<HeartbeatResponse>, ApiError> {
     require(&caller, Action::Work)?;
     require_items("leases", req.leases.len())?;
+    if req
+        .leases
+        .iter()
+        .any(|l| l.progress.as_ref().is_some_and(|p| !storable(p)))
+    {
+        return Err(ApiError::invalid(NUL_REFUSED));
+    }
     let mut verified = Vec::with_capacity(req.leases.len());
     for item in &req.leases {
         verified.push(verify(&state, &item.lease_token)?.ok_or(&item.lease_token));
@@ -240,6 +247,7 @@ fn finished_effects(state: &AppState, lease: &LeaseRef, outcome: &Outcome, finis
 /// requests), metrics, wake-ups.
 async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> Result<Finished, ApiError> {
     let action = outcome.name();
+    check_storable(&outcome)?;
     let Some(lease) = verify(state, token)? else {
         return Err(lease_lost(state, action));
     };
@@ -331,16 +339,20 @@ fn storable(value: &Value) -> bool {
     }
 }
 
-/// Checks what PostgreSQL would refuse, so a finish request fails before its
-/// first write instead of after some items were applied.
-fn check_storable(item: &FinishItem) -> Result<(), ApiError> {
-    let values = [&item.result, &item.progress].into_iter().flatten();
-    if values.into_iter().all(storable) && item.error.as_deref().is_none_or(|e| !e.contains('\0')) {
+const NUL_REFUSED: &str = "a NUL character (\\u0000) cannot be stored in a result, error or progress";
+
+/// Checks what PostgreSQL would refuse, so the request fails with 422 before
+/// it joins a batch (where it would fail everyone's writes).
+fn check_storable(outcome: &Outcome) -> Result<(), ApiError> {
+    let ok = match outcome {
+        Outcome::Complete { result } => storable(result),
+        Outcome::Fail { error, .. } => !error.contains('\0'),
+        Outcome::Release { progress } => progress.as_ref().is_none_or(storable),
+    };
+    if ok {
         Ok(())
     } else {
-        Err(ApiError::invalid(
-            "a NUL character (\\u0000) cannot be stored in a result, error or progress",
-        ))
+        Err(ApiError::invalid(NUL_REFUSED))
     }
 }
 
@@ -349,22 +361,23 @@ fn item_outcome(item: &FinishItem, index: usize) -> Result<Outcome, ApiError> {
         message: format!("items[{index}]: {}", e.message),
         ..e
     };
-    check_storable(item).map_err(at)?;
-    match item.action {
-        FinishAction::Complete => Ok(Outcome::Complete {
+    let outcome = match item.action {
+        FinishAction::Complete => Outcome::Complete {
             result: item.result.clone().unwrap_or_default(),
-        }),
+        },
         FinishAction::Fail => {
             let error = item
                 .error
                 .clone()
                 .ok_or_else(|| at(ApiError::invalid("a fail needs an error")))?;
-            fail_outcome(error, item.retryable.unwrap_or(true), item.retry_after_ms).map_err(at)
+            fail_outcome(error, item.retryable.unwrap_or(true), item.retry_after_ms).map_err(at)?
         }
-        FinishAction::Release => Ok(Outcome::Release {
+        FinishAction::Release => Outcome::Release {
             progress: item.progress.clone().filter(|p| !p.is_null()),
-        }),
-    }
+        },
+    };
+    check_storable(&outcome).map_err(at)?;
+    Ok(outcome)
 }
 
 /// `POST /v1/finish`: many outcomes, each answered on its own, in order.

@@ -26,7 +26,7 @@ use tracing::Instrument;
 
 use crate::auth::ApiKeys;
 use crate::batch::Batcher;
-use crate::batch::claims::ClaimDispatcher;
+use crate::batch::claims::ClaimBatcher;
 use crate::metrics::{Metrics, RouteLabels};
 use crate::store::Guarded;
 use crate::store::Store;
@@ -67,7 +67,7 @@ pub struct AppState {
     /// Cancelled at shutdown: parked long-polls answer at once.
     pub shutdown: CancellationToken,
     /// Serves claims (one statement for a queue's parked claimers).
-    pub claims: ClaimDispatcher,
+    pub claims: ClaimBatcher,
     /// Writes complete, fail and release outcomes in shared statements.
     pub finisher: Finisher,
     /// Writes lease renewals in shared statements.

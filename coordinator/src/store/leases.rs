@@ -191,7 +191,8 @@ impl Store {
         let mut client = self.conn().await?;
         let policy = *self.policy();
         let tx = client.transaction().await?;
-        let mut applied: HashMap<(Uuid, i64), JobRecord> = HashMap::new();
+        // (job, lease) → (the outcome that took effect, the row it left).
+        let mut applied: HashMap<(Uuid, i64), (&'static str, JobRecord)> = HashMap::new();
 
         let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
         let ids_leases = |want: fn(&Outcome) -> bool| {
@@ -211,7 +212,7 @@ impl Store {
             let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
             for row in tx.query(&stmt, &[&ids, &leases, &results]).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+                applied.insert((record.job.id.0, record.job.run_lease.0), ("complete", record));
             }
         }
 
@@ -244,7 +245,7 @@ impl Store {
             ];
             for row in tx.query(&stmt, &params).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+                applied.insert((record.job.id.0, record.job.run_lease.0), ("fail", record));
             }
         }
 
@@ -259,7 +260,7 @@ impl Store {
             let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
             for row in tx.query(&stmt, &[&ids, &leases, &progress]).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), record);
+                applied.insert((record.job.id.0, record.job.run_lease.0), ("release", record));
             }
         }
         tx.commit().await?;
@@ -296,14 +297,22 @@ impl Store {
             }
         }
 
+        // Each (job, lease) is applied by at most one item: the first of the
+        // kind that took effect. A repeat of that kind in the same batch is a
+        // repeat (200, not counted twice); another kind is stale.
+        let mut answered_first: std::collections::HashSet<(Uuid, i64)> = std::collections::HashSet::new();
         Ok(items
             .iter()
             .map(|(lease, outcome)| {
                 let key = (lease.job_id.0, lease.run_lease.0);
-                if let Some(record) = applied.get(&key) {
+                if let Some((kind, record)) = applied.get(&key) {
+                    if *kind != outcome.name() {
+                        return Guarded::Stale;
+                    }
+                    let first = answered_first.insert(key);
                     return Guarded::Applied(Finished {
                         record: record.clone(),
-                        first: true,
+                        first,
                     });
                 }
                 match current.get(&key.0) {

@@ -170,6 +170,8 @@ impl RedisLink {
                 Ok(()) => return,
                 Err(e) => {
                     if self.subscribed.swap(false, Ordering::Relaxed) {
+                        // It was up: start the next outage's backoff afresh.
+                        backoff = MIN_BACKOFF;
                         tracing::warn!(error = %e, "Redis subscription lost: parked waiters fall back to their timers");
                     } else {
                         tracing::debug!(error = %e, "Redis subscription attempt failed");

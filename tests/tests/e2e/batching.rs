@@ -198,3 +198,53 @@ async fn the_per_request_mode_gives_the_same_answers() {
     let second = c.api.enqueue("q", json!(2)).await;
     assert_eq!(parked.await.unwrap()[0].job_id, second.id);
 }
+
+#[tokio::test]
+async fn two_outcomes_of_one_lease_in_one_batch_apply_once() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, gather).await;
+    let job = c.api.enqueue("q", json!(1)).await;
+    let lease = c.api.claim_one("q", "w").await;
+    let (done, failed) = tokio::join!(
+        c.api.complete(&lease, json!("r")),
+        c.api.fail(&lease, "no", false, None),
+    );
+    let mut statuses = [done.0, failed.0];
+    statuses.sort_unstable();
+    assert_eq!(
+        statuses,
+        [200, 409],
+        "one outcome applies, the other is stale: {done:?} {failed:?}"
+    );
+    let attempts: i64 = db
+        .client()
+        .await
+        .query_one(
+            "SELECT count(*) FROM job_attempts WHERE job_id = $1",
+            &[&job.id.0],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 1);
+}
+
+#[tokio::test]
+async fn a_value_postgres_refuses_fails_only_its_own_request() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, gather).await;
+    let a = c.api.enqueue("q", json!(1)).await;
+    let b = c.api.enqueue("q", json!(2)).await;
+    let leases = c.api.claim("q", "w", 2).await;
+    let (bad, good) = tokio::join!(
+        c.api.complete(&leases[0], json!({"text": "nul \u{0000}"})),
+        c.api.complete(&leases[1], json!("fine")),
+    );
+    assert_eq!(bad.0, 422, "{}", bad.1);
+    assert_eq!(good.0, 200, "{}", good.1);
+    let states = [c.api.job(a.id).await.state, c.api.job(b.id).await.state];
+    assert!(
+        states.contains(&JobState::Running) && states.contains(&JobState::Done),
+        "{states:?}"
+    );
+}

@@ -182,6 +182,8 @@ async fn cli_errors_exit_nonzero_with_one_line() {
     assert!(
         one_line_error(&runlease(&url, &["cancel", &done.id.to_string()], None).await).contains("conflict")
     );
+    // Usage errors exit 1 with one line, like every other error.
+    assert!(one_line_error(&runlease(&url, &["frobnicate"], None).await).contains("frobnicate"));
     // Nobody listens here.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -311,12 +311,11 @@ async fn deadline_mode_releases_before_the_deadline_and_skips_jobs_that_do_not_f
             let s = s.clone();
             async move {
                 s.lock().unwrap().push(ctx.raw_payload().clone());
-                // Needs 10 s; stops when told.
+                // Needs 10 s; stops when told, without having finished.
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
-                    () = ctx.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_secs(10)) => Ok::<_, JobError>(()),
+                    () = ctx.cancelled() => Err(JobError::retryable("interrupted")),
                 }
-                Ok::<_, JobError>(())
             }
         })
         .build()
@@ -454,4 +453,36 @@ async fn a_lost_complete_answer_is_retried_and_the_job_is_not_run_again() {
     assert_eq!(finished.run_lease.0, 1, "never claimed again");
     assert_eq!(finished.result, Some(json!("only once")));
     assert_eq!(crate::attempts_with(&db, job.id.0, "completed").await, 1);
+}
+
+#[tokio::test]
+async fn a_lease_from_a_long_parked_claim_is_not_fenced_at_once() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.lease_ttl_ms = 1_000;
+        cfg.heartbeat_interval_ms = 300;
+    })
+    .await;
+    let worker = Worker::builder(client(c.api.base()))
+        .concurrency(1)
+        // Parks far longer than the lease TTL before the job arrives.
+        .claim_wait(Duration::from_secs(5))
+        .handle(q("late"), |ctx: JobContext| async move {
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            if ctx.is_cancelled() {
+                return Err(JobError::retryable("stopped"));
+            }
+            Ok::<_, JobError>(json!("ran to the end"))
+        })
+        .build()
+        .unwrap();
+    let stop = CancellationToken::new();
+    let run = tokio::spawn(worker.run(stop.clone()));
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let job = c.api.enqueue("late", json!(1)).await;
+    wait_for_state(&c, job.id, JobState::Done).await;
+    stop.cancel();
+    let report = run.await.unwrap();
+    assert_eq!(report.completed, 1, "{report:?}");
+    assert_eq!(c.api.job(job.id).await.result, Some(json!("ran to the end")));
 }

@@ -25,15 +25,16 @@ pub struct Raw {
 /// Runs `jobs` through enqueue, claim and complete, 100 per statement.
 pub async fn run(jobs: usize) -> Raw {
     let db = TestDb::new().await;
-    let per_conn = jobs / CONNECTIONS;
 
     let started = Instant::now();
     let mut tasks = Vec::new();
-    for _ in 0..CONNECTIONS {
+    for c in 0..CONNECTIONS {
         let client = db.client().await;
+        // Every job is enqueued: the first connections take the remainder.
+        let share = jobs / CONNECTIONS + usize::from(c < jobs % CONNECTIONS);
         tasks.push(tokio::spawn(async move {
             let stmt = client.prepare(sql::JOB_ENQUEUE).await.unwrap();
-            let mut left = per_conn;
+            let mut left = share;
             while left > 0 {
                 let n = left.min(PER_STATEMENT);
                 left -= n;
