@@ -39,6 +39,8 @@ pub const DEFAULT_REPAIR_INTERVAL_MS: u64 = 1_000;
 pub const DEFAULT_BATCH_MAX_SIZE: usize = 1000;
 /// Default `RUNLEASE_BATCH_MAX_DELAY_MS`: 0, pure group commit (a lone request is not slowed).
 pub const DEFAULT_BATCH_MAX_DELAY_MS: u64 = 0;
+/// Default `RUNLEASE_BATCH_FLUSHERS`: batches of one kind written at once.
+pub const DEFAULT_BATCH_FLUSHERS: usize = 2;
 /// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 
@@ -136,6 +138,11 @@ pub struct Config {
     #[arg(long, env = "RUNLEASE_BATCH_MAX_DELAY_MS", default_value_t = DEFAULT_BATCH_MAX_DELAY_MS,
           value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub batch_max_delay_ms: u64,
+    /// Batches of one kind (finishes, heartbeats) written at once, each on
+    /// its own connection.
+    #[arg(long, env = "RUNLEASE_BATCH_FLUSHERS", default_value_t = DEFAULT_BATCH_FLUSHERS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub batch_flushers: usize,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
     #[arg(long, env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: u64,

@@ -159,6 +159,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         enabled: config.batching,
         max_size: config.batch_max_size,
         max_delay: Duration::from_millis(config.batch_max_delay_ms),
+        flushers: config.batch_flushers,
     };
     tracing::info!(?settings, "batching");
     let claims = ClaimBatcher::spawn(

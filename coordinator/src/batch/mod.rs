@@ -14,7 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -31,8 +31,43 @@ pub struct BatchSettings {
     pub max_size: usize,
     /// How long the first request of a batch may wait for company. Zero (the
     /// default) is pure group commit: a lone request is written at once, and
-    /// batches grow only while an earlier one is being written.
+    /// batches grow only while earlier ones are being written.
     pub max_delay: Duration,
+    /// Batches of one kind written at once (each on its own connection).
+    pub flushers: usize,
+}
+
+/// Writes one batch and answers each of its requests.
+async fn flush_batch<Req: Clone, Resp>(
+    name: &str,
+    flush: &FlushFn<Req, Resp>,
+    batch: Vec<Pending<Req, Resp>>,
+) {
+    let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
+    let n = reqs.len();
+    tracing::trace!(batcher = name, size = n, "flushing a batch");
+    match flush_with_retry(flush, reqs).await {
+        Ok(resps) if resps.len() == n => {
+            for (reply, resp) in replies.into_iter().zip(resps) {
+                // A requester that went away is fine: its write stands.
+                let _ = reply.send(Ok(resp));
+            }
+        }
+        Ok(resps) => {
+            let e = StoreError::Database(format!(
+                "{name} answered {} results for {n} requests",
+                resps.len()
+            ));
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+        Err(e) => {
+            for reply in replies {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
 }
 
 /// Tries of a flush that hit a deadlock or serialization failure.
@@ -109,8 +144,16 @@ where
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
         let f = flush.clone();
         let max_size = settings.max_size.max(1);
+        let flushers = Arc::new(Semaphore::new(settings.flushers.max(1)));
+        let in_flight = TaskTracker::new();
+        let tasks = in_flight.clone();
         tracker.spawn(async move {
             while let Some(first) = rx.recv().await {
+                // Wait for a free flusher first: requests arriving meanwhile
+                // join this batch (group commit).
+                let Ok(permit) = flushers.clone().acquire_owned().await else {
+                    break;
+                };
                 let mut batch = vec![first];
                 if !settings.max_delay.is_zero() && !cancel.is_cancelled() {
                     let until = Instant::now() + settings.max_delay;
@@ -128,33 +171,17 @@ where
                         Err(_) => break,
                     }
                 }
-                let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
-                let n = reqs.len();
-                tracing::trace!(batcher = name, size = n, "flushing a batch");
-                match flush_with_retry(&*f, reqs).await {
-                    Ok(resps) if resps.len() == n => {
-                        for (reply, resp) in replies.into_iter().zip(resps) {
-                            // A requester that went away is fine: its write stands.
-                            let _ = reply.send(Ok(resp));
-                        }
-                    }
-                    Ok(resps) => {
-                        let e = StoreError::Database(format!(
-                            "{name} answered {} results for {n} requests",
-                            resps.len()
-                        ));
-                        for reply in replies {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                    }
-                    Err(e) => {
-                        for reply in replies {
-                            let _ = reply.send(Err(e.clone()));
-                        }
-                    }
-                }
+                let f = f.clone();
+                tasks.spawn(async move {
+                    flush_batch(name, &*f, batch).await;
+                    drop(permit);
+                });
             }
+            // Every handle is gone: let the last batches commit and answer.
+            tasks.close();
+            tasks.wait().await;
         });
+        drop(in_flight);
         Self { tx: Some(tx), flush }
     }
 
