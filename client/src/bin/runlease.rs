@@ -306,6 +306,11 @@ async fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::SUCCESS;
         }
+        // No subcommand at all: show the whole usage, and fail.
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            return ExitCode::FAILURE;
+        }
         Err(e) => {
             let text = e.to_string();
             let line = text

@@ -71,6 +71,11 @@ impl JobContext {
     /// next attempt receives if this one is released or lost.
     pub fn report_progress(&self, progress: impl Serialize) {
         match serde_json::to_value(progress) {
+            // PostgreSQL cannot store a NUL: such a checkpoint would make the
+            // coordinator refuse the whole heartbeat request.
+            Ok(v) if !storable(&v) => {
+                tracing::warn!(job_id = %self.job_id, "progress holds a NUL character (\\u0000); not saved")
+            }
             Ok(v) => self.held.set_progress(v),
             Err(e) => {
                 tracing::warn!(job_id = %self.job_id, error = %e, "progress does not serialize; not saved")
@@ -93,6 +98,16 @@ impl JobContext {
     /// The cancellation token itself, to hand to code that takes one.
     pub fn cancellation_token(&self) -> CancellationToken {
         self.held.cancel.clone()
+    }
+}
+
+/// Whether PostgreSQL can store `value` (no NUL in any string or key).
+fn storable(value: &Value) -> bool {
+    match value {
+        Value::String(s) => !s.contains('\0'),
+        Value::Array(items) => items.iter().all(storable),
+        Value::Object(map) => map.iter().all(|(k, v)| !k.contains('\0') && storable(v)),
+        _ => true,
     }
 }
 

@@ -29,9 +29,10 @@ pub enum StopReason {
     /// No heartbeat succeeded for a whole lease TTL: the coordinator may have
     /// given the job to someone else; stop and send nothing.
     Fenced,
-    /// The worker is shutting down and the drain bound passed: release.
+    /// The worker is shutting down and the drain bound passed: complete what
+    /// the handler still returns within the grace, release the rest.
     Drain,
-    /// The worker's hard deadline is near: release.
+    /// The worker's hard deadline is near: as for a drain.
     Deadline,
 }
 
@@ -49,8 +50,8 @@ pub struct Held {
     pub(crate) granted_at: Instant,
     stop: Mutex<Option<StopReason>>,
     progress: Mutex<Option<Value>>,
-    /// When the last heartbeat that succeeded was *sent* (or the claim was):
-    /// the coordinator's expiry is at least a TTL after it.
+    /// When the last heartbeat that succeeded was *sent* (at first: when the
+    /// lease was granted): the coordinator's expiry is at least a TTL after it.
     renewed_at: Mutex<Instant>,
 }
 

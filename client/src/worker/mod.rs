@@ -3,12 +3,15 @@
 //! stops handlers that must stop, and finishes each attempt with one guarded
 //! call.
 //!
-//! A handler is stopped (its [`JobContext`] is cancelled) and never completes
-//! when: the lease is lost; a cancel was requested (the runtime then fails the
-//! attempt, which the coordinator records as cancelled); the job's
-//! `timeout_ms` passed; no heartbeat succeeded for a whole lease TTL
-//! (self-fencing: a partitioned worker is the one party that cannot be told);
-//! or the worker is draining or at its deadline (the runtime releases).
+//! A handler is stopped (its [`JobContext`] is cancelled), and the runtime
+//! never completes its job, when: the lease is lost or no heartbeat
+//! succeeded for a whole lease TTL (self-fencing: a partitioned worker is the
+//! one party that cannot be told) — nothing is sent; a cancel was requested —
+//! the attempt is failed, which the coordinator records as cancelled; the
+//! job's `timeout_ms` passed — the attempt is failed as retryable. A handler
+//! stopped because the worker drains or nears its deadline gets the stop
+//! grace: a result it returns in time is completed, otherwise the job is
+//! released with its last checkpoint (no attempt charged).
 //!
 //! - [`context`]: `JobContext`, `JobError`.
 //! - [`lease`]: the shared state of a held lease and the consumable claimed job.

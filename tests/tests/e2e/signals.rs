@@ -65,6 +65,17 @@ async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another()
     );
 }
 
+/// Waits until `/readyz` reports Redis as `status`.
+async fn wait_for_redis(c: &TestCoordinator, status: &str) {
+    for _ in 0..200 {
+        if c.api.get("/readyz").await.1["redis"] == status {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("/readyz never reported redis {status:?}");
+}
+
 async fn count_in(db: &TestDb, state: &str) -> i64 {
     db.client()
         .await
@@ -85,7 +96,8 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
         cfg.claim_recheck_ms = 200;
     })
     .await;
-    assert_eq!(c.api.get("/readyz").await.1["redis"], "ok");
+    // The subscription comes up in the background after start.
+    wait_for_redis(&c, "ok").await;
 
     let stop = CancellationToken::new();
     let worker = Worker::builder(Client::new(c.api.base()).unwrap())
@@ -172,17 +184,8 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
         metrics.contains("runlease_enqueue_failed_marks_total{queue=\"idle\"} 10"),
         "{metrics}"
     );
-    for _ in 0..200 {
-        if c.api.get("/readyz").await.1["redis"] == "ok" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(
-        c.api.get("/readyz").await.1["redis"],
-        "ok",
-        "resubscribed after Redis came back"
-    );
+    // Resubscribed after Redis came back.
+    wait_for_redis(&c, "ok").await;
     stop.cancel();
     assert_eq!(run.await.unwrap().completed, 20);
 }
