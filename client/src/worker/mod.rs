@@ -58,13 +58,17 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(1);
 pub const DEFAULT_RELEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Below this much time left before the release margin, deadline mode stops claiming.
 const MIN_CLAIM_TIME_LEFT: Duration = Duration::from_millis(500);
+/// In until-idle mode, consecutive failed claims before the worker gives up.
+const UNTIL_IDLE_CLAIM_TRIES: u32 = 3;
 /// Heartbeat interval before any lease told us the coordinator's.
 const FALLBACK_HEARTBEAT: Duration = Duration::from_secs(5);
 
 type HandlerFuture = Pin<Box<dyn Future<Output = std::result::Result<Value, JobError>> + Send>>;
 type Handler = Arc<dyn Fn(JobContext) -> HandlerFuture + Send + Sync>;
 
-/// Settings and handlers of a [`Worker`].
+/// Settings and handlers of a [`Worker`]. Cloning it is cheap (handlers are
+/// shared), so one builder can make a worker per Lambda invocation.
+#[derive(Clone)]
 pub struct WorkerBuilder {
     client: Client,
     worker_id: Option<WorkerId>,
@@ -75,6 +79,7 @@ pub struct WorkerBuilder {
     stop_grace: Duration,
     deadline: Option<Instant>,
     release_margin: Duration,
+    until_idle: bool,
 }
 
 /// What a worker did, counted per attempt outcome.
@@ -89,6 +94,10 @@ pub struct WorkerReport {
     /// Attempts dropped without a word (lease lost, fenced, or a finishing
     /// call that could not reach the coordinator).
     pub abandoned: u64,
+    /// Claim requests the coordinator answered (with leases or without).
+    pub claims_answered: u64,
+    /// Claim requests that failed (coordinator unreachable, overloaded, refused).
+    pub claims_failed: u64,
 }
 
 #[derive(Default)]
@@ -97,6 +106,8 @@ struct Counters {
     failed: AtomicU64,
     released: AtomicU64,
     abandoned: AtomicU64,
+    claims_answered: AtomicU64,
+    claims_failed: AtomicU64,
 }
 
 impl Counters {
@@ -106,6 +117,8 @@ impl Counters {
             failed: self.failed.load(Ordering::Relaxed),
             released: self.released.load(Ordering::Relaxed),
             abandoned: self.abandoned.load(Ordering::Relaxed),
+            claims_answered: self.claims_answered.load(Ordering::Relaxed),
+            claims_failed: self.claims_failed.load(Ordering::Relaxed),
         }
     }
 }
@@ -139,6 +152,7 @@ impl WorkerBuilder {
             stop_grace: DEFAULT_STOP_GRACE,
             deadline: None,
             release_margin: DEFAULT_RELEASE_MARGIN,
+            until_idle: false,
         }
     }
 
@@ -202,6 +216,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Stop claiming once a claim comes back empty (the queues are drained),
+    /// finish what is held, and return: a Lambda invocation's sweep.
+    pub fn until_idle(mut self, yes: bool) -> Self {
+        self.until_idle = yes;
+        self
+    }
+
     /// The worker.
     pub fn build(self) -> Result<Worker> {
         if self.handlers.is_empty() {
@@ -218,6 +239,7 @@ impl WorkerBuilder {
                 stop_grace: self.stop_grace,
                 deadline: self.deadline,
                 release_margin: self.release_margin,
+                until_idle: self.until_idle,
                 held: Mutex::new(HashMap::new()),
                 added: Notify::new(),
                 counters: Counters::default(),
@@ -236,6 +258,7 @@ struct Inner {
     stop_grace: Duration,
     deadline: Option<Instant>,
     release_margin: Duration,
+    until_idle: bool,
     held: Mutex<HashMap<JobId, Arc<Held>>>,
     /// Signalled when a lease is added, so the heartbeat loop adopts its interval.
     added: Notify,
@@ -387,6 +410,11 @@ async fn claim_loop(
         match answer {
             Ok(answer) => {
                 failures = 0;
+                inner.counters.claims_answered.fetch_add(1, Ordering::Relaxed);
+                if answer.leases.is_empty() && inner.until_idle {
+                    tracing::info!("nothing left to claim: stopping (until idle)");
+                    return;
+                }
                 let received = Instant::now();
                 for lease in answer.leases {
                     let held = Arc::new(Held::new(&lease, sent, received));
@@ -427,6 +455,11 @@ async fn claim_loop(
             }
             Err(e) => {
                 failures += 1;
+                inner.counters.claims_failed.fetch_add(1, Ordering::Relaxed);
+                if inner.until_idle && failures >= UNTIL_IDLE_CLAIM_TRIES {
+                    tracing::warn!(error = %e, "claims keep failing: stopping (until idle)");
+                    return;
+                }
                 let delay = RetryPolicy::default().delay(failures.min(6), e.retry_after());
                 tracing::warn!(error = %e, ?delay, "claim failed; backing off");
                 tokio::select! {

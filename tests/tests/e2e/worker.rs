@@ -153,11 +153,9 @@ async fn a_lost_lease_cancels_the_handler_and_its_late_result_never_lands() {
     stop.cancel();
     let report = run.await.unwrap();
     assert_eq!(
-        report,
-        WorkerReport {
-            abandoned: 1,
-            ..WorkerReport::default()
-        }
+        (report.completed, report.failed, report.released, report.abandoned),
+        (0, 0, 0, 1),
+        "{report:?}"
     );
     let finished = c.api.job(job.id).await;
     assert_eq!(finished.result, Some(json!("winning result")));
@@ -485,4 +483,47 @@ async fn a_lease_from_a_long_parked_claim_is_not_fenced_at_once() {
     let report = run.await.unwrap();
     assert_eq!(report.completed, 1, "{report:?}");
     assert_eq!(c.api.job(job.id).await.result, Some(json!("ran to the end")));
+}
+
+#[tokio::test]
+async fn until_idle_drains_the_queue_and_returns() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    for i in 0..25 {
+        c.api.enqueue("sweep", json!(i)).await;
+    }
+    let worker = Worker::builder(client(c.api.base()))
+        .concurrency(4)
+        .claim_wait(Duration::from_millis(200))
+        .until_idle(true)
+        .handle(q("sweep"), |ctx: JobContext| async move {
+            Ok::<_, JobError>(ctx.raw_payload().clone())
+        })
+        .build()
+        .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(30), worker.run(CancellationToken::new()))
+        .await
+        .expect("an until-idle worker returns once the queue is drained");
+    assert_eq!(report.completed, 25, "{report:?}");
+    assert_eq!(report.claims_failed, 0);
+
+    // Nobody listening: it gives up after a few failed claims.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let unreachable = Worker::builder(client(&format!("http://127.0.0.1:{port}")))
+        .until_idle(true)
+        .handle(
+            q("sweep"),
+            |_ctx: JobContext| async move { Ok::<_, JobError>(()) },
+        )
+        .build()
+        .unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(30), unreachable.run(CancellationToken::new()))
+        .await
+        .expect("returns when the coordinator is unreachable");
+    assert_eq!((report.claims_answered, report.completed), (0, 0));
+    assert!(report.claims_failed >= 1);
 }
