@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use runlease_client::protocol::{AttemptOutcome, JobState, QueueName, WorkerId};
-use runlease_client::{Client, JobContext, JobError, Worker, WorkerReport};
+use runlease_client::{Client, JobContext, JobError, Worker};
 use runlease_tests::{Proxy, TestCoordinator, TestDb};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
