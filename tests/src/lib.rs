@@ -7,6 +7,9 @@
 //! - [`CoordinatorProcess`]: the coordinator binary as a child process.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
 //! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
+//! - [`TestSqs`]: a moto SQS server of the test's own; SQS and EventBridge events.
+//! - [`LambdaEmulator`]: the example Lambda function under cargo-lambda's
+//!   Runtime API emulator.
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never
@@ -15,9 +18,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod api;
+pub mod lambda;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sqs;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -33,9 +38,11 @@ use tokio_postgres::NoTls;
 use tokio_util::sync::CancellationToken;
 
 pub use api::Api;
+pub use lambda::LambdaEmulator;
 pub use process::CoordinatorProcess;
 pub use proxy::Proxy;
 pub use redis::TestRedis;
+pub use sqs::TestSqs;
 
 /// The shared secret test coordinators sign lease tokens with.
 pub const TEST_SECRET: &str = "runlease-test-secret";

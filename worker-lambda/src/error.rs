@@ -6,10 +6,6 @@ use lambda_runtime::Diagnostic;
 /// What made an invocation fail.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// The invocation has no deadline: the Runtime API always sends
-    /// `Lambda-Runtime-Deadline-Ms`, so this is a test or a broken emulator.
-    #[error("the invocation carries no deadline; set the context's deadline (milliseconds since the epoch)")]
-    NoDeadline,
     /// The worker could not be built (no handler registered, say).
     #[error("cannot build the worker: {0}")]
     Worker(#[from] runlease_client::Error),
@@ -40,7 +36,6 @@ pub enum Error {
 impl From<Error> for Diagnostic {
     fn from(e: Error) -> Self {
         let kind = match &e {
-            Error::NoDeadline => "Runlease.NoDeadline",
             Error::Worker(_) => "Runlease.Worker",
             Error::Unreachable { .. } => "Runlease.Unreachable",
             Error::TooLittleTime { .. } => "Runlease.TooLittleTime",

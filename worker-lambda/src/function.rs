@@ -24,6 +24,17 @@ use crate::invocation::{Invocation, WakeUp, message_id};
 /// wake-up, an empty sweep) is billed for.
 pub const DEFAULT_LAMBDA_CLAIM_WAIT: Duration = Duration::from_secs(1);
 
+/// Default time an invocation assumes it has when its deadline is not a real
+/// one (see [`LambdaWorker::unknown_deadline_budget`]): Lambda's longest
+/// function timeout, which no invocation outlives.
+pub const DEFAULT_UNKNOWN_DEADLINE_BUDGET: Duration = Duration::from_secs(15 * 60);
+
+/// A deadline further in the past than this when the invocation starts is
+/// not a wall-clock instant Lambda sent (Lambda's deadline is at least a
+/// second ahead when it hands out the invocation, and the function's clock
+/// is the host's), but a placeholder.
+const IMPLAUSIBLY_PAST: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Longest worker id the protocol accepts.
 const MAX_WORKER_ID_LEN: usize = 128;
 
@@ -35,6 +46,7 @@ pub struct LambdaWorker {
     release_margin: Duration,
     claim_wait: Duration,
     invocation_worker_ids: bool,
+    unknown_deadline_budget: Duration,
 }
 
 /// What one invocation answered, with what its worker did.
@@ -102,6 +114,7 @@ impl LambdaWorker {
             release_margin: DEFAULT_RELEASE_MARGIN,
             claim_wait: DEFAULT_LAMBDA_CLAIM_WAIT,
             invocation_worker_ids: true,
+            unknown_deadline_budget: DEFAULT_UNKNOWN_DEADLINE_BUDGET,
         }
     }
 
@@ -124,6 +137,16 @@ impl LambdaWorker {
     /// its logs are one search away. `false` keeps the builder's worker id.
     pub fn invocation_worker_ids(mut self, yes: bool) -> Self {
         self.invocation_worker_ids = yes;
+        self
+    }
+
+    /// The time an invocation assumes it has when its context carries no
+    /// real deadline: none at all (a hand-made `Context`), or one more than a
+    /// day in the past. Lambda always sends one; local emulators may not
+    /// (`cargo lambda watch` 1.9 sends the constant 600000, ten minutes after
+    /// the epoch). Default: 15 min, Lambda's longest timeout.
+    pub fn unknown_deadline_budget(mut self, budget: Duration) -> Self {
+        self.unknown_deadline_budget = budget;
         self
     }
 
@@ -206,7 +229,12 @@ impl LambdaWorker {
     /// stopping and releasing what it holds `release_margin` before the
     /// invocation's deadline.
     pub async fn run_worker(&self, ctx: &Context) -> Result<WorkerReport> {
-        let deadline = deadline_of(ctx)?;
+        let deadline = deadline_of(ctx, self.unknown_deadline_budget);
+        tracing::info!(
+            deadline_ms = ctx.deadline,
+            time_left_ms = millis(deadline.saturating_duration_since(Instant::now())),
+            "claiming until idle or the deadline"
+        );
         let mut builder = self
             .builder
             .clone()
@@ -236,16 +264,22 @@ pub async fn serve(builder: WorkerBuilder) -> std::result::Result<(), lambda_run
 
 /// The invocation's deadline on the monotonic clock. The Runtime API gives it
 /// as wall-clock milliseconds; it is read once, here, against the function's
-/// own clock, which is the clock Lambda enforces it with.
-fn deadline_of(ctx: &Context) -> Result<Instant> {
-    if ctx.deadline == 0 {
-        return Err(Error::NoDeadline);
+/// own clock, which is the clock Lambda enforces it with. A context without a
+/// real deadline gets `unknown_budget` from now.
+fn deadline_of(ctx: &Context, unknown_budget: Duration) -> Instant {
+    let now = SystemTime::now();
+    let stated = ctx.deadline();
+    let past = now.duration_since(stated).unwrap_or(Duration::ZERO);
+    if ctx.deadline == 0 || past > IMPLAUSIBLY_PAST {
+        tracing::warn!(
+            deadline_ms = ctx.deadline,
+            assumed_ms = millis(unknown_budget),
+            "the invocation carries no real deadline (a local emulator?): assuming the unknown-deadline budget"
+        );
+        return Instant::now() + unknown_budget;
     }
-    let left = ctx
-        .deadline()
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO);
-    Ok(Instant::now() + left)
+    let left = stated.duration_since(now).unwrap_or(Duration::ZERO);
+    Instant::now() + left
 }
 
 /// `<function name>:<request id>`, reduced to what a worker id may hold.
@@ -322,12 +356,29 @@ mod tests {
     }
 
     #[test]
-    fn a_missing_deadline_is_refused_and_a_past_one_is_now() {
-        assert!(matches!(deadline_of(&Context::default()), Err(Error::NoDeadline)));
-        let mut past = Context::default();
-        past.deadline = 1;
-        let at = deadline_of(&past).unwrap_or_else(|_| unreachable!());
-        assert!(at <= Instant::now());
+    fn deadlines_come_from_the_context_unless_they_are_not_real() {
+        let budget = Duration::from_secs(600);
+        let with = |deadline: u64| {
+            let mut ctx = Context::default();
+            ctx.deadline = deadline;
+            deadline_of(&ctx, budget).saturating_duration_since(Instant::now())
+        };
+        let now_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(millis)
+            .unwrap_or_default();
+        let left = with(now_ms + 3_000);
+        assert!(
+            left <= Duration::from_secs(3) && left > Duration::from_millis(2_500),
+            "{left:?}"
+        );
+        // Passed a moment ago: no time left (a real, spent deadline).
+        assert_eq!(with(now_ms - 5_000), Duration::ZERO);
+        // None, or cargo-lambda's placeholder: the budget.
+        for placeholder in [0, 600_000] {
+            let left = with(placeholder);
+            assert!(left > Duration::from_secs(599) && left <= budget, "{left:?}");
+        }
     }
 
     #[test]

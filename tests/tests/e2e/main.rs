@@ -8,6 +8,8 @@ mod bad_input;
 mod batching;
 mod cli;
 mod fencing;
+mod lambda_emulator;
+mod lambda_worker;
 mod lifecycle;
 mod long_poll;
 mod reaping;
