@@ -6,6 +6,7 @@
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
 //! - [`CoordinatorProcess`]: the coordinator binary as a child process.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
+//! - [`TestSqs`]: moto's SQS server of the test's own.
 //! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
@@ -18,6 +19,7 @@ pub mod api;
 pub mod process;
 pub mod proxy;
 pub mod redis;
+pub mod sqs;
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -36,6 +38,7 @@ pub use api::Api;
 pub use process::CoordinatorProcess;
 pub use proxy::Proxy;
 pub use redis::TestRedis;
+pub use sqs::TestSqs;
 
 /// The shared secret test coordinators sign lease tokens with.
 pub const TEST_SECRET: &str = "runlease-test-secret";

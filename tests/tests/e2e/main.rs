@@ -7,6 +7,7 @@ mod auth;
 mod bad_input;
 mod batching;
 mod cli;
+mod dispatch;
 mod fencing;
 mod lifecycle;
 mod long_poll;
