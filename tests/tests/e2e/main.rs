@@ -9,6 +9,7 @@ mod cli;
 mod fencing;
 mod lifecycle;
 mod long_poll;
+mod openapi;
 mod reaping;
 mod restart;
 mod signals;
