@@ -7,6 +7,7 @@ mod auth;
 mod bad_input;
 mod cli;
 mod fencing;
+mod json_values;
 mod lifecycle;
 mod long_poll;
 mod openapi;
