@@ -11,6 +11,7 @@ mod json_values;
 mod lifecycle;
 mod long_poll;
 mod openapi;
+mod python_worker;
 mod reaping;
 mod restart;
 mod signals;
