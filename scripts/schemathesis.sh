@@ -97,7 +97,7 @@ SCHEMATHESIS_HOOKS="$root/scripts/schemathesis_hooks.py" \
   --request-timeout 20 \
   --suppress-health-check too_slow,filter_too_much,data_too_large \
   --report junit --report-dir "$work/report" \
-  || status=$?
+  2>&1 | tee "$work/output.txt" || status=$?
 cd "$root"
 
 # Belt and braces: the coordinator's own count of 5xx answers must be zero.
@@ -121,4 +121,10 @@ if [[ $status -ne 0 ]]; then
   echo "schemathesis found problems (exit $status); coordinator log: $log" >&2
   exit "$status"
 fi
-echo "schemathesis: no findings"
+# The count of generated test cases, as a closing "N passed, N failed" line.
+cases="$(grep -Eo '^ *[0-9]+ generated, [0-9]+ passed' "$work/output.txt" | awk '{print $3}' | tail -1)"
+if [[ -z "$cases" || "$cases" -eq 0 ]]; then
+  echo "schemathesis ran no test case (or its summary changed); see $work/output.txt" >&2
+  exit 1
+fi
+echo "schemathesis: $cases passed, 0 failed"
