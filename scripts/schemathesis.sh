@@ -80,14 +80,16 @@ if [[ $ready != yes ]]; then
 fi
 
 echo "== schemathesis $("$PYTOOLS/schemathesis" --version | awk '{print $NF}') against $base/openapi.yaml"
-# Worker endpoints mostly see lease tokens schemathesis made up, so most of
-# their answers are 400 (malformed) or 409 (forged): documented, and reported
-# by schemathesis as a "schema validation mismatch" warning, not a failure.
-# The OpenAPI links (enqueue -> claim -> complete/fail/...) give the stateful
-# phase real tokens. It runs from $work, where it keeps its own state.
+# Lease tokens schemathesis makes up are malformed (400) or forged (409); the
+# hooks put real ones (and real job ids) into about half of the cases, so
+# the generated values also go through PostgreSQL, and the OpenAPI links
+# (enqueue -> claim -> complete, fail, ...) chain real calls in the stateful
+# phase. Schemathesis runs from $work, where it keeps its own state.
 status=0
 cd "$work"
 SCHEMATHESIS_HOOKS="$root/scripts/schemathesis_hooks.py" \
+RUNLEASE_SCHEMATHESIS_URL="$base" \
+SCHEMATHESIS_SEED="${SCHEMATHESIS_SEED:-20250601}" \
   timeout "${SCHEMATHESIS_TIMEOUT:-600}" "$PYTOOLS/schemathesis" run "$base/openapi.yaml" \
   --url "$base" \
   --checks not_a_server_error,status_code_conformance,response_schema_conformance \
