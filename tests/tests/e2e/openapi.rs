@@ -92,3 +92,29 @@ async fn openapi_yaml_is_served_without_a_key_and_names_every_route() {
     }
     c.stop().await.unwrap();
 }
+
+#[test]
+fn openapi_yaml_states_the_limits_of_limits_rs() {
+    use runlease_protocol::limits::{
+        MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN,
+        MAX_IDEMPOTENCY_KEY_LEN, MAX_LEASES_PER_REQUEST, MAX_QUEUE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
+        MAX_WORKER_ID_LEN,
+    };
+    let expected = [
+        format!("maxLength: {MAX_QUEUE_NAME_LEN}"),
+        format!("maxLength: {MAX_WORKER_ID_LEN}"),
+        format!("maxLength: {MAX_IDEMPOTENCY_KEY_LEN}"),
+        format!("maxItems: {MAX_BATCH_JOBS}"),
+        format!("maxItems: {MAX_CLAIM_QUEUES}"),
+        format!("maximum: {MAX_CLAIM_JOBS}"),
+        format!("maximum: {MAX_WAIT_MS}"),
+        format!("maxItems: {MAX_LEASES_PER_REQUEST}"),
+        format!("maximum: {MAX_ATTEMPTS_LIMIT}"),
+        format!("maximum: {MAX_TIMEOUT_MS}"),
+        format!("maximum: {MAX_DELAY_MS}"),
+        format!("cut to {MAX_ERROR_LEN} bytes"),
+    ];
+    for limit in expected {
+        assert!(SPEC.contains(&limit), "docs/openapi.yaml does not say {limit:?}");
+    }
+}
