@@ -220,6 +220,7 @@ class Worker:
         self.held: dict[str, Job] = {}  # lease_token -> job
         self.held_lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.exit_code = 0
 
     # ---- claiming ----
 
@@ -243,7 +244,9 @@ class Worker:
                 backoff = 0.2
             except ApiError as e:
                 if e.status < 500:
+                    # A wrong key, role or queue name: retrying cannot help.
                     log("claim refused; stopping", error=str(e))
+                    self.exit_code = 1
                     self.shutdown.set()
                     break
                 log("claim failed; retrying", error=str(e))
@@ -264,7 +267,7 @@ class Worker:
                 with self.held_lock:
                     self.held[job.lease_token] = job
                 thread = threading.Thread(target=self.run_job, args=(job,), name=f"job-{job.job_id}")
-                self.threads.append(thread)
+                self.threads = [t for t in self.threads if t.is_alive()] + [thread]
                 thread.start()
         self.drain()
 
@@ -408,7 +411,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     worker.run()
-    return 0
+    return worker.exit_code
 
 
 if __name__ == "__main__":

@@ -181,3 +181,44 @@ async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
     assert!(events.iter().any(|e| e["msg"] == "worker stopped"), "{log}");
     c.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() {
+    const WORKER_KEY: &str = "python-worker-key-0123456789";
+    const PRODUCER_KEY: &str = "python-producer-key-0123456789";
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
+    })
+    .await;
+    let producer = c.api.with_key(PRODUCER_KEY);
+    let job = enqueue(&producer, json!({"n": 2}), 4).await;
+
+    let run = |key: &str| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(worker_script())
+            .args(["--url", c.api.base(), "--queue", QUEUE, "--wait-ms", "200"])
+            .env("RUNLEASE_KEY", key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        cmd.spawn()
+            .expect("python3 must be on PATH to run examples/python_worker.py")
+    };
+
+    // A wrong key: the claim is refused (401) and the worker exits 1.
+    let mut refused = run("not-a-key-of-this-coordinator");
+    let exit = tokio::time::timeout(Duration::from_secs(15), refused.wait())
+        .await
+        .expect("a refused worker must stop by itself")
+        .unwrap();
+    assert_eq!(exit.code(), Some(1));
+
+    // The worker key (from RUNLEASE_KEY): the job is done.
+    let mut worker = run(WORKER_KEY);
+    let done = terminal(&producer, job.id).await;
+    assert_eq!(done.state, JobState::Done);
+    worker.kill().await.unwrap();
+    c.stop().await.unwrap();
+}
