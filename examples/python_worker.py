@@ -185,7 +185,7 @@ class Coordinator:
                 if e.status != 503 or attempt == attempts - 1:
                     raise
                 time.sleep(e.retry_after or delay)
-            except (urllib.error.URLError, socket.timeout, ConnectionError, OSError):
+            except (TimeoutError, urllib.error.URLError, ConnectionError, OSError):
                 if attempt == attempts - 1:
                     raise
                 time.sleep(delay)
@@ -253,7 +253,7 @@ class Worker:
                 self.shutdown.wait(e.retry_after or backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
+            except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
                 log("coordinator unreachable; retrying", error=str(e))
                 self.shutdown.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -287,19 +287,22 @@ class Worker:
             outcome = ("stopped", {})
         except Exception as e:  # noqa: BLE001 - any handler error fails the attempt
             outcome = ("fail", {"error": f"{type(e).__name__}: {e}", "retryable": True})
-        if outcome[0] == "stopped" or job.stopping():
-            reason = job.stop_reason
+        reason = job.stop_reason
+        if reason in ("lease_lost", "no_heartbeat"):
+            # Someone else may hold the job now: whatever the handler did,
+            # nothing is sent (it would be refused); the coordinator decides.
+            log("job dropped", job_id=job.job_id, run_lease=job.run_lease, reason=reason)
+            outcome = ("drop", {})
+        elif outcome[0] == "stopped":
+            # The handler stopped before its end: acknowledge why.
             if reason == "cancel_requested":
                 outcome = ("fail", {"error": "cancel requested; the handler stopped", "retryable": False})
             elif reason == "timeout":
                 outcome = ("fail", {"error": "the attempt passed its timeout_ms", "retryable": True})
-            elif reason == "shutdown":
+            else:  # shutdown
                 outcome = ("release", {"progress": job.progress} if job.progress is not None else {})
-            else:
-                # lease_lost or no heartbeat for a TTL: someone else may hold
-                # the job now, so nothing is sent; the coordinator decides.
-                log("job dropped", job_id=job.job_id, run_lease=job.run_lease, reason=reason)
-                outcome = ("drop", {})
+        # A handler that finished anyway (a cancel or shutdown came too late)
+        # reports its outcome: a complete still lands as done.
         if outcome[0] != "drop":
             self.finish(job, outcome[0], outcome[1])
         with self.held_lock:
@@ -315,7 +318,7 @@ class Worker:
                 log("finish refused: lease lost", job_id=job.job_id, run_lease=job.run_lease, action=action)
             else:
                 log("finish failed", job_id=job.job_id, action=action, error=str(e))
-        except (urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
+        except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
             log("finish failed: coordinator unreachable", job_id=job.job_id, action=action, error=str(e))
 
     # ---- heartbeats ----
@@ -349,7 +352,7 @@ class Worker:
             sent.append(progress)
         try:
             answer = self.api.post("/v1/heartbeat", {"leases": items}, timeout=10)
-        except (ApiError, urllib.error.URLError, socket.timeout, ConnectionError, OSError) as e:
+        except (TimeoutError, ApiError, urllib.error.URLError, ConnectionError, OSError) as e:
             log("heartbeat failed", error=str(e), leases=len(jobs))
             now = time.monotonic()
             for job in jobs:
@@ -391,18 +394,33 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--url", default=os.environ.get("RUNLEASE_URL", "http://127.0.0.1:8080"))
     parser.add_argument("--key", default=os.environ.get("RUNLEASE_KEY"), help="a worker API key")
-    parser.add_argument("--queue", action="append", dest="queues",
-                        help="a queue to claim from (repeatable; default RUNLEASE_QUEUES or 'default')")
-    parser.add_argument("--worker-id", default=os.environ.get("RUNLEASE_WORKER_ID",
-                                                              f"py-{socket.gethostname()}-{os.getpid()}"))
+    parser.add_argument(
+        "--queue",
+        action="append",
+        dest="queues",
+        help="a queue to claim from (repeatable; default RUNLEASE_QUEUES or 'default')",
+    )
+    parser.add_argument(
+        "--worker-id", default=os.environ.get("RUNLEASE_WORKER_ID", f"py-{socket.gethostname()}-{os.getpid()}")
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="jobs held at once")
     parser.add_argument("--wait-ms", type=int, default=10_000, help="claim long-poll (0..60000)")
-    parser.add_argument("--grace-ms", type=int, default=10_000,
-                        help="on SIGTERM, how long running handlers may go on before they are stopped and released")
+    parser.add_argument(
+        "--grace-ms",
+        type=int,
+        default=10_000,
+        help="on SIGTERM, how long running handlers may go on before they are stopped and released",
+    )
     args = parser.parse_args()
     queues = args.queues or os.environ.get("RUNLEASE_QUEUES", "default").split(",")
-    worker = Worker(Coordinator(args.url, args.key), [q.strip() for q in queues if q.strip()],
-                    args.worker_id, max(1, args.concurrency), args.wait_ms, args.grace_ms / 1000)
+    worker = Worker(
+        Coordinator(args.url, args.key),
+        [q.strip() for q in queues if q.strip()],
+        args.worker_id,
+        max(1, args.concurrency),
+        args.wait_ms,
+        args.grace_ms / 1000,
+    )
 
     def stop(signum: int, _frame: Any) -> None:
         log("signal received; stopping", signal=signal.Signals(signum).name)

@@ -41,7 +41,11 @@ def problems(schema: dict, compose: dict, base: Path) -> list[str]:
         if isinstance(depends, dict):
             for dep, cond in depends.items():
                 target = services.get(dep) or {}
-                if isinstance(cond, dict) and cond.get("condition") == "service_healthy" and "healthcheck" not in target:
+                if (
+                    isinstance(cond, dict)
+                    and cond.get("condition") == "service_healthy"
+                    and "healthcheck" not in target
+                ):
                     found.append(f"services/{name}/depends_on/{dep}: service_healthy, but {dep} has no healthcheck")
         build = service.get("build")
         if isinstance(build, dict):
@@ -79,13 +83,21 @@ def breakages(compose: dict) -> list[tuple[str, dict]]:
         change(doc["services"])
         out.append((what, doc))
 
-    broken("a misspelt key (depend_on)", lambda s: s["coordinator"].update(depend_on=s["coordinator"].pop("depends_on")))
+    broken(
+        "a misspelt key (depend_on)", lambda s: s["coordinator"].update(depend_on=s["coordinator"].pop("depends_on"))
+    )
     broken("an unknown condition", lambda s: s["worker"]["depends_on"]["coordinator"].update(condition="service_ready"))
     broken("a healthcheck with a misspelt field", lambda s: s["redis"]["healthcheck"].update(intervall="2s"))
-    broken("a depends_on naming no service", lambda s: s["coordinator"]["depends_on"].update(postgress=s["coordinator"]["depends_on"].pop("postgres")))
+    broken(
+        "a depends_on naming no service",
+        lambda s: s["coordinator"]["depends_on"].update(postgress=s["coordinator"]["depends_on"].pop("postgres")),
+    )
     broken("ports of the wrong type", lambda s: s["coordinator"].update(ports=8080))
     broken("the API keys left out", lambda s: s["coordinator"]["environment"].pop("RUNLEASE_API_KEYS"))
-    broken("a Dockerfile path that does not exist", lambda s: s["coordinator"]["build"].update(dockerfile="infra/Dockerfil"))
+    broken(
+        "a Dockerfile path that does not exist",
+        lambda s: s["coordinator"]["build"].update(dockerfile="infra/Dockerfil"),
+    )
     return out
 
 
