@@ -179,6 +179,8 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         max_size: config.batch_max_size,
         max_delay: Duration::from_millis(config.batch_max_delay_ms),
         flushers: config.batch_flushers,
+        // Claims batch across parked claimers already: half as many loops.
+        claim_shards: (config.batch_flushers / 2).max(1),
     };
     tracing::info!(?settings, "batching");
     let claims = ClaimBatcher::spawn(

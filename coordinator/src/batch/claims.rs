@@ -96,7 +96,7 @@ impl ClaimBatcher {
         };
         if settings.enabled {
             let mut shards = Vec::new();
-            for _ in 0..settings.flushers.max(1) {
+            for _ in 0..settings.claim_shards.max(1) {
                 let (tx, rx) = mpsc::unbounded_channel();
                 shards.push(tx);
                 tracker.spawn(this.clone().run(rx));
