@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Lints the Lambda stack (infra/lambda/template.yaml, SAM) with cfn-lint,
-# offline. Fails on errors (and when cfn-lint itself fails); warnings and
+# Lints the Lambda stack (infra/lambda/template.yaml, SAM) with cfn-lint
+# (pinned in scripts/requirements-ci.txt, installed by scripts/pytools.sh),
+# offline, then checks the stack's own invariants. Fails on errors (and when cfn-lint itself fails); warnings and
 # informational findings are printed but do not fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v cfn-lint >/dev/null 2>&1; then
-  echo "cfn-lint is missing: pip install cfn-lint" >&2
-  exit 1
-fi
+# shellcheck source=scripts/pytools.sh
+source scripts/pytools.sh
+command -v python3 >/dev/null || { echo "check-lambda-infra.sh needs python3" >&2; exit 1; }
+pytools_setup
+
 template=infra/lambda/template.yaml
 set +e
-cfn-lint --format parseable "$template"
+"$PYTOOLS/cfn-lint" --format parseable "$template"
 rc=$?
 set -e
 # cfn-lint's exit status is a bit set: 1 the linter failed, 2 errors,
@@ -22,7 +24,7 @@ if (( rc & 3 )); then
 fi
 
 # What cfn-lint cannot know: the stack's own invariants.
-python3 - "$template" <<'PY'
+"$PYTOOLS/python" - "$template" <<'PY'
 import sys
 from cfnlint.decode import cfn_yaml
 
@@ -50,4 +52,4 @@ for e in errors:
 sys.exit(1 if errors else 0)
 PY
 
-echo "ok: $template passes cfn-lint $(cfn-lint --version | awk '{print $2}')$( (( rc & 12 )) && echo ' (with warnings above)')"
+echo "ok: $template passes cfn-lint $("$PYTOOLS/cfn-lint" --version | awk '{print $2}')$( (( rc & 12 )) && echo ' (with warnings above)')"

@@ -6,6 +6,7 @@
 //! Layout:
 //! - [`config`]: settings (flags and `RUNLEASE_*` variables).
 //! - [`store`]: PostgreSQL: connection, migrations, the SQL statements.
+//! - [`dispatch`]: SQS wake-ups that start Lambda workers.
 //! - [`http`]: the v1 protocol on axum.
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
@@ -17,6 +18,7 @@
 pub mod auth;
 pub mod batch;
 pub mod config;
+pub mod dispatch;
 pub mod http;
 pub mod metrics;
 pub mod reaper;
@@ -35,6 +37,7 @@ use crate::auth::ApiKeys;
 use crate::batch::claims::ClaimBatcher;
 use crate::batch::{BatchSettings, Batcher};
 use crate::config::Config;
+use crate::dispatch::Dispatcher;
 use crate::http::{AppState, Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
@@ -154,12 +157,30 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
     );
     tracker.spawn(repairer.run(shutdown.child_token()));
 
+    let bindings =
+        dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default()).map_err(Error::Config)?;
+    if !bindings.is_empty() {
+        let sqs = Dispatcher::sqs_client(config.sqs_endpoint.as_deref()).await;
+        let dispatcher = Dispatcher::new(
+            store.clone(),
+            sqs,
+            bindings,
+            config.sqs_jobs_per_wakeup,
+            Duration::from_millis(config.sqs_dispatch_interval_ms),
+            metrics.clone(),
+        );
+        tracing::info!(queues = ?config.sqs_queues, "SQS wake-ups for Lambda workers");
+        tracker.spawn(dispatcher.run(wake.clone(), shutdown.child_token()));
+    }
+
     let recheck = Duration::from_millis(config.claim_recheck_ms);
     let settings = BatchSettings {
         enabled: config.batching,
         max_size: config.batch_max_size,
         max_delay: Duration::from_millis(config.batch_max_delay_ms),
         flushers: config.batch_flushers,
+        // Claims batch across parked claimers already: half as many loops.
+        claim_shards: (config.batch_flushers / 2).max(1),
     };
     tracing::info!(?settings, "batching");
     let claims = ClaimBatcher::spawn(

@@ -113,6 +113,12 @@ pub struct Metrics {
     pub reaper_errors: Counter,
     /// Wake-ups that could not be published to Redis.
     pub redis_publish_failures: Counter,
+    /// SQS wake-up messages sent.
+    pub sqs_wakeups_sent: Family<QueueLabels, Counter>,
+    /// SQS sends that failed (their jobs are signalled again next pass).
+    pub sqs_send_failures: Family<QueueLabels, Counter>,
+    /// SQS sends that went through after an earlier one failed.
+    pub sqs_send_retries: Family<QueueLabels, Counter>,
     /// Jobs that reached a terminal state.
     pub terminal: Family<QueueLabels, Counter>,
     /// Jobs that reached a terminal state within the SLO.
@@ -154,6 +160,9 @@ impl Metrics {
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
             redis_publish_failures: Counter::default(),
+            sqs_wakeups_sent: Family::default(),
+            sqs_send_failures: Family::default(),
+            sqs_send_retries: Family::default(),
             terminal: Family::default(),
             terminal_within_slo: Family::default(),
             slo_ratio: Gauge::default(),
@@ -230,6 +239,21 @@ impl Metrics {
             "redis_publish_failures",
             "Wake-ups that could not be published to Redis",
             m.redis_publish_failures.clone(),
+        );
+        registry.register(
+            "sqs_wakeups_sent",
+            "SQS wake-up messages sent",
+            m.sqs_wakeups_sent.clone(),
+        );
+        registry.register(
+            "sqs_send_failures",
+            "SQS wake-up sends that failed (sent again next pass)",
+            m.sqs_send_failures.clone(),
+        );
+        registry.register(
+            "sqs_send_retries",
+            "SQS wake-up sends that went through after an earlier failure",
+            m.sqs_send_retries.clone(),
         );
         registry.register(
             "batch_size",

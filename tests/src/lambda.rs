@@ -1,6 +1,7 @@
-//! The example Lambda function (`runlease-worker-lambda`'s `bootstrap`)
-//! under cargo-lambda's emulator of the Lambda Runtime API
-//! (`cargo lambda watch`): the function polls
+//! The events Lambda hands a function (an SQS event source mapping's, an
+//! EventBridge schedule's), and the example Lambda function
+//! (`runlease-worker-lambda`'s `bootstrap`) under cargo-lambda's emulator of
+//! the Lambda Runtime API (`cargo lambda watch`): the function polls
 //! `/2018-06-01/runtime/invocation/next` as it would in Lambda, and a test
 //! invokes it over HTTP as Lambda's invoke API would.
 //!
@@ -13,7 +14,42 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
+
+use crate::sqs::{REGION, ReceivedMessage};
+
+/// The event Lambda's SQS event source mapping hands a function for
+/// `messages` received from the queue `queue_arn`.
+pub fn sqs_event(queue_arn: &str, messages: &[ReceivedMessage]) -> Value {
+    json!({
+        "Records": messages.iter().map(|m| json!({
+            "messageId": m.message_id,
+            "receiptHandle": m.receipt_handle,
+            "body": m.body,
+            "attributes": m.attributes,
+            "messageAttributes": {},
+            "md5OfBody": m.md5_of_body,
+            "eventSource": "aws:sqs",
+            "eventSourceARN": queue_arn,
+            "awsRegion": REGION,
+        })).collect::<Vec<_>>()
+    })
+}
+
+/// The event an EventBridge schedule (a rule) hands a function.
+pub fn scheduled_event() -> Value {
+    json!({
+        "version": "0",
+        "id": uuid::Uuid::new_v4().to_string(),
+        "detail-type": "Scheduled Event",
+        "source": "aws.events",
+        "account": "123456789012",
+        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "region": REGION,
+        "resources": ["arn:aws:events:us-east-1:123456789012:rule/runlease-sweep"],
+        "detail": {}
+    })
+}
 
 /// The function's name under the emulator: its binary's.
 pub const FUNCTION: &str = "bootstrap";

@@ -6,10 +6,10 @@
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
 //! - [`CoordinatorProcess`]: the coordinator binary as a child process.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
+//! - [`TestSqs`]: moto's SQS server of the test's own.
 //! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
-//! - [`TestSqs`]: a moto SQS server of the test's own; SQS and EventBridge events.
 //! - [`LambdaEmulator`]: the example Lambda function under cargo-lambda's
-//!   Runtime API emulator.
+//!   Runtime API emulator; the events Lambda hands a function.
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never

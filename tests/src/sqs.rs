@@ -1,30 +1,21 @@
-//! A moto SQS server of a test's own (`moto_server`, PyPI `moto[server]`),
-//! on a free port, and the few SQS calls the tests make, in SQS's JSON
-//! protocol. Also builds the event Lambda's SQS event source mapping would
-//! hand a function for received messages.
+//! moto's SQS server on a free port, owned by one test (stopped on drop), and
+//! an SQS client for it with static dummy credentials (never the instance
+//! metadata service). The Lambda tests also receive whole messages (to build
+//! the event an SQS event source mapping delivers) and delete them.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use aws_config::BehaviorVersion;
+use aws_sdk_sqs::config::{Credentials, Region};
+use aws_sdk_sqs::types::{MessageSystemAttributeName, QueueAttributeName};
+use serde_json::{Map, Value};
 
-/// The region tests use with moto (its default account is 123456789012).
-pub const TEST_REGION: &str = "us-east-1";
+/// Region the tests use.
+pub const REGION: &str = "us-east-1";
 
-/// moto routes a request by the service in its credential scope; it does not
-/// check signatures.
-const AUTHORIZATION: &str =
-    "AWS4-HMAC-SHA256 Credential=test/20240101/us-east-1/sqs/aws4_request, SignedHeaders=host, Signature=00";
-
-/// A moto server owned by one test; killed when dropped.
-pub struct TestSqs {
-    /// Its port.
-    pub port: u16,
-    child: Child,
-    http: reqwest::Client,
-}
-
-/// A message as `ReceiveMessage` answers it.
+/// A message as `ReceiveMessage` answers it, with what an SQS event record
+/// carries.
 #[derive(Debug, Clone)]
 pub struct ReceivedMessage {
     /// `MessageId`.
@@ -35,197 +26,218 @@ pub struct ReceivedMessage {
     pub body: String,
     /// `MD5OfBody`.
     pub md5_of_body: String,
-    /// `Attributes` (`ApproximateReceiveCount`, `SentTimestamp`, ...).
+    /// System attributes (`ApproximateReceiveCount`, `SentTimestamp`, ...).
     pub attributes: Value,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A moto server.
+pub struct TestSqs {
+    /// Its port.
+    pub port: u16,
+    child: Option<Child>,
 }
 
 impl TestSqs {
-    /// Starts `moto_server` on a free port and waits until SQS answers. Fails
-    /// the test, saying how to install it, when it is missing.
+    /// Starts `moto_server` on a free port and waits until it answers.
     pub async fn start() -> Self {
-        let port = free_port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut sqs = Self { port, child: None };
+        sqs.resume().await;
+        sqs
+    }
+
+    /// A stopped server's place: its port, with nothing listening yet.
+    pub fn not_started() -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Self { port, child: None }
+    }
+
+    /// Starts (again) on the same port.
+    pub async fn resume(&mut self) {
+        assert!(self.child.is_none(), "already running");
         let child = Command::new("moto_server")
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .args(["-H", "127.0.0.1", "-p", &self.port.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot start moto_server ({e}): install it with pip install 'moto[server]'")
-            });
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(30))
-            .build()
-            .unwrap();
-        let mut sqs = Self { port, child, http };
+            .unwrap_or_else(|e| panic!("cannot start moto_server (pip install 'moto[server]'): {e}"));
+        self.child = Some(child);
         for _ in 0..400 {
-            if let Ok(Some(status)) = sqs.child.try_wait() {
-                panic!(
-                    "moto_server exited at start ({status}): is moto[server] installed? pip install 'moto[server]'"
-                );
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
             }
-            if sqs.try_call("ListQueues", json!({})).await.is_ok() {
-                return sqs;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("moto_server did not answer on port {port}");
+        panic!("moto_server did not start on port {}", self.port);
     }
 
-    /// The endpoint to give an SQS client (`RUNLEASE_SQS_ENDPOINT`).
+    /// Its endpoint URL.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
 
-    async fn try_call(&self, action: &str, body: Value) -> Result<Value, String> {
-        let response = self
-            .http
-            .post(self.endpoint())
-            .header("X-Amz-Target", format!("AmazonSQS.{action}"))
-            .header("Content-Type", "application/x-amz-json-1.0")
-            .header("Authorization", AUTHORIZATION)
-            .body(body.to_string())
+    /// The environment a coordinator process needs to reach it.
+    pub fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("RUNLEASE_SQS_ENDPOINT", self.endpoint()),
+            ("AWS_REGION", REGION.into()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_EC2_METADATA_DISABLED", "true".into()),
+        ]
+    }
+
+    /// A client for it.
+    pub async fn client(&self) -> aws_sdk_sqs::Client {
+        let config = aws_config::defaults(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new("test", "test", None, None, "static"))
+            .endpoint_url(self.endpoint())
+            .load()
+            .await;
+        aws_sdk_sqs::Client::new(&config)
+    }
+
+    /// Creates a queue; answers its URL.
+    pub async fn create_queue(&self, name: &str) -> String {
+        let out = self
+            .client()
+            .await
+            .create_queue()
+            .queue_name(name)
             .send()
             .await
-            .map_err(|e| e.to_string())?;
-        let status = response.status();
-        let text = response.text().await.map_err(|e| e.to_string())?;
-        if !status.is_success() {
-            return Err(format!("{action}: HTTP {status}: {text}"));
-        }
-        serde_json::from_str(&text).map_err(|e| format!("{action}: {e}: {text}"))
+            .unwrap();
+        out.queue_url().unwrap().to_owned()
     }
 
-    /// One SQS call (JSON protocol); panics on failure.
-    pub async fn call(&self, action: &str, body: Value) -> Value {
-        self.try_call(action, body).await.unwrap()
+    /// Receives up to 10 message bodies, long-polling up to `wait_secs`.
+    pub async fn receive(&self, url: &str, wait_secs: i32) -> Vec<String> {
+        let out = self
+            .client()
+            .await
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait_secs)
+            .send()
+            .await
+            .unwrap();
+        out.messages()
+            .iter()
+            .filter_map(|m| m.body().map(str::to_owned))
+            .collect()
     }
 
-    /// Creates a queue; its URL.
-    pub async fn create_queue(&self, name: &str) -> String {
-        let answer = self.call("CreateQueue", json!({"QueueName": name})).await;
-        answer["QueueUrl"].as_str().unwrap().to_owned()
-    }
-
-    /// The queue's ARN.
-    pub async fn queue_arn(&self, queue_url: &str) -> String {
-        let answer = self
-            .call(
-                "GetQueueAttributes",
-                json!({"QueueUrl": queue_url, "AttributeNames": ["QueueArn"]}),
-            )
-            .await;
-        answer["Attributes"]["QueueArn"].as_str().unwrap().to_owned()
-    }
-
-    /// Sends a message; its id.
-    pub async fn send(&self, queue_url: &str, body: &str) -> String {
-        let answer = self
-            .call("SendMessage", json!({"QueueUrl": queue_url, "MessageBody": body}))
-            .await;
-        answer["MessageId"].as_str().unwrap().to_owned()
-    }
-
-    /// Receives up to `max` messages, long-polling up to `wait_secs`.
-    pub async fn receive(&self, queue_url: &str, max: u32, wait_secs: u32) -> Vec<ReceivedMessage> {
-        let answer = self
-            .call(
-                "ReceiveMessage",
-                json!({
-                    "QueueUrl": queue_url,
-                    "MaxNumberOfMessages": max,
-                    "WaitTimeSeconds": wait_secs,
-                    "AttributeNames": ["All"],
-                }),
-            )
-            .await;
-        answer
-            .get("Messages")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
+    /// Receives up to 10 whole messages, long-polling up to `wait_secs`.
+    pub async fn receive_messages(&self, url: &str, wait_secs: i32) -> Vec<ReceivedMessage> {
+        let out = self
+            .client()
+            .await
+            .receive_message()
+            .queue_url(url)
+            .max_number_of_messages(10)
+            .wait_time_seconds(wait_secs)
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .unwrap();
+        out.messages()
+            .iter()
             .map(|m| ReceivedMessage {
-                message_id: m["MessageId"].as_str().unwrap().to_owned(),
-                receipt_handle: m["ReceiptHandle"].as_str().unwrap().to_owned(),
-                body: m["Body"].as_str().unwrap().to_owned(),
-                md5_of_body: m["MD5OfBody"].as_str().unwrap_or_default().to_owned(),
-                attributes: m.get("Attributes").cloned().unwrap_or_else(|| json!({})),
+                message_id: m.message_id().unwrap().to_owned(),
+                receipt_handle: m.receipt_handle().unwrap().to_owned(),
+                body: m.body().unwrap_or_default().to_owned(),
+                md5_of_body: m.md5_of_body().unwrap_or_default().to_owned(),
+                attributes: Value::Object(
+                    m.attributes()
+                        .into_iter()
+                        .flatten()
+                        .map(|(k, v)| (k.as_str().to_owned(), Value::String(v.clone())))
+                        .collect::<Map<_, _>>(),
+                ),
             })
             .collect()
     }
 
-    /// Deletes a received message (what the event source mapping does for
+    /// Deletes a received message (what an event source mapping does with
     /// every record a function did not name in `batchItemFailures`).
-    pub async fn delete(&self, queue_url: &str, receipt_handle: &str) {
-        self.call(
-            "DeleteMessage",
-            json!({"QueueUrl": queue_url, "ReceiptHandle": receipt_handle}),
-        )
-        .await;
+    pub async fn delete(&self, url: &str, receipt_handle: &str) {
+        self.client()
+            .await
+            .delete_message()
+            .queue_url(url)
+            .receipt_handle(receipt_handle)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// Makes a received message visible again at once, as SQS does when its
+    /// visibility timeout ends without a delete.
+    pub async fn make_visible(&self, url: &str, receipt_handle: &str) {
+        self.client()
+            .await
+            .change_message_visibility()
+            .queue_url(url)
+            .receipt_handle(receipt_handle)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+
+    /// The queue's ARN.
+    pub async fn queue_arn(&self, url: &str) -> String {
+        self.attribute(url, QueueAttributeName::QueueArn).await
     }
 
     /// `(visible, in flight)` message counts.
-    pub async fn counts(&self, queue_url: &str) -> (u64, u64) {
-        let answer = self
-            .call(
-                "GetQueueAttributes",
-                json!({
-                    "QueueUrl": queue_url,
-                    "AttributeNames": ["ApproximateNumberOfMessages", "ApproximateNumberOfMessagesNotVisible"],
-                }),
-            )
+    pub async fn counts(&self, url: &str) -> (u64, u64) {
+        let visible = self
+            .attribute(url, QueueAttributeName::ApproximateNumberOfMessages)
             .await;
-        let n = |k: &str| answer["Attributes"][k].as_str().unwrap().parse().unwrap();
-        (
-            n("ApproximateNumberOfMessages"),
-            n("ApproximateNumberOfMessagesNotVisible"),
-        )
+        let in_flight = self
+            .attribute(url, QueueAttributeName::ApproximateNumberOfMessagesNotVisible)
+            .await;
+        (visible.parse().unwrap(), in_flight.parse().unwrap())
+    }
+
+    async fn attribute(&self, url: &str, name: QueueAttributeName) -> String {
+        let out = self
+            .client()
+            .await
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(name.clone())
+            .send()
+            .await
+            .unwrap();
+        out.attributes().and_then(|a| a.get(&name)).unwrap().clone()
+    }
+
+    /// Stops the server (as an outage would).
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
 impl Drop for TestSqs {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.stop();
     }
-}
-
-/// The event Lambda's SQS event source mapping hands a function for
-/// `messages` received from the queue `queue_arn`.
-pub fn sqs_event(queue_arn: &str, messages: &[ReceivedMessage]) -> Value {
-    json!({
-        "Records": messages.iter().map(|m| json!({
-            "messageId": m.message_id,
-            "receiptHandle": m.receipt_handle,
-            "body": m.body,
-            "attributes": m.attributes,
-            "messageAttributes": {},
-            "md5OfBody": m.md5_of_body,
-            "eventSource": "aws:sqs",
-            "eventSourceARN": queue_arn,
-            "awsRegion": TEST_REGION,
-        })).collect::<Vec<_>>()
-    })
-}
-
-/// The event an EventBridge schedule (rule) hands a function.
-pub fn scheduled_event() -> Value {
-    json!({
-        "version": "0",
-        "id": uuid::Uuid::new_v4().to_string(),
-        "detail-type": "Scheduled Event",
-        "source": "aws.events",
-        "account": "123456789012",
-        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        "region": TEST_REGION,
-        "resources": ["arn:aws:events:us-east-1:123456789012:rule/runlease-sweep"],
-        "detail": {}
-    })
 }

@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use runlease_protocol::{QueueName, WorkerId};
@@ -55,10 +56,13 @@ struct Group {
     next_check: Instant,
 }
 
-/// Serves claims.
+/// Serves claims. With batching on, claims are spread over a few shards
+/// (`RUNLEASE_BATCH_FLUSHERS`), each a loop with its own claim statement in
+/// flight, so a busy queue's claims use more than one connection.
 #[derive(Clone)]
 pub struct ClaimBatcher {
-    tx: Option<mpsc::UnboundedSender<Parked>>,
+    shards: Arc<Vec<mpsc::UnboundedSender<Parked>>>,
+    next_shard: Arc<AtomicUsize>,
     store: Store,
     wake: Wake,
     metrics: Arc<Metrics>,
@@ -81,7 +85,8 @@ impl ClaimBatcher {
         shutdown: CancellationToken,
     ) -> Self {
         let mut this = Self {
-            tx: None,
+            shards: Arc::default(),
+            next_shard: Arc::default(),
             store,
             wake,
             metrics,
@@ -90,28 +95,26 @@ impl ClaimBatcher {
             shutdown,
         };
         if settings.enabled {
-            let (tx, rx) = mpsc::unbounded_channel();
-            this.tx = Some(tx);
-            let worker = this.clone_without_sender();
-            tracker.spawn(worker.run(rx));
+            let mut shards = Vec::new();
+            for _ in 0..settings.claim_shards.max(1) {
+                let (tx, rx) = mpsc::unbounded_channel();
+                shards.push(tx);
+                tracker.spawn(this.clone().run(rx));
+            }
+            this.shards = Arc::new(shards);
         }
         this
-    }
-
-    fn clone_without_sender(&self) -> Self {
-        Self {
-            tx: None,
-            ..self.clone()
-        }
     }
 
     /// Claims up to `ask.max_jobs` leases, parking up to `ask.wait` when none
     /// is claimable.
     pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<JobRecord>, StoreError> {
         let deadline = Instant::now() + ask.wait;
-        let Some(tx) = &self.tx else {
+        if self.shards.is_empty() {
             return self.claim_alone(ask, deadline).await;
-        };
+        }
+        let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        let tx = &self.shards[shard];
         let (reply, answer) = oneshot::channel();
         tx.send(Parked { ask, deadline, reply })
             .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
@@ -149,6 +152,7 @@ impl ClaimBatcher {
         let mut wakes = self.wake.subscribe_queues();
         let mut groups: HashMap<GroupKey, Group> = HashMap::new();
         let mut stopping = false;
+        let mut parked_before: i64 = 0;
         loop {
             let next_timer = groups
                 .values()
@@ -222,11 +226,12 @@ impl ClaimBatcher {
                     }
                 }
             }
-            self.metrics
-                .claim_waiters
-                .set(groups.values().map(|g| g.parked.len() as i64).sum());
+            // Shards share the gauge: each adds what changed on its side.
+            let parked_now: i64 = groups.values().map(|g| g.parked.len() as i64).sum();
+            self.metrics.claim_waiters.inc_by(parked_now - parked_before);
+            parked_before = parked_now;
         }
-        self.metrics.claim_waiters.set(0);
+        self.metrics.claim_waiters.dec_by(parked_before);
     }
 
     fn admit(&self, groups: &mut HashMap<GroupKey, Group>, parked: Parked, stopping: bool) {

@@ -35,6 +35,8 @@ pub struct BatchSettings {
     pub max_delay: Duration,
     /// Batches of one kind written at once (each on its own connection).
     pub flushers: usize,
+    /// Claim loops, each with one claim statement in flight.
+    pub claim_shards: usize,
 }
 
 /// Writes one batch and answers each of its requests.

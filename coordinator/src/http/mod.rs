@@ -4,7 +4,7 @@
 //! - [`extract`]: JSON, path, query and caller extractors that answer with it.
 //! - [`jobs`]: producer endpoints.
 //! - [`leases`]: worker endpoints.
-//! - [`ops`]: health, readiness, metrics, queue figures.
+//! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
 
 pub mod error;
 pub mod extract;
@@ -97,6 +97,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))
+        .route(routes::OPENAPI, get(ops::openapi))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))

@@ -1,4 +1,5 @@
-//! Operations endpoints: health, readiness, metrics, queue figures.
+//! Operations endpoints: health, readiness, metrics, queue figures, the
+//! OpenAPI description.
 
 use axum::Json;
 use axum::extract::State;
@@ -17,6 +18,14 @@ use crate::metrics::{DepthLabels, QueueLabels};
 /// `GET /healthz`: the process serves HTTP.
 pub async fn healthz() -> impl IntoResponse {
     Json(json!({"status": "ok"}))
+}
+
+/// The OpenAPI description of the v1 protocol, `docs/openapi.yaml`, built in.
+const OPENAPI_YAML: &str = include_str!("../../../docs/openapi.yaml");
+
+/// `GET /openapi.yaml`: the protocol's OpenAPI description (no key needed).
+pub async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)
 }
 
 /// `GET /readyz`: PostgreSQL reachable and migrations current (503 otherwise).

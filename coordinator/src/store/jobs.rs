@@ -246,6 +246,37 @@ impl Store {
             .collect()
     }
 
+    /// One dispatch pass over `queue`: marks up to `limit` due jobs whose due
+    /// time was not signalled, then calls `send` with their number (no row
+    /// lock is held while it runs, so woken workers can claim at once). When
+    /// `send` returns false the marks are given back for the next pass.
+    /// Returns how many jobs were signalled.
+    pub async fn dispatch_due<F, Fut>(
+        &self,
+        queue: &QueueName,
+        limit: i64,
+        send: F,
+    ) -> Result<usize, StoreError>
+    where
+        F: FnOnce(usize) -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_DISPATCH_PICK).await?;
+        let rows = client.query(&stmt, &[&queue.as_str(), &limit]).await?;
+        if rows.is_empty() {
+            return Ok(0);
+        }
+        let ids: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
+        let due: Vec<DateTime<Utc>> = rows.iter().map(|r| col(r, "run_at")).collect::<Result<_, _>>()?;
+        if send(ids.len()).await {
+            return Ok(ids.len());
+        }
+        let stmt = client.prepare_cached(sql::JOB_DISPATCH_UNMARK).await?;
+        client.execute(&stmt, &[&ids, &due]).await?;
+        Ok(0)
+    }
+
     /// Reads jobs with their chronology, in no particular order; missing ids are absent.
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {
         let client = self.conn().await?;

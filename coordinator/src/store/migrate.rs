@@ -18,11 +18,18 @@ pub struct Migration {
 }
 
 /// Every migration, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "jobs",
-    sql: include_str!("../../../migrations/0001_jobs.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "jobs",
+        sql: include_str!("../../../migrations/0001_jobs.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "dispatch",
+        sql: include_str!("../../../migrations/0002_dispatch.sql"),
+    },
+];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).
 const MIGRATION_LOCK_KEY: i64 = 0x72756e6c65617365;

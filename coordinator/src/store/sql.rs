@@ -16,6 +16,10 @@ pub const JOB_MARK_ENQUEUE_FAILED: &str = include_str!("sql/job_mark_enqueue_fai
 pub const JOB_REPAIR_PICK: &str = include_str!("sql/job_repair_pick.sql");
 /// Move repaired jobs back to queued.
 pub const JOB_REPAIR_REQUEUE: &str = include_str!("sql/job_repair_requeue.sql");
+/// Take due, unsignalled jobs of an SQS-bound queue and mark them signalled.
+pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
+/// Give the due times of unsent wake-ups back.
+pub const JOB_DISPATCH_UNMARK: &str = include_str!("sql/job_dispatch_unmark.sql");
 /// The ended attempts of jobs.
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 /// How one attempt ended.
@@ -47,6 +51,8 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_mark_enqueue_failed", JOB_MARK_ENQUEUE_FAILED),
     ("job_repair_pick", JOB_REPAIR_PICK),
     ("job_repair_requeue", JOB_REPAIR_REQUEUE),
+    ("job_dispatch_pick", JOB_DISPATCH_PICK),
+    ("job_dispatch_unmark", JOB_DISPATCH_UNMARK),
     ("attempt_list", ATTEMPT_LIST),
     ("attempt_get", ATTEMPT_GET),
     ("lease_claim", LEASE_CLAIM),

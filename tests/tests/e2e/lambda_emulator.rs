@@ -1,47 +1,68 @@
-//! The example function (`bootstrap`) through the real Lambda Runtime API
-//! contract, under cargo-lambda's emulator: a wake-up message goes through
-//! SQS (moto), is received back and delivered as Lambda's SQS event source
-//! mapping would deliver it, and the function claims over HTTP from the
+//! The whole wake-up path with the example function (`bootstrap`) under the
+//! real Lambda Runtime API contract: a job enqueued on an SQS-bound queue, the
+//! coordinator's wake-up in SQS (moto), the message received and delivered as
+//! Lambda's SQS event source mapping delivers it, to the function running
+//! under cargo-lambda's emulator, which claims over HTTP from the
 //! coordinator. These tests run cargo (the emulator builds the function), so
 //! they share a nextest group of one thread (`.config/nextest.toml`).
 
+use std::net::SocketAddr;
+use std::time::Duration;
+
 use runlease_client::protocol::{AttemptOutcome, JobState};
-use runlease_tests::lambda::{FUNCTION, LambdaEmulator};
-use runlease_tests::sqs::{TestSqs, scheduled_event, sqs_event};
-use runlease_tests::{Proxy, TestCoordinator, TestDb};
-use serde_json::json;
+use runlease_tests::lambda::{FUNCTION, LambdaEmulator, scheduled_event, sqs_event};
+use runlease_tests::sqs::ReceivedMessage;
+use runlease_tests::{CoordinatorProcess, Proxy, TestDb, TestSqs};
+use serde_json::{Value, json};
+
+/// The coordinator's next wake-up in the queue.
+async fn next_wake_up(sqs: &TestSqs, url: &str) -> ReceivedMessage {
+    for _ in 0..20 {
+        let mut received = sqs.receive_messages(url, 1).await;
+        if let Some(message) = received.pop() {
+            assert!(received.is_empty(), "one wake-up at a time here");
+            return message;
+        }
+    }
+    panic!("no wake-up arrived in 20 s");
+}
 
 #[tokio::test]
-async fn a_wake_up_from_sqs_runs_the_job_through_the_lambda_runtime_api() {
+async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up_starts() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start(&db).await;
-    // The function reaches the coordinator through a proxy the test can cut.
-    let proxy = Proxy::start(c.addr).await;
     let sqs = TestSqs::start().await;
     let queue_url = sqs.create_queue("runlease-wake").await;
     let queue_arn = sqs.queue_arn(&queue_url).await;
+    let mut env = sqs.env();
+    env.push((
+        "RUNLEASE_SQS_QUEUES",
+        format!("le-emails={queue_url},le-other={queue_url}"),
+    ));
+    env.push(("RUNLEASE_SQS_DISPATCH_INTERVAL_MS", "200".into()));
+    let c = CoordinatorProcess::start(&db, &env).await;
+    // The function reaches the coordinator through a proxy the test can cut.
+    let addr: SocketAddr = c.api.base().trim_start_matches("http://").parse().unwrap();
+    let proxy = Proxy::start(addr).await;
     let function = LambdaEmulator::start(&[
         ("RUNLEASE_URL", proxy.url()),
         ("RUNLEASE_QUEUES", "le-emails,le-other".to_owned()),
     ])
     .await;
 
-    // Enqueued, then woken up as the coordinator does: the job is committed
-    // before its wake-up is sent.
+    // Enqueued: the coordinator commits the job, then sends its wake-up.
     let job = c.api.enqueue("le-emails", json!({"to": "ada@example.com"})).await;
-    let sent_id = sqs
-        .send(&queue_url, &json!({"queue": "le-emails", "jobs": 1}).to_string())
+    let wake_up = next_wake_up(&sqs, &queue_url).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&wake_up.body).unwrap(),
+        json!({"queue": "le-emails", "jobs": 1})
+    );
+    let (status, answer) = function
+        .invoke(&sqs_event(&queue_arn, std::slice::from_ref(&wake_up)))
         .await;
-    let received = sqs.receive(&queue_url, 10, 1).await;
-    assert_eq!(received.len(), 1);
-    assert_eq!(received[0].message_id, sent_id);
-
-    let (status, answer) = function.invoke(&sqs_event(&queue_arn, &received)).await;
     assert_eq!(status, 200, "{answer}\n{}", function.log());
     assert_eq!(answer, json!({"batchItemFailures": []}));
     // Nothing named: the event source mapping deletes the message.
-    sqs.delete(&queue_url, &received[0].receipt_handle).await;
-    assert_eq!(sqs.counts(&queue_url).await, (0, 0));
+    sqs.delete(&queue_url, &wake_up.receipt_handle).await;
 
     let done = c.api.job(job.id).await;
     assert_eq!(done.state, JobState::Done, "{}", function.log());
@@ -59,29 +80,47 @@ async fn a_wake_up_from_sqs_runs_the_job_through_the_lambda_runtime_api() {
         done.attempts[0].worker_id
     );
 
-    // The coordinator unreachable: the wake-up is named in batchItemFailures,
-    // so SQS delivers it again; its job waits, claimable, in PostgreSQL.
+    // The coordinator unreachable from the function: the wake-up is named in
+    // batchItemFailures, so it stays in SQS; its job waits in PostgreSQL.
     let waiting = c.api.enqueue("le-other", json!(2)).await;
-    sqs.send(&queue_url, &json!({"queue": "le-other", "jobs": 1}).to_string())
-        .await;
-    let received = sqs.receive(&queue_url, 10, 1).await;
-    assert_eq!(received.len(), 1);
+    let wake_up = next_wake_up(&sqs, &queue_url).await;
     proxy.cut();
-    let (status, answer) = function.invoke(&sqs_event(&queue_arn, &received)).await;
+    let (status, answer) = function
+        .invoke(&sqs_event(&queue_arn, std::slice::from_ref(&wake_up)))
+        .await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         answer,
-        json!({"batchItemFailures": [{"itemIdentifier": received[0].message_id}]})
+        json!({"batchItemFailures": [{"itemIdentifier": wake_up.message_id}]})
     );
     assert_eq!(c.api.job(waiting.id).await.state, JobState::Queued);
 
-    // The scheduled sweep, once the coordinator is back, finishes it.
+    // Back: SQS delivers the named wake-up again (its visibility timeout
+    // over), and this time the job runs.
     proxy.heal();
+    sqs.make_visible(&queue_url, &wake_up.receipt_handle).await;
+    let again = next_wake_up(&sqs, &queue_url).await;
+    assert_eq!(again.message_id, wake_up.message_id);
+    assert_eq!(again.attributes["ApproximateReceiveCount"], json!("2"));
+    let (status, answer) = function
+        .invoke(&sqs_event(&queue_arn, std::slice::from_ref(&again)))
+        .await;
+    assert_eq!((status, answer), (200, json!({"batchItemFailures": []})));
+    sqs.delete(&queue_url, &again.receipt_handle).await;
+    assert_eq!(c.api.job(waiting.id).await.state, JobState::Done);
+
+    // A wake-up that never reaches the function: the scheduled sweep runs
+    // its job anyway.
+    let orphan = c.api.enqueue("le-other", json!(3)).await;
+    let lost = next_wake_up(&sqs, &queue_url).await;
+    sqs.delete(&queue_url, &lost.receipt_handle).await;
     let (status, answer) = function.invoke(&scheduled_event()).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(
         answer,
         json!({"invocation": "scheduled", "completed": 1, "failed": 0, "released": 0, "abandoned": 0})
     );
-    assert_eq!(c.api.job(waiting.id).await.state, JobState::Done);
+    assert_eq!(c.api.job(orphan.id).await.state, JobState::Done);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(sqs.counts(&queue_url).await, (0, 0), "every wake-up consumed");
 }

@@ -1,0 +1,24 @@
+-- Take up to $2 due, claimable jobs of one SQS-bound queue whose due time has
+-- not been signalled, and record now that their wake-ups go out. The row
+-- locks end with this statement, before the wake-ups are sent, so a worker
+-- woken by one can claim the job at once; should the send fail,
+-- job_dispatch_unmark gives the due times back to the next pass.
+-- $1 text queue, $2 bigint limit.
+-- Index: jobs_dispatch_idx (queue, run_at) WHERE claimable and not signalled.
+-- Locking: FOR UPDATE SKIP LOCKED: dispatchers on several coordinators take
+-- disjoint sets, so each due time is signalled once.
+WITH due AS (
+    SELECT id
+    FROM jobs
+    WHERE queue = $1
+      AND state IN ('queued', 'enqueue_failed')
+      AND dispatched_run_at IS DISTINCT FROM run_at
+      AND run_at <= now()
+    ORDER BY run_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE jobs j SET dispatched_run_at = j.run_at
+FROM due
+WHERE j.id = due.id
+RETURNING j.id, j.run_at

@@ -1,0 +1,224 @@
+//! `examples/python_worker.py`, a standard-library Python worker, drives jobs
+//! to their end over plain HTTP: it completes, fails (at once and after a
+//! retry), saves progress through heartbeats, acknowledges a cancel, drops a
+//! lease it lost, and on SIGTERM releases what it holds and exits 0.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use runlease_protocol::{Job, JobState};
+use runlease_tests::{Api, TestCoordinator, TestDb};
+use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+use uuid::Uuid;
+
+use crate::expire_leases;
+use crate::reaping::reap_once;
+
+const QUEUE: &str = "py";
+
+fn worker_script() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/python_worker.py");
+    assert!(path.exists(), "{} is missing", path.display());
+    path
+}
+
+async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
+    let (status, body) = api
+        .post(
+            "/v1/jobs",
+            &json!({"queue": QUEUE, "payload": payload, "max_attempts": max_attempts}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    serde_json::from_value(body).unwrap()
+}
+
+/// Polls the job until `pred` holds (10 s at most).
+async fn until(api: &Api, id: impl std::fmt::Display, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+    for _ in 0..200 {
+        let job = api.job(&id).await;
+        if pred(&job) {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {id} never got {what}: {:?}", api.job(&id).await);
+}
+
+/// Reads the job once it is terminal (the long-poll of `GET ?wait_ms=`).
+async fn terminal(api: &Api, id: impl std::fmt::Display) -> Job {
+    let (status, body) = api.get(&format!("/v1/jobs/{id}?wait_ms=20000")).await;
+    assert_eq!(status, 200, "{body}");
+    let job: Job = serde_json::from_value(body).unwrap();
+    assert!(job.state.is_terminal(), "job {id} is not terminal: {job:?}");
+    job
+}
+
+#[tokio::test]
+async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.lease_ttl_ms = 3_000;
+        cfg.heartbeat_interval_ms = 200;
+    })
+    .await;
+    let api = &c.api;
+
+    let mut worker = Command::new("python3")
+        .arg(worker_script())
+        .args(["--url", api.base(), "--queue", QUEUE, "--worker-id", "py-worker"])
+        .args(["--concurrency", "8", "--wait-ms", "500", "--grace-ms", "300"])
+        .env_remove("RUNLEASE_KEY")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("python3 must be on PATH to run examples/python_worker.py");
+    let mut stderr = worker.stderr.take().unwrap();
+    let log = tokio::spawn(async move {
+        let mut text = String::new();
+        stderr.read_to_string(&mut text).await.unwrap();
+        text
+    });
+
+    let plain = enqueue(api, json!({"n": 1}), 4).await;
+    let fatal = enqueue(api, json!({"fail": "boom", "retryable": false}), 4).await;
+    let flaky = enqueue(api, json!({"fail": "flaky"}), 2).await;
+    let slow = enqueue(api, json!({"sleep_ms": 600}), 4).await;
+    let cancelled = enqueue(api, json!({"sleep_ms": 60_000}), 4).await;
+    let lost = enqueue(api, json!({"sleep_ms": 60_000}), 4).await;
+
+    // Heartbeats carry the handler's checkpoints while it runs.
+    let has_progress = |j: &Job| j.state == JobState::Running && j.progress.is_some();
+    until(api, cancelled.id, "progress", has_progress).await;
+    until(api, lost.id, "progress", has_progress).await;
+
+    // A cancel reaches the handler through its heartbeat; the worker acknowledges.
+    let (status, body) = api
+        .post(&format!("/v1/jobs/{}/cancel", cancelled.id), &json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The lease of `lost` expires and is reaped: its heartbeat answers lease_lost.
+    loop {
+        expire_leases(&db, &[lost.id.0]).await;
+        if reap_once(&db).await.total() == 1 {
+            break;
+        }
+    }
+
+    let job = terminal(api, plain.id).await;
+    assert_eq!(job.state, JobState::Done);
+    assert_eq!(job.result.as_ref().unwrap()["echo"], json!({"n": 1}));
+    assert_eq!(job.attempts[0].worker_id.as_str(), "py-worker");
+
+    let job = terminal(api, fatal.id).await;
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(job.error.as_deref(), Some("boom"));
+    assert_eq!(job.attempts.len(), 1, "not retryable: one attempt");
+
+    let job = terminal(api, flaky.id).await;
+    assert_eq!(job.state, JobState::Failed);
+    assert_eq!(job.attempts.len(), 2, "retried once, then out of attempts");
+
+    let job = terminal(api, slow.id).await;
+    assert_eq!(job.state, JobState::Done);
+    // Checkpoints travel with heartbeats (every 200 ms here); a complete carries none.
+    let slept = job.progress.as_ref().and_then(|p| p["slept_ms"].as_i64());
+    assert!(slept.is_some_and(|ms| ms > 0), "{job:?}");
+
+    let job = terminal(api, cancelled.id).await;
+    assert_eq!(job.state, JobState::Cancelled);
+    let last = job.attempts.last().unwrap();
+    assert_eq!(last.outcome.map(|o| o.as_str()), Some("cancelled"), "{job:?}");
+
+    // The lost job was taken back, claimed again, and runs under a new lease.
+    let job = until(api, lost.id, "a second lease", |j| {
+        j.state == JobState::Running && j.run_lease.0 == 2
+    })
+    .await;
+    assert_eq!(job.attempts[0].outcome.map(|o| o.as_str()), Some("lease_expired"));
+
+    // SIGTERM: stop claiming, release what is held (with its checkpoint), exit 0.
+    let pid = worker.id().unwrap().to_string();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = tokio::time::timeout(Duration::from_secs(15), worker.wait())
+        .await
+        .expect("the worker did not stop within 15 s of SIGTERM")
+        .unwrap();
+    let log = log.await.unwrap();
+    assert!(exit.success(), "worker exited {exit:?}; its log:\n{log}");
+
+    let job = api.job(lost.id).await;
+    assert_eq!(job.state, JobState::Queued, "{job:?}");
+    assert_eq!(
+        job.attempts.last().unwrap().outcome.map(|o| o.as_str()),
+        Some("released")
+    );
+    assert!(job.progress.is_some(), "the release kept the checkpoint");
+
+    // What the worker said it did, one JSON line per event.
+    let events: Vec<Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect();
+    let saw = |msg: &str, id: Uuid| {
+        events
+            .iter()
+            .any(|e| e["msg"] == msg && e["job_id"] == id.to_string())
+    };
+    assert!(saw("cancel requested", cancelled.id.0), "{log}");
+    assert!(saw("lease lost", lost.id.0), "{log}");
+    assert!(saw("job dropped", lost.id.0), "{log}");
+    assert!(saw("job released", lost.id.0), "{log}");
+    assert!(events.iter().any(|e| e["msg"] == "worker stopped"), "{log}");
+    c.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() {
+    const WORKER_KEY: &str = "python-worker-key-0123456789";
+    const PRODUCER_KEY: &str = "python-producer-key-0123456789";
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
+    })
+    .await;
+    let producer = c.api.with_key(PRODUCER_KEY);
+    let job = enqueue(&producer, json!({"n": 2}), 4).await;
+
+    let run = |key: &str| {
+        let mut cmd = Command::new("python3");
+        cmd.arg(worker_script())
+            .args(["--url", c.api.base(), "--queue", QUEUE, "--wait-ms", "200"])
+            .env("RUNLEASE_KEY", key)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        cmd.spawn()
+            .expect("python3 must be on PATH to run examples/python_worker.py")
+    };
+
+    // A wrong key: the claim is refused (401) and the worker exits 1.
+    let mut refused = run("not-a-key-of-this-coordinator");
+    let exit = tokio::time::timeout(Duration::from_secs(15), refused.wait())
+        .await
+        .expect("a refused worker must stop by itself")
+        .unwrap();
+    assert_eq!(exit.code(), Some(1));
+
+    // The worker key (from RUNLEASE_KEY): the job is done.
+    let mut worker = run(WORKER_KEY);
+    let done = terminal(&producer, job.id).await;
+    assert_eq!(done.state, JobState::Done);
+    worker.kill().await.unwrap();
+    c.stop().await.unwrap();
+}
