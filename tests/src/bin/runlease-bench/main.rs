@@ -38,6 +38,7 @@ struct Args {
     wake: Option<usize>,
     parked: Option<usize>,
     modes: Vec<bool>,
+    lean: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -48,6 +49,7 @@ fn parse_args() -> anyhow::Result<Args> {
         wake: None,
         parked: None,
         modes: vec![false, true],
+        lean: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +72,7 @@ fn parse_args() -> anyhow::Result<Args> {
                 }
             }
             "--wake" => args.wake = Some(value()?.parse()?),
+            "--lean" => args.lean = true,
             "--parked" => args.parked = Some(value()?.parse()?),
             "-h" | "--help" => {
                 println!(
@@ -98,5 +101,10 @@ async fn main() -> anyhow::Result<()> {
     if let Some(n) = args.parked {
         return parked::report(n).await;
     }
-    throughput::report(&args.workers, args.jobs, args.concurrency, &args.modes).await
+    let kind = if args.lean {
+        throughput::WorkerKind::Lean
+    } else {
+        throughput::WorkerKind::Runtime
+    };
+    throughput::report(&args.workers, args.jobs, args.concurrency, &args.modes, kind).await
 }

@@ -21,7 +21,63 @@ struct Run {
     xacts_per_job: f64,
 }
 
-async fn run(workers: usize, jobs: usize, concurrency: usize, batching: bool) -> anyhow::Result<Run> {
+/// How each simulated worker runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkerKind {
+    /// The client's worker runtime (a task per job, heartbeats, finishing queue).
+    Runtime,
+    /// A bare loop: claim up to `concurrency` leases, complete them all in one
+    /// `POST /v1/finish`, repeat. The protocol's cost without the runtime's.
+    Lean,
+}
+
+/// A bare worker: claim a batch, finish it in one request, until `stop`.
+async fn lean_worker(
+    client: Client,
+    worker: WorkerId,
+    queue: QueueName,
+    max_jobs: u32,
+    stop: CancellationToken,
+) {
+    use runlease_client::protocol::worker::{ClaimRequest, FinishAction, FinishItem, FinishRequest};
+    while !stop.is_cancelled() {
+        let req = ClaimRequest {
+            queues: vec![queue.clone()],
+            worker_id: worker.clone(),
+            max_jobs,
+            wait_ms: 500,
+            time_left_ms: None,
+        };
+        let Ok(answer) = client.claim(&req).await else {
+            continue;
+        };
+        if answer.leases.is_empty() {
+            continue;
+        }
+        let items = answer
+            .leases
+            .into_iter()
+            .map(|l| FinishItem {
+                lease_token: l.lease_token,
+                action: FinishAction::Complete,
+                result: Some(l.payload),
+                error: None,
+                retryable: None,
+                retry_after_ms: None,
+                progress: None,
+            })
+            .collect();
+        let _ = client.finish(&FinishRequest { items }).await;
+    }
+}
+
+async fn run(
+    workers: usize,
+    jobs: usize,
+    concurrency: usize,
+    batching: bool,
+    kind: WorkerKind,
+) -> anyhow::Result<Run> {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
         cfg.database_pool_size = 20;
@@ -49,6 +105,18 @@ async fn run(workers: usize, jobs: usize, concurrency: usize, batching: bool) ->
     let started = Instant::now();
     let mut handles = Vec::new();
     for w in 0..workers {
+        if kind == WorkerKind::Lean {
+            let id = WorkerId::new(format!("bench-{w}")).unwrap();
+            let max_jobs = u32::try_from(concurrency).unwrap_or(u32::MAX);
+            handles.push(tokio::spawn({
+                let (client, queue, stop) = (client.clone(), queue.clone(), stop.clone());
+                async move {
+                    lean_worker(client, id, queue, max_jobs, stop).await;
+                    runlease_client::WorkerReport::default()
+                }
+            }));
+            continue;
+        }
         let worker = Worker::builder(client.clone())
             .worker_id(WorkerId::new(format!("bench-{w}")).unwrap())
             .concurrency(concurrency)
@@ -95,10 +163,16 @@ pub async fn report(
     jobs: usize,
     concurrency: usize,
     modes: &[bool],
+    kind: WorkerKind,
 ) -> anyhow::Result<()> {
-    println!(
-        "runlease-bench: {jobs} jobs per run; each worker runs {concurrency} jobs at once (claims up to that many, finishes through /v1/finish)"
-    );
+    match kind {
+        WorkerKind::Runtime => println!(
+            "runlease-bench: {jobs} jobs per run; each worker is the client's runtime running {concurrency} jobs at once (claims up to that many, finishes through /v1/finish)"
+        ),
+        WorkerKind::Lean => println!(
+            "runlease-bench: {jobs} jobs per run; each worker is a bare loop: claim up to {concurrency}, complete them in one /v1/finish"
+        ),
+    }
     println!(
         "coordinator in-process, PostgreSQL at {}",
         runlease_tests::admin_url()
@@ -133,7 +207,7 @@ pub async fn report(
     for &w in workers {
         let mut per_mode = Vec::new();
         for &batching in modes {
-            let r = run(w, jobs, concurrency, batching).await?;
+            let r = run(w, jobs, concurrency, batching, kind).await?;
             let n = jobs as f64;
             let drain = n / r.drain.as_secs_f64();
             let all = n / (r.drain + r.enqueue).as_secs_f64();
