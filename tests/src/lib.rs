@@ -219,6 +219,11 @@ impl TestDb {
         client
     }
 
+    /// The `bigint` a one-value query answers (a count, usually).
+    pub async fn scalar(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> i64 {
+        self.client().await.query_one(sql, params).await.unwrap().get(0)
+    }
+
     /// A store over this database (as a second coordinator would have).
     pub async fn store(&self) -> Store {
         runlease_coordinator::connect_and_migrate(&test_config(&self.url))

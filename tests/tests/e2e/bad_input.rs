@@ -430,13 +430,7 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
     assert_eq!(response.status().as_u16(), 413);
 
     // Nothing was written or changed; the coordinator and its pool are fine.
-    let count: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
     assert_eq!(count, 1);
     assert_eq!(c.api.job(running.id).await, snapshot);
     let (_, metrics) = c.api.get_text("/metrics").await;

@@ -81,20 +81,10 @@ async fn a_batch_that_hits_a_database_error_fails_every_request_and_applies_none
         assert_eq!(body["error"]["code"], "internal");
     }
     let running: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs WHERE state = 'running'", &[])
-        .await
-        .unwrap()
-        .get(0);
+        .scalar("SELECT count(*) FROM jobs WHERE state = 'running'", &[])
+        .await;
     assert_eq!(running, 5, "none applied");
-    let attempts: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM job_attempts", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let attempts: i64 = db.scalar("SELECT count(*) FROM job_attempts", &[]).await;
     assert_eq!(attempts, 0);
     // The same leases complete once the poison is gone.
     for lease in &leases[1..] {
@@ -217,15 +207,11 @@ async fn two_outcomes_of_one_lease_in_one_batch_apply_once() {
         "one outcome applies, the other is stale: {done:?} {failed:?}"
     );
     let attempts: i64 = db
-        .client()
-        .await
-        .query_one(
+        .scalar(
             "SELECT count(*) FROM job_attempts WHERE job_id = $1",
             &[&job.id.0],
         )
-        .await
-        .unwrap()
-        .get(0);
+        .await;
     assert_eq!(attempts, 1);
 }
 

@@ -202,12 +202,8 @@ async fn a_scheduled_sweep_drains_the_backlog() {
         json!({"invocation": "scheduled", "completed": 30, "failed": 0, "released": 0, "abandoned": 0})
     );
     let done: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
-        .await
-        .unwrap()
-        .get(0);
+        .scalar("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
+        .await;
     assert_eq!(done, 30);
     assert_eq!(runs.lock().unwrap().len(), 30);
 

@@ -451,13 +451,7 @@ async fn batch_enqueue_answers_in_order_in_one_transaction() {
         assert_eq!(j["payload"]["i"], json!(i % 40), "item {i} answers its key's job");
     }
     assert_eq!(answered[45]["id"], answered[5]["id"]);
-    let count: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
     assert_eq!(count, 40);
 
     // One bad job refuses the whole batch: nothing is written.
@@ -470,13 +464,7 @@ async fn batch_enqueue_answers_in_order_in_one_transaction() {
         body["error"]["message"].as_str().unwrap().starts_with("jobs[1]"),
         "{body}"
     );
-    let count: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
     assert_eq!(count, 40);
 }
 

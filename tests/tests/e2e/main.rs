@@ -41,13 +41,9 @@ pub async fn expire_leases(db: &TestDb, ids: &[Uuid]) {
 
 /// Number of rows of `job_attempts` for a job with `outcome`.
 pub async fn attempts_with(db: &TestDb, id: Uuid, outcome: &str) -> i64 {
-    db.client()
-        .await
-        .query_one(
-            "SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome::text = $2",
-            &[&id, &outcome],
-        )
-        .await
-        .unwrap()
-        .get(0)
+    db.scalar(
+        "SELECT count(*) FROM job_attempts WHERE job_id = $1 AND outcome::text = $2",
+        &[&id, &outcome],
+    )
+    .await
 }

@@ -77,12 +77,8 @@ async fn wait_for_redis(c: &TestCoordinator, status: &str) {
 }
 
 async fn count_in(db: &TestDb, state: &str) -> i64 {
-    db.client()
+    db.scalar("SELECT count(*) FROM jobs WHERE state::text = $1", &[&state])
         .await
-        .query_one("SELECT count(*) FROM jobs WHERE state::text = $1", &[&state])
-        .await
-        .unwrap()
-        .get(0)
 }
 
 #[tokio::test]
