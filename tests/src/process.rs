@@ -11,8 +11,18 @@ use crate::{Api, TEST_SECRET, TestDb};
 
 /// The binary next to the test executable (`target/<profile>/`).
 pub fn coordinator_binary() -> PathBuf {
-    // Tests run from target/<profile>/deps/, binaries (the bench) from
-    // target/<profile>/: the coordinator is in target/<profile>/.
+    workspace_binary(
+        "runlease-coordinator",
+        &["-p", "runlease-coordinator", "--bin", "runlease-coordinator"],
+    )
+}
+
+/// A binary of this workspace beside the running executable (tests run from
+/// `target/<profile>/deps/`, the bench from `target/<profile>/`). `cargo
+/// nextest run --workspace` builds test targets but not other packages'
+/// binaries, so a missing one is built here with `cargo build <args>` in the
+/// same profile (cargo's own lock serialises parallel tests asking at once).
+pub fn workspace_binary(name: &str, build_args: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap();
     let dir = if dir.ends_with("deps") {
@@ -20,12 +30,20 @@ pub fn coordinator_binary() -> PathBuf {
     } else {
         dir
     };
-    let bin = dir.join("runlease-coordinator");
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests with cargo nextest run --workspace (it builds every binary)",
-        bin.display()
-    );
+    let bin = dir.join(name);
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.arg("build").args(build_args);
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .status()
+            .unwrap_or_else(|e| panic!("cannot run cargo to build {name}: {e}"));
+        assert!(status.success(), "cargo build {build_args:?} failed");
+    }
+    assert!(bin.exists(), "{} is missing after building it", bin.display());
     bin
 }
 

@@ -8,14 +8,10 @@ use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::{Value, json};
 
 fn cli_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("runlease");
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests with cargo nextest run --workspace",
-        bin.display()
-    );
-    bin
+    runlease_tests::process::workspace_binary(
+        "runlease",
+        &["-p", "runlease-client", "--features", "cli", "--bin", "runlease"],
+    )
 }
 
 async fn runlease(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
