@@ -16,9 +16,11 @@
 //! - [`context`]: `JobContext`, `JobError`.
 //! - [`lease`]: the shared state of a held lease and the consumable claimed job.
 //! - [`finisher`]: outcomes of concurrent jobs sent together in `POST /v1/finish`.
+//! - `heartbeat`: one heartbeat request per interval for every held lease.
 
 pub mod context;
 pub mod finisher;
+mod heartbeat;
 pub mod lease;
 
 use std::collections::HashMap;
@@ -28,7 +30,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runlease_protocol::worker::{ClaimRequest, HeartbeatItem, HeartbeatRequest, HeartbeatStatus, Lease};
+use runlease_protocol::worker::{ClaimRequest, Lease};
 use runlease_protocol::{JobId, QueueName, WorkerId};
 use serde::Serialize;
 use serde_json::Value;
@@ -290,7 +292,7 @@ impl Worker {
         let stop_claiming = shutdown.child_token();
         let background = CancellationToken::new();
 
-        tracker.spawn(heartbeat_loop(inner.clone(), background.clone()));
+        tracker.spawn(heartbeat::heartbeat_loop(inner.clone(), background.clone()));
         let finisher = FinishQueue::spawn(inner.client.clone(), &tracker, background.clone());
         if let Some(deadline) = inner.deadline {
             let inner = inner.clone();
@@ -480,64 +482,6 @@ async fn release_unstarted(inner: &Inner, finisher: &FinishQueue, held: &Held, w
         Ok(()) => inner.counters.released.fetch_add(1, Ordering::Relaxed),
         Err(_) => inner.counters.abandoned.fetch_add(1, Ordering::Relaxed),
     };
-}
-
-/// One heartbeat request per interval for every held lease.
-async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
-    let mut last = Instant::now();
-    loop {
-        let interval = inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .map(|h| h.heartbeat_interval)
-            .min()
-            .unwrap_or(FALLBACK_HEARTBEAT);
-        tokio::select! {
-            () = tokio::time::sleep_until(last + interval) => {}
-            // A new lease may beat more often: recompute the interval.
-            () = inner.added.notified() => continue,
-            () = stop.cancelled() => return,
-        }
-        last = Instant::now();
-        let held: Vec<Arc<Held>> = inner
-            .held
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|h| h.stop_reason().is_none())
-            .cloned()
-            .collect();
-        for chunk in held.chunks(runlease_protocol::limits::MAX_LEASES_PER_REQUEST) {
-            let req = HeartbeatRequest {
-                leases: chunk
-                    .iter()
-                    .map(|h| HeartbeatItem {
-                        lease_token: h.token.clone(),
-                        progress: h.progress(),
-                    })
-                    .collect(),
-            };
-            let sent = Instant::now();
-            match inner.client.heartbeat(&req, false).await {
-                Ok(answer) => {
-                    for (h, result) in chunk.iter().zip(answer.leases) {
-                        match result.status {
-                            HeartbeatStatus::Renewed => h.renewed(sent),
-                            HeartbeatStatus::CancelRequested => {
-                                h.renewed(sent);
-                                h.stop(StopReason::CancelRequested);
-                            }
-                            HeartbeatStatus::LeaseLost => h.stop(StopReason::LeaseLost),
-                        }
-                    }
-                }
-                // The fence timers of the leases decide when this is too long.
-                Err(e) => tracing::warn!(error = %e, leases = chunk.len(), "heartbeat failed"),
-            }
-        }
-    }
 }
 
 /// Runs one handler and finishes its attempt as its end requires.
