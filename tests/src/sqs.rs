@@ -124,19 +124,10 @@ impl TestSqs {
 
     /// Receives up to 10 message bodies, long-polling up to `wait_secs`.
     pub async fn receive(&self, url: &str, wait_secs: i32) -> Vec<String> {
-        let out = self
-            .client()
+        self.receive_messages(url, wait_secs)
             .await
-            .receive_message()
-            .queue_url(url)
-            .max_number_of_messages(10)
-            .wait_time_seconds(wait_secs)
-            .send()
-            .await
-            .unwrap();
-        out.messages()
-            .iter()
-            .filter_map(|m| m.body().map(str::to_owned))
+            .into_iter()
+            .map(|m| m.body)
             .collect()
     }
 
