@@ -38,7 +38,7 @@ use crate::batch::claims::ClaimBatcher;
 use crate::batch::{BatchSettings, Batcher};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
-use crate::http::{AppState, Finisher, LeaseTerms, Renewer};
+use crate::http::{Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
 use crate::reaper::Reaper;
 use crate::store::connect::DatabaseTarget;
@@ -195,11 +195,11 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
     let finisher: Finisher =
         Batcher::spawn("finish", settings, metrics.clone(), &tracker, shutdown.clone(), {
             let store = store.clone();
-            move |requests: Vec<Vec<(LeaseRef, Outcome)>>| {
+            move |requests: Arc<Vec<Vec<(LeaseRef, Outcome)>>>| {
                 let store = store.clone();
                 async move {
                     let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                    let items: Vec<(LeaseRef, Outcome)> = requests.into_iter().flatten().collect();
+                    let items: Vec<&(LeaseRef, Outcome)> = requests.iter().flatten().collect();
                     let mut answers = store.finish(&items).await?.into_iter();
                     Ok(sizes
                         .iter()
@@ -216,11 +216,11 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         shutdown.clone(),
         {
             let store = store.clone();
-            move |requests: Vec<Vec<Renewal>>| {
+            move |requests: Arc<Vec<Vec<Renewal>>>| {
                 let store = store.clone();
                 async move {
                     let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                    let renewals: Vec<Renewal> = requests.into_iter().flatten().collect();
+                    let renewals: Vec<&Renewal> = requests.iter().flatten().collect();
                     let mut statuses = store.heartbeat(&renewals).await?.into_iter();
                     Ok(sizes
                         .iter()
@@ -231,7 +231,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         },
     );
 
-    let state = AppState {
+    let state = Arc::new(http::Shared {
         store,
         tokens: TokenKey::new(&secret),
         keys: Arc::new(keys),
@@ -247,7 +247,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         claims,
         finisher,
         renewer,
-    };
+    });
     tracing::info!(%addr, "runlease coordinator listening");
     axum::serve(listener, http::app(state, config.max_body_bytes))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned())

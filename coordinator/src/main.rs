@@ -8,6 +8,12 @@ use clap::Parser;
 use runlease_coordinator::config::{Cli, Command};
 use tokio_util::sync::CancellationToken;
 
+/// mimalloc instead of glibc's allocator: request handling allocates many
+/// small, short-lived buffers across threads, where glibc spent a fifth of
+/// the coordinator's CPU (docs/adr/011-allocator.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -39,11 +39,12 @@ impl FinishQueue {
                     }
                 }
                 let (items, replies): (Vec<FinishItem>, Vec<_>) = batch.into_iter().unzip();
-                let answer = client.finish(&FinishRequest { items: items.clone() }).await;
-                if matches!(answer, Err(Error::Invalid { .. })) && items.len() > 1 {
+                let request = FinishRequest { items };
+                let answer = client.finish(&request).await;
+                if matches!(answer, Err(Error::Invalid { .. })) && request.items.len() > 1 {
                     // One item the coordinator refuses must not take the
                     // others down: send each alone, so only it fails.
-                    for (item, reply) in items.into_iter().zip(replies) {
+                    for (item, reply) in request.items.into_iter().zip(replies) {
                         let one = client.finish(&FinishRequest { items: vec![item] }).await;
                         let _ = reply.send(one.and_then(|mut a| {
                             a.items

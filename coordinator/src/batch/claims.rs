@@ -360,7 +360,8 @@ impl ClaimBatcher {
             leases = items.len(),
             "claimer left before its answer: releasing its leases"
         );
-        if let Err(e) = self.store.finish(&items).await {
+        let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
+        if let Err(e) = self.store.finish(&refs).await {
             tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
         }
         for r in &records {

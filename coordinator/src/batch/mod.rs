@@ -40,15 +40,11 @@ pub struct BatchSettings {
 }
 
 /// Writes one batch and answers each of its requests.
-async fn flush_batch<Req: Clone, Resp>(
-    name: &str,
-    flush: &FlushFn<Req, Resp>,
-    batch: Vec<Pending<Req, Resp>>,
-) {
+async fn flush_batch<Req, Resp>(name: &str, flush: &FlushFn<Req, Resp>, batch: Vec<Pending<Req, Resp>>) {
     let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
     let n = reqs.len();
     tracing::trace!(batcher = name, size = n, "flushing a batch");
-    match flush_with_retry(flush, reqs).await {
+    match flush_with_retry(flush, Arc::new(reqs)).await {
         Ok(resps) if resps.len() == n => {
             for (reply, resp) in replies.into_iter().zip(resps) {
                 // A requester that went away is fine: its write stands.
@@ -80,7 +76,8 @@ struct Pending<Req, Resp> {
     reply: oneshot::Sender<Result<Resp, StoreError>>,
 }
 
-type FlushFn<Req, Resp> = dyn Fn(Vec<Req>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Resp>, StoreError>> + Send>>
+/// Writes a batch. It borrows the requests (shared, so a retry needs no copy).
+type FlushFn<Req, Resp> = dyn Fn(Arc<Vec<Req>>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Resp>, StoreError>> + Send>>
     + Send
     + Sync;
 
@@ -100,9 +97,9 @@ impl<Req, Resp> Clone for Batcher<Req, Resp> {
     }
 }
 
-async fn flush_with_retry<Req: Clone, Resp>(
+async fn flush_with_retry<Req, Resp>(
     flush: &FlushFn<Req, Resp>,
-    reqs: Vec<Req>,
+    reqs: Arc<Vec<Req>>,
 ) -> Result<Vec<Resp>, StoreError> {
     let mut tries = 1;
     loop {
@@ -118,7 +115,7 @@ async fn flush_with_retry<Req: Clone, Resp>(
 
 impl<Req, Resp> Batcher<Req, Resp>
 where
-    Req: Clone + Send + 'static,
+    Req: Send + Sync + 'static,
     Resp: Send + 'static,
 {
     /// A batcher writing with `flush`. With batching enabled its loop runs on
@@ -133,10 +130,10 @@ where
         flush: F,
     ) -> Self
     where
-        F: Fn(Vec<Req>) -> Fut + Send + Sync + 'static,
+        F: Fn(Arc<Vec<Req>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Resp>, StoreError>> + Send + 'static,
     {
-        let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs: Vec<Req>| {
+        let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs: Arc<Vec<Req>>| {
             metrics.batch(name, reqs.len());
             Box::pin(flush(reqs))
         });
@@ -191,7 +188,7 @@ where
     /// answers once that batch committed.
     pub async fn submit(&self, req: Req) -> Result<Resp, StoreError> {
         let Some(tx) = &self.tx else {
-            let mut resps = flush_with_retry(&*self.flush, vec![req]).await?;
+            let mut resps = flush_with_retry(&*self.flush, Arc::new(vec![req])).await?;
             return resps
                 .pop()
                 .ok_or_else(|| StoreError::Database("a flush answered nothing".into()));

@@ -3,6 +3,7 @@
 //! becomes 409 `lease_lost` in exactly one place, [`applied`].
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -26,7 +27,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::Guarded;
-use crate::store::leases::{Finished, LeaseRef, Outcome, Renewal};
+use crate::store::leases::{Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -222,20 +223,20 @@ pub async fn heartbeat(
 }
 
 /// Counts, logs and announces an applied finish.
-fn finished_effects(state: &AppState, lease: &LeaseRef, outcome: &Outcome, finished: &Finished) {
+fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, finished: &Finished) {
     let job = &finished.record.job;
-    let action = outcome.name();
+    let action = kind.name();
     if !finished.first {
-        tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, action, "repeated finish answered as already applied");
+        tracing::info!(job_id = %job.id, run_lease = run_lease.0, action, "repeated finish answered as already applied");
         return;
     }
-    let via = match outcome {
-        Outcome::Complete { .. } => Via::Complete,
-        Outcome::Fail { .. } => Via::Fail,
-        Outcome::Release { .. } => Via::Release,
+    let via = match kind {
+        OutcomeKind::Complete => Via::Complete,
+        OutcomeKind::Fail => Via::Fail,
+        OutcomeKind::Release => Via::Release,
     };
     state.metrics.transition(job, via);
-    tracing::info!(job_id = %job.id, run_lease = lease.run_lease.0, state = %job.state, action, "attempt finished");
+    tracing::info!(job_id = %job.id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
     if job.state.is_terminal() {
         state.wake.terminal(job.id);
     } else if job.state == JobState::Queued {
@@ -246,28 +247,27 @@ fn finished_effects(state: &AppState, lease: &LeaseRef, outcome: &Outcome, finis
 /// Applies one finishing outcome: verify, guarded write (batched with other
 /// requests), metrics, wake-ups.
 async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> Result<Finished, ApiError> {
-    let action = outcome.name();
+    let kind = outcome.kind();
     check_storable(&outcome)?;
     let Some(lease) = verify(state, token)? else {
-        return Err(lease_lost(state, action));
+        return Err(lease_lost(state, kind.name()));
     };
     let span = tracing::Span::current();
     span.record("job_id", tracing::field::display(lease.job_id));
     span.record("run_lease", lease.run_lease.0);
-    let mut answers = state
-        .finisher
-        .submit(vec![(lease.clone(), outcome.clone())])
-        .await?;
+    let run_lease = lease.run_lease;
+    let mut answers = state.finisher.submit(vec![(lease, outcome)]).await?;
     let guarded = answers
         .pop()
         .ok_or_else(|| ApiError::new(ErrorCode::Internal, "a finish answered nothing"))?;
-    let finished = applied(state, guarded, action)?;
-    finished_effects(state, &lease, &outcome, &finished);
+    let finished = applied(state, guarded, kind.name())?;
+    finished_effects(state, run_lease, kind, &finished);
     Ok(finished)
 }
 
 async fn answer(state: &AppState, finished: Finished) -> Result<Json<Job>, ApiError> {
-    let job = state.store.with_attempts(vec![finished.record]).await?.pop();
+    let record = Arc::unwrap_or_clone(finished.record);
+    let job = state.store.with_attempts(vec![record]).await?.pop();
     job.map(Json).ok_or_else(ApiError::job_not_found)
 }
 
@@ -389,52 +389,28 @@ pub async fn finish(
     require(&caller, Action::Work)?;
     require_items("items", req.items.len())?;
     // Validate everything first: a bad item fails the request before any
-    // write. The items are then written in one transaction.
-    let mut planned = Vec::with_capacity(req.items.len());
+    // write. Each token is verified once; a forged one is answered
+    // lease_lost without a write.
+    let mut checked = Vec::with_capacity(req.items.len());
     for (i, item) in req.items.iter().enumerate() {
-        if state.tokens.verify(&item.lease_token) == Err(TokenError::Malformed) {
-            state.metrics.forged_tokens.inc();
-            return Err(ApiError::bad_request(format!(
-                "items[{i}]: {}",
-                TokenError::Malformed
-            )));
-        }
-        planned.push(item_outcome(item, i)?);
+        let lease = verify(&state, &item.lease_token).map_err(|e| ApiError {
+            message: format!("items[{i}]: {}", e.message),
+            ..e
+        })?;
+        checked.push((lease, item_outcome(item, i)?));
     }
-    // Forged tokens are answered lease_lost without a write; the rest are
-    // written together, in one transaction.
-    let mut verified = Vec::with_capacity(planned.len());
-    let mut index_of = Vec::with_capacity(planned.len());
-    for (i, (item, outcome)) in req.items.iter().zip(planned).enumerate() {
-        if let Some(lease) = verify(&state, &item.lease_token)? {
-            verified.push((lease, outcome));
-            index_of.push(i);
-        } else {
-            state
-                .metrics
-                .lease_lost
-                .get_or_create(&ActionLabels {
-                    action: outcome.name().to_owned(),
-                })
-                .inc();
-        }
-    }
-    let answers = if verified.is_empty() {
-        Vec::new()
-    } else {
-        state.finisher.submit(verified.clone()).await?
-    };
-    let mut statuses: Vec<Option<JobState>> = vec![None; req.items.len()];
-    let mut ok = vec![false; req.items.len()];
-    let mut stale = Vec::new();
-    for ((i, (lease, outcome)), guarded) in index_of.iter().zip(&verified).zip(answers) {
-        match guarded {
-            Guarded::Applied(finished) => {
-                finished_effects(&state, lease, outcome, &finished);
-                statuses[*i] = Some(finished.record.job.state);
-                ok[*i] = true;
+    // The rest are written together, in one transaction (with other
+    // requests' items when batching is on).
+    let mut verified = Vec::with_capacity(checked.len());
+    // (item index, lease, kind) of each verified item, in order.
+    let mut sent = Vec::with_capacity(checked.len());
+    for (i, (lease, outcome)) in checked.into_iter().enumerate() {
+        match lease {
+            Some(lease) => {
+                sent.push((i, lease.job_id, lease.run_lease, outcome.kind()));
+                verified.push((lease, outcome));
             }
-            Guarded::Stale => {
+            None => {
                 state
                     .metrics
                     .lease_lost
@@ -442,7 +418,33 @@ pub async fn finish(
                         action: outcome.name().to_owned(),
                     })
                     .inc();
-                stale.push((*i, lease.job_id));
+            }
+        }
+    }
+    let answers = if verified.is_empty() {
+        Vec::new()
+    } else {
+        state.finisher.submit(verified).await?
+    };
+    let mut statuses: Vec<Option<JobState>> = vec![None; req.items.len()];
+    let mut ok = vec![false; req.items.len()];
+    let mut stale = Vec::new();
+    for (&(i, job_id, run_lease, kind), guarded) in sent.iter().zip(answers) {
+        match guarded {
+            Guarded::Applied(finished) => {
+                finished_effects(&state, run_lease, kind, &finished);
+                statuses[i] = Some(finished.record.job.state);
+                ok[i] = true;
+            }
+            Guarded::Stale => {
+                state
+                    .metrics
+                    .lease_lost
+                    .get_or_create(&ActionLabels {
+                        action: kind.name().to_owned(),
+                    })
+                    .inc();
+                stale.push((i, job_id));
             }
         }
     }

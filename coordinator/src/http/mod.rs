@@ -47,9 +47,12 @@ pub struct LeaseTerms {
     pub default_timeout: Duration,
 }
 
-/// Shared state of every handler.
-#[derive(Clone)]
-pub struct AppState {
+/// Shared state of every handler, behind one `Arc`: axum hands each request
+/// its own clone.
+pub type AppState = Arc<Shared>;
+
+/// What [`AppState`] holds.
+pub struct Shared {
     /// PostgreSQL.
     pub store: Store,
     /// Lease-token key.

@@ -3,6 +3,7 @@
 //! the caller's lease is stale.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use runlease_protocol::worker::HeartbeatStatus;
 use runlease_protocol::{AttemptOutcome, JobId, QueueName, RunLease, WorkerId};
@@ -36,6 +37,28 @@ pub enum Outcome {
     },
 }
 
+/// Which of the three ways an attempt ends, without its data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutcomeKind {
+    /// [`Outcome::Complete`].
+    Complete,
+    /// [`Outcome::Fail`].
+    Fail,
+    /// [`Outcome::Release`].
+    Release,
+}
+
+impl OutcomeKind {
+    /// The name of the outcome, for logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutcomeKind::Complete => "complete",
+            OutcomeKind::Fail => "fail",
+            OutcomeKind::Release => "release",
+        }
+    }
+}
+
 impl Outcome {
     /// Whether an attempt that ended with `recorded` is this outcome already
     /// applied (so a repeat answers 200 instead of 409).
@@ -51,13 +74,18 @@ impl Outcome {
         }
     }
 
+    /// Which kind of outcome this is.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            Outcome::Complete { .. } => OutcomeKind::Complete,
+            Outcome::Fail { .. } => OutcomeKind::Fail,
+            Outcome::Release { .. } => OutcomeKind::Release,
+        }
+    }
+
     /// The name of the outcome, for logs and metrics.
     pub fn name(&self) -> &'static str {
-        match self {
-            Outcome::Complete { .. } => "complete",
-            Outcome::Fail { .. } => "fail",
-            Outcome::Release { .. } => "release",
-        }
+        self.kind().name()
     }
 }
 
@@ -92,8 +120,9 @@ fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outc
 /// How a finish ended when it applied.
 #[derive(Debug, Clone)]
 pub struct Finished {
-    /// The job as the write (or, for a repeat, the database now) holds it.
-    pub record: JobRecord,
+    /// The job as the write (or, for a repeat, the database now) holds it;
+    /// shared by the items of a batch that answer with the same row.
+    pub record: Arc<JobRecord>,
     /// False when this was a repeat of an outcome already applied.
     pub first: bool,
 }
@@ -138,7 +167,7 @@ impl Store {
     }
 
     /// Renews leases in one statement; answers each renewal in order.
-    pub async fn heartbeat(&self, renewals: &[Renewal]) -> Result<Vec<HeartbeatStatus>, StoreError> {
+    pub async fn heartbeat(&self, renewals: &[&Renewal]) -> Result<Vec<HeartbeatStatus>, StoreError> {
         let client = self.conn().await?;
         let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
         let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
@@ -187,12 +216,13 @@ impl Store {
     /// Each item is answered in order: `Applied` (with `first: false` when it
     /// repeats an outcome that already took effect under the same lease and
     /// worker) or `Stale`.
-    pub async fn finish(&self, items: &[(LeaseRef, Outcome)]) -> Result<Vec<Guarded<Finished>>, StoreError> {
+    pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Guarded<Finished>>, StoreError> {
         let mut client = self.conn().await?;
         let policy = *self.policy();
         let tx = client.transaction().await?;
         // (job, lease) → (the outcome that took effect, the row it left).
-        let mut applied: HashMap<(Uuid, i64), (&'static str, JobRecord)> = HashMap::new();
+        let mut applied: HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRecord>)> =
+            HashMap::with_capacity(items.len());
 
         let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
         let ids_leases = |want: fn(&Outcome) -> bool| {
@@ -212,7 +242,10 @@ impl Store {
             let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
             for row in tx.query(&stmt, &[&ids, &leases, &results]).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), ("complete", record));
+                applied.insert(
+                    (record.job.id.0, record.job.run_lease.0),
+                    (OutcomeKind::Complete, Arc::new(record)),
+                );
             }
         }
 
@@ -245,7 +278,10 @@ impl Store {
             ];
             for row in tx.query(&stmt, &params).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), ("fail", record));
+                applied.insert(
+                    (record.job.id.0, record.job.run_lease.0),
+                    (OutcomeKind::Fail, Arc::new(record)),
+                );
             }
         }
 
@@ -260,7 +296,10 @@ impl Store {
             let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
             for row in tx.query(&stmt, &[&ids, &leases, &progress]).await? {
                 let record = JobRecord::from_row(&row)?;
-                applied.insert((record.job.id.0, record.job.run_lease.0), ("release", record));
+                applied.insert(
+                    (record.job.id.0, record.job.run_lease.0),
+                    (OutcomeKind::Release, Arc::new(record)),
+                );
             }
         }
         tx.commit().await?;
@@ -268,10 +307,11 @@ impl Store {
         // Items no guard matched: repeats of an applied outcome, or stale.
         let missed: Vec<&(LeaseRef, Outcome)> = items
             .iter()
+            .copied()
             .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
             .collect();
         let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
-        let mut current: HashMap<Uuid, JobRecord> = HashMap::new();
+        let mut current: HashMap<Uuid, Arc<JobRecord>> = HashMap::new();
         if !missed.is_empty() {
             let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
             let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
@@ -292,7 +332,7 @@ impl Store {
                 let stmt = client.prepare_cached(sql::JOB_GET).await?;
                 for row in client.query(&stmt, &[&repeats]).await? {
                     let record = JobRecord::from_row(&row)?;
-                    current.insert(record.job.id.0, record);
+                    current.insert(record.job.id.0, Arc::new(record));
                 }
             }
         }
@@ -306,7 +346,7 @@ impl Store {
             .map(|(lease, outcome)| {
                 let key = (lease.job_id.0, lease.run_lease.0);
                 if let Some((kind, record)) = applied.get(&key) {
-                    if *kind != outcome.name() {
+                    if *kind != outcome.kind() {
                         return Guarded::Stale;
                     }
                     let first = answered_first.insert(key);

@@ -8,21 +8,32 @@
 -- $1 text[] queues, $2 text[] slot workers, $3 bigint lease TTL ms,
 -- $4 bigint default timeout ms, $5 bigint time left ms (NULL: no limit; only
 -- jobs whose timeout fits are taken).
--- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable.
+-- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
+-- ordered scan per queue: the cost grows with the slots, not the backlog.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; the UPDATE re-checks the state it selected.
 WITH slots AS (
     SELECT worker, ord FROM unnest($2::text[]) WITH ORDINALITY AS s(worker, ord)
 ), picked AS (
-    SELECT id, priority, run_at
-    FROM jobs
-    WHERE queue = ANY($1::text[])
-      AND state IN ('queued', 'enqueue_failed')
-      AND run_at <= now()
-      AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
-    ORDER BY priority, run_at, id
+    -- Per queue, an ordered scan of jobs_claim_idx that stops after the
+    -- slots (a plain `queue = ANY($1)` is planned as a scan and sort of every
+    -- claimable row). With several queues, rows locked here but beyond the
+    -- overall limit are only held until this statement's transaction ends.
+    SELECT c.id, c.priority, c.run_at
+    FROM unnest($1::text[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at
+        FROM jobs
+        WHERE jobs.queue = q.queue
+          AND state IN ('queued', 'enqueue_failed')
+          AND run_at <= now()
+          AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
+        ORDER BY priority, run_at, id
+        LIMIT cardinality($2::text[])
+        FOR UPDATE SKIP LOCKED
+    ) c
+    ORDER BY c.priority, c.run_at, c.id
     LIMIT cardinality($2::text[])
-    FOR UPDATE SKIP LOCKED
 ), numbered AS (
     SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
 )

@@ -8,19 +8,20 @@
 -- Locking: the rows in id order first (so concurrent batches cannot
 -- deadlock), then the guarded UPDATE.
 WITH input AS (
-    SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, result)
+    SELECT DISTINCT ON (id, run_lease) *
+    FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, result)
 ), locked AS (
-    SELECT j.id FROM jobs j
-    WHERE j.id IN (SELECT id FROM input)
+    SELECT j.id, i.run_lease, i.result
+    FROM jobs j
+    JOIN input i ON j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
     ORDER BY j.id
-    FOR UPDATE
+    FOR UPDATE OF j
 ), finished AS (
     UPDATE jobs j SET
-        state = 'done', result = i.result, finished_at = now(),
+        state = 'done', result = l.result, finished_at = now(),
         lease_expires_at = NULL, updated_at = now()
-    FROM input i
-    WHERE j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
-      AND j.id IN (SELECT id FROM locked)
+    FROM locked l
+    WHERE j.id = l.id AND j.state = 'running' AND j.run_lease = l.run_lease
     RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, state_after)

@@ -12,19 +12,19 @@ WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, progress)
 ), locked AS (
-    SELECT j.id FROM jobs j
-    WHERE j.id IN (SELECT id FROM input)
+    SELECT j.id, i.run_lease, i.progress
+    FROM jobs j
+    JOIN input i ON j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
     ORDER BY j.id
-    FOR UPDATE
+    FOR UPDATE OF j
 )
 UPDATE jobs j SET
     lease_expires_at = least(now() + $4::bigint * interval '1 millisecond',
                              j.claimed_at + coalesce(j.timeout_ms, $5::bigint) * interval '1 millisecond'),
-    progress = coalesce(h.progress, j.progress),
+    progress = coalesce(l.progress, j.progress),
     updated_at = now()
-FROM input h
-WHERE j.id = h.id AND j.state = 'running' AND j.run_lease = h.run_lease
-  AND j.id IN (SELECT id FROM locked)
+FROM locked l
+WHERE j.id = l.id AND j.state = 'running' AND j.run_lease = l.run_lease
 RETURNING j.id, j.run_lease,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           j.lease_expires_at > now() AS live

@@ -12,23 +12,23 @@ WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, progress)
 ), locked AS (
-    SELECT j.id FROM jobs j
-    WHERE j.id IN (SELECT id FROM input)
+    SELECT j.id, i.run_lease, i.progress
+    FROM jobs j
+    JOIN input i ON j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
     ORDER BY j.id
-    FOR UPDATE
+    FOR UPDATE OF j
 ), finished AS (
     UPDATE jobs j SET
         state = CASE WHEN j.cancel_requested_at IS NOT NULL
                      THEN 'cancelled'::job_state ELSE 'queued'::job_state END,
         attempt = CASE WHEN j.cancel_requested_at IS NOT NULL THEN j.attempt ELSE j.attempt - 1 END,
-        progress = coalesce(i.progress, j.progress),
+        progress = coalesce(l.progress, j.progress),
         run_at = now(),
         lease_expires_at = NULL,
         finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END,
         updated_at = now()
-    FROM input i
-    WHERE j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
-      AND j.id IN (SELECT id FROM locked)
+    FROM locked l
+    WHERE j.id = l.id AND j.state = 'running' AND j.run_lease = l.run_lease
     RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, state_after)

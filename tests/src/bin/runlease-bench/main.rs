@@ -5,10 +5,17 @@
 //!   worker count, a coordinator in-process on a fresh database, the jobs
 //!   enqueued in batches, then that many workers of the client's runtime until
 //!   every job is done — once with batching off (one statement per request)
-//!   and once with it on. It also measures PostgreSQL alone running the same
-//!   guarded statements with 100 jobs each, and prints runlease as a ratio to
-//!   it. Per run: jobs/s (drain; and with enqueue), claim→complete and
-//!   enqueue→start p50/p99, PostgreSQL transactions per job.
+//!   and once with it on. Between runs it measures PostgreSQL alone running
+//!   the same guarded statements with 100 jobs each, and prints each run as a
+//!   ratio to the mean of the two measurements around it (the machine's speed
+//!   drifts with its neighbours' load). Per run: jobs/s (drain; and with
+//!   enqueue), claim→complete and enqueue→start p50/p99, PostgreSQL
+//!   transactions per job, and CPU per job of this process (coordinator and
+//!   workers) and of the rest of the machine (PostgreSQL). `--no-baseline`
+//!   skips PostgreSQL alone (for profiling).
+//! - `--lean`: bare protocol workers instead of the runtime (claim up to
+//!   `--concurrency`, complete them in one `/v1/finish`), with a third mode,
+//!   `per-job`: batching off and one `/v1/complete` per lease.
 //! - `--wake N`: wake latency between two coordinators (enqueue on A → parked
 //!   claim answered on B), with Redis and with Redis stopped.
 //! - `--parked N`: N long-poll claims parked on one coordinator process:
@@ -31,14 +38,20 @@ mod wake;
 
 use anyhow::{Context, bail};
 
+/// The coordinator binary's allocator, so the in-process coordinator is
+/// measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 struct Args {
     workers: Vec<usize>,
     jobs: usize,
     concurrency: usize,
     wake: Option<usize>,
     parked: Option<usize>,
-    modes: Vec<bool>,
+    modes: Option<Vec<throughput::Mode>>,
     lean: bool,
+    baseline: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -48,8 +61,9 @@ fn parse_args() -> anyhow::Result<Args> {
         concurrency: 8,
         wake: None,
         parked: None,
-        modes: vec![false, true],
+        modes: None,
         lean: false,
+        baseline: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -64,19 +78,28 @@ fn parse_args() -> anyhow::Result<Args> {
             "--jobs" => args.jobs = value()?.parse()?,
             "--concurrency" => args.concurrency = value()?.parse()?,
             "--batching" => {
-                args.modes = match value()?.as_str() {
-                    "on" => vec![true],
-                    "off" => vec![false],
-                    "both" => vec![false, true],
-                    other => bail!("--batching takes on, off or both, not {other}"),
-                }
+                use throughput::Mode;
+                let modes = value()?
+                    .split(',')
+                    .map(|m| match m.trim() {
+                        "on" => Ok(vec![Mode::On]),
+                        "off" => Ok(vec![Mode::Off]),
+                        "per-job" => Ok(vec![Mode::PerJob]),
+                        "both" => Ok(vec![Mode::Off, Mode::On]),
+                        other => {
+                            bail!("--batching takes on, off, per-job or both (comma-separated), not {other}")
+                        }
+                    })
+                    .collect::<anyhow::Result<Vec<_>>>()?;
+                args.modes = Some(modes.concat());
             }
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
+            "--no-baseline" => args.baseline = false,
             "--parked" => args.parked = Some(value()?.parse()?),
             "-h" | "--help" => {
                 println!(
-                    "runlease-bench [--workers 1,16,256,1024] [--jobs 20000] [--concurrency 8] [--batching on|off|both]"
+                    "runlease-bench [--lean] [--workers 1,16,256,1024] [--jobs 20000] [--concurrency 8] [--batching per-job,off,on] [--no-baseline]"
                 );
                 println!(
                     "runlease-bench --wake 200      wake latency between two coordinators, Redis up and down"
@@ -106,5 +129,20 @@ async fn main() -> anyhow::Result<()> {
     } else {
         throughput::WorkerKind::Runtime
     };
-    throughput::report(&args.workers, args.jobs, args.concurrency, &args.modes, kind).await
+    let modes = args.modes.unwrap_or_else(|| {
+        use throughput::Mode;
+        match kind {
+            throughput::WorkerKind::Lean => vec![Mode::PerJob, Mode::Off, Mode::On],
+            throughput::WorkerKind::Runtime => vec![Mode::Off, Mode::On],
+        }
+    });
+    throughput::report(
+        &args.workers,
+        args.jobs,
+        args.concurrency,
+        &modes,
+        kind,
+        args.baseline,
+    )
+    .await
 }

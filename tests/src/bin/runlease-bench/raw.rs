@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use runlease_coordinator::store::sql;
 use runlease_tests::TestDb;
+
+use crate::stats::Cpu;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
@@ -20,6 +22,9 @@ pub struct Raw {
     pub enqueue: Duration,
     /// Claim + complete phase.
     pub drain: Duration,
+    /// CPU µs per job in the claim + complete phase: this process (the
+    /// statements' client), and the rest of the machine (PostgreSQL).
+    pub cpu: (f64, f64),
 }
 
 /// Runs `jobs` through enqueue, claim and complete, 100 per statement.
@@ -72,6 +77,7 @@ pub async fn run(jobs: usize) -> Raw {
     }
     let enqueue = started.elapsed();
 
+    let cpu = Cpu::now();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for c in 0..CONNECTIONS {
@@ -101,5 +107,6 @@ pub async fn run(jobs: usize) -> Raw {
         t.await.unwrap();
     }
     let drain = started.elapsed();
-    Raw { enqueue, drain }
+    let cpu = Cpu::now().per_job_since(cpu, jobs);
+    Raw { enqueue, drain, cpu }
 }

@@ -54,3 +54,55 @@ pub async fn latencies(client: &tokio_postgres::Client) -> ((f64, f64), (f64, f6
         (percentile(&e2s, 0.5), percentile(&e2s, 0.99)),
     )
 }
+
+/// CPU time so far, in clock ticks: this process's, and the whole machine's
+/// busy time (everything but idle and I/O wait).
+#[derive(Debug, Clone, Copy)]
+pub struct Cpu {
+    own: u64,
+    busy: u64,
+}
+
+/// Clock ticks per second of `/proc` figures (`getconf CLK_TCK`; 100 on Linux).
+const TICKS_PER_SEC: f64 = 100.0;
+
+impl Cpu {
+    /// Reads `/proc/self/stat` and `/proc/stat`.
+    pub fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after the command name (which may hold spaces): utime is the
+        // 14th field of the line, stime the 15th.
+        let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+        let fields: Vec<u64> = after
+            .split_whitespace()
+            .skip(11)
+            .take(2)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let own = fields.iter().sum();
+        let all = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let ticks: Vec<u64> = all
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+        Cpu {
+            own,
+            busy: total.saturating_sub(idle),
+        }
+    }
+
+    /// CPU µs per job since `earlier`: (this process, everything else —
+    /// PostgreSQL, essentially).
+    pub fn per_job_since(self, earlier: Cpu, jobs: usize) -> (f64, f64) {
+        let us = |ticks: u64| ticks as f64 / TICKS_PER_SEC * 1e6 / jobs as f64;
+        let own = self.own.saturating_sub(earlier.own);
+        let busy = self.busy.saturating_sub(earlier.busy);
+        (us(own), us(busy.saturating_sub(own)))
+    }
+}

@@ -11,7 +11,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::raw;
-use crate::stats::{latencies, xacts};
+use crate::stats::{Cpu, latencies, xacts};
 
 struct Run {
     enqueue: Duration,
@@ -19,6 +19,28 @@ struct Run {
     claim_to_complete: (f64, f64),
     enqueue_to_start: (f64, f64),
     xacts_per_job: f64,
+    /// CPU µs per job during the drain: this process (coordinator and
+    /// workers), and the rest of the machine (PostgreSQL).
+    cpu: (f64, f64),
+    /// Worker requests (claim, heartbeat, complete, finish) per job.
+    requests_per_job: f64,
+}
+
+/// Worker requests the coordinator answered, from its `/metrics`.
+async fn worker_requests(base: &str) -> anyhow::Result<f64> {
+    let text = reqwest::get(format!("{base}/metrics")).await?.text().await?;
+    let worker_routes = [
+        "\"/v1/claim\"",
+        "\"/v1/heartbeat\"",
+        "\"/v1/complete\"",
+        "\"/v1/finish\"",
+    ];
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("runlease_request_duration_seconds_count"))
+        .filter(|l| worker_routes.iter().any(|r| l.contains(r)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
 }
 
 /// How each simulated worker runs.
@@ -31,15 +53,20 @@ pub enum WorkerKind {
     Lean,
 }
 
-/// A bare worker: claim a batch, finish it in one request, until `stop`.
+/// A bare worker: claim a batch, finish it, until `stop`. With `per_job`
+/// each lease is completed by its own `POST /v1/complete` (all at once): the
+/// protocol as it was before `/v1/finish`.
 async fn lean_worker(
     client: Client,
     worker: WorkerId,
     queue: QueueName,
     max_jobs: u32,
+    per_job: bool,
     stop: CancellationToken,
 ) {
-    use runlease_client::protocol::worker::{ClaimRequest, FinishAction, FinishItem, FinishRequest};
+    use runlease_client::protocol::worker::{
+        ClaimRequest, CompleteRequest, FinishAction, FinishItem, FinishRequest,
+    };
     while !stop.is_cancelled() {
         let req = ClaimRequest {
             queues: vec![queue.clone()],
@@ -52,6 +79,21 @@ async fn lean_worker(
             continue;
         };
         if answer.leases.is_empty() {
+            continue;
+        }
+        if per_job {
+            let mut each = tokio::task::JoinSet::new();
+            for l in answer.leases {
+                let client = client.clone();
+                each.spawn(async move {
+                    let req = CompleteRequest {
+                        lease_token: l.lease_token,
+                        result: l.payload,
+                    };
+                    let _ = client.complete(&req).await;
+                });
+            }
+            each.join_all().await;
             continue;
         }
         let items = answer
@@ -75,14 +117,19 @@ async fn run(
     workers: usize,
     jobs: usize,
     concurrency: usize,
-    batching: bool,
+    mode: Mode,
     kind: WorkerKind,
 ) -> anyhow::Result<Run> {
+    let batching = mode == Mode::On;
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
         cfg.database_pool_size = 20;
         cfg.reaper_interval_ms = 5_000;
         cfg.batching = batching;
+        // PostgreSQL alone talks to the server without TLS; so does the
+        // coordinator here (its default, `prefer`, encrypts when it can).
+        let sep = if cfg.database_url.contains('?') { '&' } else { '?' };
+        cfg.database_url = format!("{}{sep}sslmode=disable", cfg.database_url);
         // Only this coordinator runs: no Redis round trip on enqueue.
         cfg.redis_url = String::new();
     })
@@ -102,6 +149,7 @@ async fn run(
     let before = xacts(&db.name).await;
 
     let stop = CancellationToken::new();
+    let cpu = Cpu::now();
     let started = Instant::now();
     let mut handles = Vec::new();
     for w in 0..workers {
@@ -111,7 +159,7 @@ async fn run(
             handles.push(tokio::spawn({
                 let (client, queue, stop) = (client.clone(), queue.clone(), stop.clone());
                 async move {
-                    lean_worker(client, id, queue, max_jobs, stop).await;
+                    lean_worker(client, id, queue, max_jobs, mode == Mode::PerJob, stop).await;
                     runlease_client::WorkerReport::default()
                 }
             }));
@@ -127,20 +175,37 @@ async fn run(
             .build()?;
         handles.push(tokio::spawn(worker.run(stop.clone())));
     }
+    // Drained once nothing is claimable or running: two probes of the
+    // partial indexes, not a count of the table (which would cost PostgreSQL
+    // as much as the run itself).
     let probe = db.client().await;
     let mut probes = 0i64;
     loop {
         probes += 1;
-        let done: i64 = probe
-            .query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
+        let busy: bool = probe
+            .query_one(
+                "SELECT EXISTS (SELECT 1 FROM jobs WHERE state IN ('queued', 'enqueue_failed') AND queue = 'bench')
+                     OR EXISTS (SELECT 1 FROM jobs WHERE state = 'running')",
+                &[],
+            )
             .await?
             .get(0);
-        if done as usize >= jobs {
+        if !busy {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let drain = started.elapsed();
+    let cpu = Cpu::now().per_job_since(cpu, jobs);
+    let done: i64 = probe
+        .query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
+        .await?
+        .get(0);
+    anyhow::ensure!(
+        done as usize == jobs,
+        "{done} of {jobs} jobs done after the drain"
+    );
+    probes += 1;
     stop.cancel();
     for h in handles {
         h.await?;
@@ -148,6 +213,7 @@ async fn run(
     // The bench's own progress probes ran in this database: one transaction each.
     let after = xacts(&db.name).await - probes;
     let (claim_to_complete, enqueue_to_start) = latencies(&probe).await;
+    let requests = worker_requests(c.api.base()).await?;
     c.stop().await?;
     Ok(Run {
         enqueue,
@@ -155,39 +221,90 @@ async fn run(
         claim_to_complete,
         enqueue_to_start,
         xacts_per_job: (after - before) as f64 / jobs as f64,
+        cpu,
+        requests_per_job: requests / jobs as f64,
     })
+}
+
+/// What one run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Batching off, and bare workers complete each lease with its own
+    /// `POST /v1/complete`: one request, one transaction per outcome.
+    PerJob,
+    /// Batching off: each request is its own statements and transaction.
+    Off,
+    /// Batching on.
+    On,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::PerJob => "per-job",
+            Mode::Off => "off",
+            Mode::On => "on",
+        }
+    }
+}
+
+/// PostgreSQL alone, printed (NaN when `skip`).
+async fn baseline(jobs: usize, skip: bool) -> (f64, f64) {
+    if skip {
+        return (f64::NAN, f64::NAN);
+    }
+    let raw = raw::run(jobs).await;
+    let n = jobs as f64;
+    let drain = n / raw.drain.as_secs_f64();
+    let all = n / (raw.drain + raw.enqueue).as_secs_f64();
+    println!(
+        "{:>8} {:>9} {:>10.0} {:>7} {:>11.0} {:>8} {:>11} {:>11} {:>13} {:>13} {:>9.3} {:>9.0} {:>9.0}",
+        "",
+        "PG alone",
+        drain,
+        "",
+        all,
+        "",
+        "",
+        "",
+        "",
+        "",
+        2.0 / raw::PER_STATEMENT as f64,
+        raw.cpu.0,
+        raw.cpu.1,
+    );
+    (drain, all)
 }
 
 pub async fn report(
     workers: &[usize],
     jobs: usize,
     concurrency: usize,
-    modes: &[bool],
+    modes: &[Mode],
     kind: WorkerKind,
+    with_baseline: bool,
 ) -> anyhow::Result<()> {
     match kind {
         WorkerKind::Runtime => println!(
             "runlease-bench: {jobs} jobs per run; each worker is the client's runtime running {concurrency} jobs at once (claims up to that many, finishes through /v1/finish)"
         ),
         WorkerKind::Lean => println!(
-            "runlease-bench: {jobs} jobs per run; each worker is a bare loop: claim up to {concurrency}, complete them in one /v1/finish"
+            "runlease-bench: {jobs} jobs per run; each worker is a bare loop: claim up to {concurrency}, complete them in one /v1/finish (per-job: one /v1/complete each)"
         ),
     }
     println!(
-        "coordinator in-process, PostgreSQL at {}",
+        "coordinator and workers in this process, PostgreSQL at {}",
         runlease_tests::admin_url()
     );
-    let raw = raw::run(jobs).await;
-    let raw_drain = jobs as f64 / raw.drain.as_secs_f64();
-    let raw_all = jobs as f64 / (raw.drain + raw.enqueue).as_secs_f64();
     println!(
-        "\nPostgreSQL alone, {} jobs per statement, 4 connections: {:.0} jobs/s claim+complete, {:.0} jobs/s with enqueue",
-        raw::PER_STATEMENT,
-        raw_drain,
-        raw_all
+        "PG alone: the same claim and complete statements from tokio-postgres, {} jobs each, 4 connections; it runs before and after every run, and ×PG is the run against the mean of the two around it",
+        raw::PER_STATEMENT
     );
     println!(
-        "\n{:>8} {:>9} {:>10} {:>7} {:>11} {:>8} {:>11} {:>11} {:>13} {:>13} {:>9}",
+        "CPU µs/job: CPU time during the drain per job, of this process (coordinator and workers; for PG alone, its client) and of the rest of the machine (PostgreSQL); HTTP req/job: claim, heartbeat, complete and finish requests per job"
+    );
+    println!(
+        "\n{:>8} {:>9} {:>10} {:>7} {:>11} {:>8} {:>11} {:>11} {:>13} {:>13} {:>9} {:>9} {:>9} {:>8}",
         "workers",
         "batching",
         "jobs/s",
@@ -198,23 +315,47 @@ pub async fn report(
         "claim→done",
         "enqueue→start",
         "enqueue→start",
-        "PG xacts"
+        "PG xacts",
+        "CPU µs",
+        "CPU µs",
+        "HTTP req"
     );
     println!(
-        "{:>8} {:>9} {:>10} {:>7} {:>11} {:>8} {:>11} {:>11} {:>13} {:>13} {:>9}",
-        "", "", "(drain)", "", "", "", "p50 ms", "p99 ms", "p50 ms", "p99 ms", "per job"
+        "{:>8} {:>9} {:>10} {:>7} {:>11} {:>8} {:>11} {:>11} {:>13} {:>13} {:>9} {:>9} {:>9} {:>8}",
+        "",
+        "",
+        "(drain)",
+        "",
+        "",
+        "",
+        "p50 ms",
+        "p99 ms",
+        "p50 ms",
+        "p99 ms",
+        "per job",
+        "this",
+        "PG",
+        "per job"
     );
+    let mut before = baseline(jobs, !with_baseline).await;
     for &w in workers {
         let mut per_mode = Vec::new();
-        for &batching in modes {
-            let r = run(w, jobs, concurrency, batching, kind).await?;
+        for &mode in modes {
+            if mode == Mode::PerJob && kind == WorkerKind::Runtime {
+                continue;
+            }
+            let r = run(w, jobs, concurrency, mode, kind).await?;
+            let after = baseline(jobs, !with_baseline).await;
+            let raw_drain = (before.0 + after.0) / 2.0;
+            let raw_all = (before.1 + after.1) / 2.0;
+            before = after;
             let n = jobs as f64;
             let drain = n / r.drain.as_secs_f64();
             let all = n / (r.drain + r.enqueue).as_secs_f64();
             println!(
-                "{:>8} {:>9} {:>10.0} {:>7.2} {:>11.0} {:>8.2} {:>11.1} {:>11.1} {:>13.0} {:>13.0} {:>9.3}",
+                "{:>8} {:>9} {:>10.0} {:>7.2} {:>11.0} {:>8.2} {:>11.1} {:>11.1} {:>13.0} {:>13.0} {:>9.3} {:>9.0} {:>9.0} {:>8.3}",
                 w,
-                if batching { "on" } else { "off" },
+                mode.label(),
                 drain,
                 drain / raw_drain,
                 all,
@@ -224,11 +365,16 @@ pub async fn report(
                 r.enqueue_to_start.0,
                 r.enqueue_to_start.1,
                 r.xacts_per_job,
+                r.cpu.0,
+                r.cpu.1,
+                r.requests_per_job,
             );
-            per_mode.push(drain);
+            per_mode.push((mode, drain));
         }
-        if per_mode.len() == 2 {
-            println!("{:>8} batching on / off: {:.1}×", "", per_mode[1] / per_mode[0]);
+        if let Some(&(_, on)) = per_mode.iter().find(|(m, _)| *m == Mode::On) {
+            for &(m, off) in per_mode.iter().filter(|(m, _)| *m != Mode::On) {
+                println!("{:>8} batching on / {}: {:.1}×", "", m.label(), on / off);
+            }
         }
     }
     Ok(())
