@@ -409,6 +409,53 @@ async fn priority_then_due_time_orders_claims_and_future_jobs_wait() {
 }
 
 #[tokio::test]
+async fn a_claim_across_queues_takes_the_best_jobs_of_all_of_them_in_order() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let mut ids = std::collections::HashMap::new();
+    for (queue, priority) in [("a", 5), ("a", -1), ("b", 0), ("b", 7), ("b", -3), ("other", -9)] {
+        let q = runlease_protocol::QueueName::new(queue).unwrap();
+        let mut req = runlease_protocol::producer::EnqueueJobRequest::new(q, json!(priority));
+        req.priority = Some(priority);
+        ids.insert(c.api.enqueue_with(req).await.id, format!("{queue}{priority}"));
+    }
+    let claim =
+        |max_jobs: u32| json!({"queues": ["b", "a"], "worker_id": "w", "max_jobs": max_jobs, "wait_ms": 0});
+    let names = |body: serde_json::Value| -> Vec<String> {
+        body["leases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| {
+                ids[&l["job_id"]
+                    .as_str()
+                    .unwrap()
+                    .parse::<runlease_protocol::JobId>()
+                    .unwrap()]
+                    .clone()
+            })
+            .collect()
+    };
+    let (status, first) = c.api.post("/v1/claim", &claim(3)).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(
+        names(first),
+        ["b-3", "a-1", "b0"],
+        "best first, across both queues"
+    );
+    // The first claim's per-queue scans locked a5 and b7 without taking
+    // them: those locks ended with its statement.
+    let (_, rest) = c.api.post("/v1/claim", &claim(10)).await;
+    assert_eq!(
+        names(rest),
+        ["a5", "b7"],
+        "the rest, and nothing of another queue"
+    );
+    let (_, none) = c.api.post("/v1/claim", &claim(10)).await;
+    assert_eq!(none["leases"], json!([]));
+}
+
+#[tokio::test]
 async fn idempotency_key_answers_the_original_job() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;

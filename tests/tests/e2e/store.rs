@@ -78,3 +78,92 @@ async fn sslmode_require_connects_over_tls() {
         "every coordinator connection is encrypted"
     );
 }
+
+/// The generic plan (what a prepared statement runs after its first few
+/// executions) of `statement` with `args`, over a backlog of 20,000 jobs.
+async fn generic_plan(client: &tokio_postgres::Client, statement: &str, args: &str) -> String {
+    client
+        .batch_execute(&format!(
+            "SET plan_cache_mode = force_generic_plan; DEALLOCATE ALL; PREPARE probe AS {statement}"
+        ))
+        .await
+        .unwrap();
+    let rows = client
+        .query(&format!("EXPLAIN (COSTS OFF) EXECUTE probe({args})"), &[])
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[tokio::test]
+async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             SELECT gen_random_uuid(), 'q' || (g % 3), to_jsonb(g), 4 FROM generate_series(1, 20000) g",
+        )
+        .await
+        .unwrap();
+    // Statistics that say every job is claimable, then that every job is
+    // running: neither may turn a batch's statement into a scan of all the
+    // claimable or all the running jobs.
+    let states = [
+        "ANALYZE jobs",
+        "UPDATE jobs SET state = 'running', run_lease = 1, attempt = 1, owned_by = 'w',
+             claimed_at = now(), lease_expires_at = now() + interval '1 hour';
+         ANALYZE jobs",
+    ];
+    for set_up in states {
+        client.batch_execute(set_up).await.unwrap();
+
+        // A claim scans each queue's claim index in order and stops at the
+        // slots, then updates the rows it locked through the primary key.
+        let claim = generic_plan(
+            &client,
+            sql::LEASE_CLAIM,
+            "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL",
+        )
+        .await;
+        assert!(claim.contains("jobs_claim_idx"), "{claim}");
+        assert!(claim.contains("jobs_pkey"), "{claim}");
+        assert!(!claim.contains("Seq Scan on jobs"), "{claim}");
+
+        // The guarded array updates lock and update through the primary key
+        // and join their locked rows once: no semi-join re-reading the batch
+        // for every row, no scan of the table or of every running job.
+        let arrays = [
+            (
+                "lease_complete",
+                sql::LEASE_COMPLETE,
+                "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[]",
+            ),
+            (
+                "lease_release",
+                sql::LEASE_RELEASE,
+                "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[]",
+            ),
+            (
+                "lease_heartbeat",
+                sql::LEASE_HEARTBEAT,
+                "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[], 15000, 300000",
+            ),
+            (
+                "lease_fail",
+                sql::LEASE_FAIL,
+                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], 1000, 60000",
+            ),
+        ];
+        for (name, statement, args) in arrays {
+            let plan = generic_plan(&client, statement, args).await;
+            assert!(!plan.contains("Semi Join"), "{name}:\n{plan}");
+            assert!(!plan.contains("Seq Scan on jobs"), "{name}:\n{plan}");
+            assert!(!plan.contains("jobs_reap_idx"), "{name}:\n{plan}");
+            assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
+        }
+    }
+}

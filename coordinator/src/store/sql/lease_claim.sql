@@ -11,7 +11,8 @@
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
--- receive the same row; the UPDATE re-checks the state it selected.
+-- receive the same row; locking re-checks the state, so a row another claim
+-- took meanwhile is skipped.
 WITH slots AS (
     SELECT worker, ord FROM unnest($2::text[]) WITH ORDINALITY AS s(worker, ord)
 ), picked AS (
@@ -48,5 +49,8 @@ UPDATE jobs j SET
     updated_at = now()
 FROM numbered n
 JOIN slots s ON s.ord = n.ord
-WHERE j.id = n.id AND j.state IN ('queued', 'enqueue_failed')
+-- The rows were locked by the scan above (which re-checked their state as it
+-- locked them); no state predicate here, so the planner cannot pick the
+-- claim index for this join.
+WHERE j.id = n.id
 RETURNING j.*, n.ord AS slot

@@ -14,8 +14,12 @@ WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::boolean[], $5::bigint[])
          AS t(id, run_lease, error, retryable, retry_after_ms)
-), target AS (
-    SELECT j.id, i.run_lease, i.error,
+), target AS MATERIALIZED (
+    -- Locked by id alone, in id order: jobs_pkey whatever the statistics
+    -- say (a state predicate here would let the planner pick a partial index
+    -- and scan every running job). The guard is then checked on the locked
+    -- row, which nothing else can change before this transaction ends.
+    SELECT j.id, j.state, j.run_lease AS held_lease, i.run_lease, i.error,
            CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
                 WHEN i.retryable AND j.attempt < j.max_attempts THEN 'queued'::job_state
                 ELSE 'failed'::job_state END AS next_state,
@@ -23,8 +27,8 @@ WITH input AS (
                     floor(random() * least($7::bigint::float8,
                                            $6::bigint * power(2::float8, least(j.attempt - 1, 40))))::bigint
            ) AS delay_ms
-    FROM jobs j
-    JOIN input i ON j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
+    FROM input i
+    JOIN jobs j ON j.id = i.id
     ORDER BY j.id
     FOR UPDATE OF j
 ), finished AS (
@@ -37,7 +41,7 @@ WITH input AS (
         finished_at = CASE WHEN t.next_state = 'queued' THEN NULL ELSE now() END,
         updated_at = now()
     FROM target t
-    WHERE j.id = t.id AND j.state = 'running' AND j.run_lease = t.run_lease
+    WHERE j.id = t.id AND t.state = 'running' AND t.held_lease = t.run_lease
     RETURNING j.*
 ), recorded AS (
     INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)

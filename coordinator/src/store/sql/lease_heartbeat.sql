@@ -11,10 +11,14 @@
 WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::jsonb[]) AS t(id, run_lease, progress)
-), locked AS (
-    SELECT j.id, i.run_lease, i.progress
-    FROM jobs j
-    JOIN input i ON j.id = i.id AND j.state = 'running' AND j.run_lease = i.run_lease
+), locked AS MATERIALIZED (
+    -- Locked by id alone, in id order: jobs_pkey whatever the statistics
+    -- say (a state predicate here would let the planner pick a partial index
+    -- and scan every running job). The guard is then checked on the locked
+    -- row, which nothing else can change before this transaction ends.
+    SELECT j.id, j.state, j.run_lease AS held_lease, i.run_lease, i.progress
+    FROM input i
+    JOIN jobs j ON j.id = i.id
     ORDER BY j.id
     FOR UPDATE OF j
 )
@@ -24,7 +28,7 @@ UPDATE jobs j SET
     progress = coalesce(l.progress, j.progress),
     updated_at = now()
 FROM locked l
-WHERE j.id = l.id AND j.state = 'running' AND j.run_lease = l.run_lease
+WHERE j.id = l.id AND l.state = 'running' AND l.held_lease = l.run_lease
 RETURNING j.id, j.run_lease,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           j.lease_expires_at > now() AS live
