@@ -13,9 +13,7 @@
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
-WITH slots AS (
-    SELECT worker, ord FROM unnest($2::text[]) WITH ORDINALITY AS s(worker, ord)
-), picked AS (
+WITH picked AS (
     -- Per queue, an ordered scan of jobs_claim_idx that stops after the
     -- slots (a plain `queue = ANY($1)` is planned as a scan and sort of every
     -- claimable row). With several queues, rows locked here but beyond the
@@ -42,13 +40,14 @@ UPDATE jobs j SET
     state = 'running',
     run_lease = j.run_lease + 1,
     attempt = j.attempt + 1,
-    owned_by = s.worker,
+    -- The slot's worker by subscript: a join of the rows to the slots would
+    -- be planned as a nested loop (quadratic) under some statistics.
+    owned_by = ($2::text[])[n.ord::int],
     claimed_at = now(),
     lease_expires_at = now() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
                                * interval '1 millisecond',
     updated_at = now()
 FROM numbered n
-JOIN slots s ON s.ord = n.ord
 -- The rows were locked by the scan above (which re-checked their state as it
 -- locked them); no state predicate here, so the planner cannot pick the
 -- claim index for this join.
