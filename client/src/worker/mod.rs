@@ -60,6 +60,8 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(1);
 pub const DEFAULT_RELEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Below this much time left before the release margin, deadline mode stops claiming.
 const MIN_CLAIM_TIME_LEFT: Duration = Duration::from_millis(500);
+/// How long a claim waits for more slots to free up once one has.
+const CLAIM_GATHER: Duration = Duration::from_millis(2);
 /// In until-idle mode, consecutive failed claims before the worker gives up.
 const UNTIL_IDLE_CLAIM_TRIES: u32 = 3;
 /// Heartbeat interval before any lease told us the coordinator's.
@@ -359,15 +361,22 @@ async fn claim_loop(
         };
         let mut permits = vec![first];
         // Jobs finished together (one /v1/finish answer) free their slots one
-        // task after another: let them, so one claim asks for all of them.
-        for _ in 0..4 {
+        // task after another, and short jobs finished a moment apart free
+        // theirs one finish answer later: gather what frees up within
+        // CLAIM_GATHER, so one claim asks for all of it. A worker of long
+        // jobs claims at most that much later.
+        let gather_until = Instant::now() + CLAIM_GATHER;
+        while permits.len() < inner.concurrency {
             while let Ok(p) = slots.clone().try_acquire_owned() {
                 permits.push(p);
             }
             if permits.len() >= inner.concurrency {
                 break;
             }
-            tokio::task::yield_now().await;
+            match tokio::time::timeout_at(gather_until, slots.clone().acquire_owned()).await {
+                Ok(Ok(p)) => permits.push(p),
+                _ => break,
+            }
         }
 
         let mut wait = inner.claim_wait;

@@ -148,6 +148,11 @@ impl DatabaseTarget {
         );
         Pool::builder(manager)
             .max_size(size)
+            // The connection returned last is handed out first: a busy
+            // coordinator keeps reusing the few connections whose backends
+            // already planned and cached its statements, instead of spreading
+            // the work (and the planning) over the whole pool.
+            .queue_mode(deadpool::managed::QueueMode::Lifo)
             .wait_timeout(Some(Duration::from_secs(5)))
             .create_timeout(Some(Duration::from_secs(10)))
             .recycle_timeout(Some(Duration::from_secs(5)))
