@@ -12,7 +12,8 @@
 //!   enqueue), claim→complete and enqueue→start p50/p99, PostgreSQL
 //!   transactions per job, and CPU per job of this process (coordinator and
 //!   workers) and of the rest of the machine (PostgreSQL). `--no-baseline`
-//!   skips PostgreSQL alone (for profiling).
+//!   skips PostgreSQL alone (for profiling); `--repeat N` runs everything N
+//!   times and ends with the median jobs/s and ×PG of each run.
 //! - `--lean`: bare protocol workers instead of the runtime (claim up to
 //!   `--concurrency`, complete them in one `/v1/finish`), with a third mode,
 //!   `per-job`: batching off and one `/v1/complete` per lease.
@@ -52,6 +53,7 @@ struct Args {
     modes: Option<Vec<throughput::Mode>>,
     lean: bool,
     baseline: bool,
+    repeat: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -64,6 +66,7 @@ fn parse_args() -> anyhow::Result<Args> {
         modes: None,
         lean: false,
         baseline: true,
+        repeat: 1,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -96,10 +99,11 @@ fn parse_args() -> anyhow::Result<Args> {
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
             "--no-baseline" => args.baseline = false,
+            "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
             "-h" | "--help" => {
                 println!(
-                    "runlease-bench [--lean] [--workers 1,16,256,1024] [--jobs 20000] [--concurrency 8] [--batching per-job,off,on] [--no-baseline]"
+                    "runlease-bench [--lean] [--workers 1,16,256,1024] [--jobs 20000] [--concurrency 8] [--batching per-job,off,on] [--repeat N] [--no-baseline]"
                 );
                 println!(
                     "runlease-bench --wake 200      wake latency between two coordinators, Redis up and down"
@@ -143,6 +147,7 @@ async fn main() -> anyhow::Result<()> {
         &modes,
         kind,
         args.baseline,
+        args.repeat,
     )
     .await
 }

@@ -176,8 +176,9 @@ async fn run(
         handles.push(tokio::spawn(worker.run(stop.clone())));
     }
     // Drained once nothing is claimable or running: two probes of the
-    // partial indexes, not a count of the table (which would cost PostgreSQL
-    // as much as the run itself).
+    // partial indexes every 20 ms (not a count of the table, and not the
+    // coordinator's /metrics, whose queue depths count it: either would cost
+    // PostgreSQL about as much as the run itself).
     let probe = db.client().await;
     let mut probes = 0i64;
     loop {
@@ -197,6 +198,7 @@ async fn run(
     }
     let drain = started.elapsed();
     let cpu = Cpu::now().per_job_since(cpu, jobs);
+    probes += 1;
     let done: i64 = probe
         .query_one("SELECT count(*) FROM jobs WHERE state = 'done'", &[])
         .await?
@@ -205,12 +207,11 @@ async fn run(
         done as usize == jobs,
         "{done} of {jobs} jobs done after the drain"
     );
-    probes += 1;
     stop.cancel();
     for h in handles {
         h.await?;
     }
-    // The bench's own progress probes ran in this database: one transaction each.
+    // The bench's own probes ran in this database: one transaction each.
     let after = xacts(&db.name).await - probes;
     let (claim_to_complete, enqueue_to_start) = latencies(&probe).await;
     let requests = worker_requests(c.api.base()).await?;
@@ -283,6 +284,7 @@ pub async fn report(
     modes: &[Mode],
     kind: WorkerKind,
     with_baseline: bool,
+    repeat: usize,
 ) -> anyhow::Result<()> {
     match kind {
         WorkerKind::Runtime => println!(
@@ -338,42 +340,85 @@ pub async fn report(
         "per job"
     );
     let mut before = baseline(jobs, !with_baseline).await;
-    for &w in workers {
-        let mut per_mode = Vec::new();
-        for &mode in modes {
-            if mode == Mode::PerJob && kind == WorkerKind::Runtime {
-                continue;
-            }
-            let r = run(w, jobs, concurrency, mode, kind).await?;
-            let after = baseline(jobs, !with_baseline).await;
-            let raw_drain = (before.0 + after.0) / 2.0;
-            let raw_all = (before.1 + after.1) / 2.0;
-            before = after;
-            let n = jobs as f64;
-            let drain = n / r.drain.as_secs_f64();
-            let all = n / (r.drain + r.enqueue).as_secs_f64();
-            println!(
-                "{:>8} {:>9} {:>10.0} {:>7.2} {:>11.0} {:>8.2} {:>11.1} {:>11.1} {:>13.0} {:>13.0} {:>9.3} {:>9.0} {:>9.0} {:>8.3}",
-                w,
-                mode.label(),
-                drain,
-                drain / raw_drain,
-                all,
-                all / raw_all,
-                r.claim_to_complete.0,
-                r.claim_to_complete.1,
-                r.enqueue_to_start.0,
-                r.enqueue_to_start.1,
-                r.xacts_per_job,
-                r.cpu.0,
-                r.cpu.1,
-                r.requests_per_job,
-            );
-            per_mode.push((mode, drain));
+    // (workers, mode) → (jobs/s, ×PG) of every round.
+    let mut rounds: Vec<((usize, Mode), Vec<(f64, f64)>)> = Vec::new();
+    for round in 0..repeat.max(1) {
+        if repeat > 1 {
+            println!("round {} of {repeat}", round + 1);
         }
-        if let Some(&(_, on)) = per_mode.iter().find(|(m, _)| *m == Mode::On) {
-            for &(m, off) in per_mode.iter().filter(|(m, _)| *m != Mode::On) {
-                println!("{:>8} batching on / {}: {:.1}×", "", m.label(), on / off);
+        for &w in workers {
+            let mut per_mode = Vec::new();
+            for &mode in modes {
+                if mode == Mode::PerJob && kind == WorkerKind::Runtime {
+                    continue;
+                }
+                let r = run(w, jobs, concurrency, mode, kind).await?;
+                let after = baseline(jobs, !with_baseline).await;
+                let raw_drain = (before.0 + after.0) / 2.0;
+                let raw_all = (before.1 + after.1) / 2.0;
+                before = after;
+                let n = jobs as f64;
+                let drain = n / r.drain.as_secs_f64();
+                let all = n / (r.drain + r.enqueue).as_secs_f64();
+                println!(
+                    "{:>8} {:>9} {:>10.0} {:>7.2} {:>11.0} {:>8.2} {:>11.1} {:>11.1} {:>13.0} {:>13.0} {:>9.3} {:>9.0} {:>9.0} {:>8.3}",
+                    w,
+                    mode.label(),
+                    drain,
+                    drain / raw_drain,
+                    all,
+                    all / raw_all,
+                    r.claim_to_complete.0,
+                    r.claim_to_complete.1,
+                    r.enqueue_to_start.0,
+                    r.enqueue_to_start.1,
+                    r.xacts_per_job,
+                    r.cpu.0,
+                    r.cpu.1,
+                    r.requests_per_job,
+                );
+                per_mode.push((mode, drain));
+                match rounds.iter_mut().find(|(k, _)| *k == (w, mode)) {
+                    Some((_, v)) => v.push((drain, drain / raw_drain)),
+                    None => rounds.push(((w, mode), vec![(drain, drain / raw_drain)])),
+                }
+            }
+            if let Some(&(_, on)) = per_mode.iter().find(|(m, _)| *m == Mode::On) {
+                for &(m, off) in per_mode.iter().filter(|(m, _)| *m != Mode::On) {
+                    println!("{:>8} batching on / {}: {:.1}×", "", m.label(), on / off);
+                }
+            }
+        }
+    }
+    if repeat > 1 {
+        println!("\nmedians of {repeat} rounds (drain):");
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        for ((w, mode), v) in &rounds {
+            let jobs_s = median(v.iter().map(|x| x.0).collect());
+            let ratio = median(v.iter().map(|x| x.1).collect());
+            let ratios: Vec<String> = v.iter().map(|x| format!("{:.2}", x.1)).collect();
+            println!(
+                "{w:>8} {:>9} {jobs_s:>10.0} jobs/s, ×PG {ratio:.2} (rounds: {})",
+                mode.label(),
+                ratios.join(", ")
+            );
+        }
+        for &w in workers {
+            let of = |m: Mode| {
+                rounds
+                    .iter()
+                    .find(|(k, _)| *k == (w, m))
+                    .map(|(_, v)| median(v.iter().map(|x| x.0).collect()))
+            };
+            if let Some(on) = of(Mode::On) {
+                for m in [Mode::PerJob, Mode::Off] {
+                    if let Some(other) = of(m) {
+                        println!("{w:>8} batching on / {} (medians): {:.1}×", m.label(), on / other);
+                    }
+                }
             }
         }
     }
