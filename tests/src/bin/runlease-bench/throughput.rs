@@ -227,6 +227,11 @@ async fn run(
     })
 }
 
+/// A run's place in the table: (workers, mode).
+type RunKey = (usize, Mode);
+/// A run's (jobs/s, ×PG).
+type Measured = (f64, f64);
+
 /// What one run measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -340,8 +345,7 @@ pub async fn report(
         "per job"
     );
     let mut before = baseline(jobs, !with_baseline).await;
-    // (workers, mode) → (jobs/s, ×PG) of every round.
-    let mut rounds: Vec<((usize, Mode), Vec<(f64, f64)>)> = Vec::new();
+    let mut rounds: Vec<(RunKey, Vec<Measured>)> = Vec::new();
     for round in 0..repeat.max(1) {
         if repeat > 1 {
             println!("round {} of {repeat}", round + 1);
