@@ -1,6 +1,7 @@
 //! PostgreSQL alone: the coordinator's own guarded statements (enqueue,
 //! claim, complete) straight from tokio-postgres, 100 jobs per statement, on a
-//! few connections at once. This is the ceiling runlease is measured against.
+//! few connections at once, over the rows runlease's client enqueues (each
+//! with an idempotency key). This is the ceiling runlease is measured against.
 
 use std::time::{Duration, Instant};
 
@@ -51,7 +52,12 @@ pub async fn run(jobs: usize) -> Raw {
                 let delays: Vec<Option<i64>> = vec![None; n];
                 let attempts: Vec<i32> = vec![4; n];
                 let timeouts: Vec<Option<i64>> = vec![None; n];
-                let keys: Vec<Option<&str>> = vec![None; n];
+                // The rows runlease's client enqueues: each with an
+                // idempotency key (which every claim and complete then
+                // carries into its index).
+                let keys: Vec<Option<String>> = (0..n)
+                    .map(|_| Some(format!("rl-client-{}", Uuid::new_v4().simple())))
+                    .collect();
                 client
                     .query(
                         &stmt,
