@@ -24,3 +24,16 @@ pub const MAX_TIMEOUT_MS: i64 = 86_400_000;
 pub const MAX_DELAY_MS: i64 = 365 * 86_400_000;
 /// Longest error message a worker may record, in bytes (longer ones are cut).
 pub const MAX_ERROR_LEN: usize = 16 * 1024;
+
+/// Whether PostgreSQL can store `value` as `jsonb`: no NUL character
+/// (`\u0000`) in any string or key. A result, error or progress holding one
+/// is answered 422.
+pub fn storable_json(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => !s.contains('\0'),
+        Value::Array(items) => items.iter().all(storable_json),
+        Value::Object(map) => map.iter().all(|(k, v)| !k.contains('\0') && storable_json(v)),
+        _ => true,
+    }
+}

@@ -73,14 +73,6 @@ fn workspace_root() -> PathBuf {
         .to_path_buf()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Fails the test, saying how to install it, unless `cargo lambda` runs.
 pub fn require_cargo_lambda() {
     let ok = Command::new("cargo")
@@ -101,7 +93,7 @@ impl LambdaEmulator {
     /// accepts invocations.
     pub async fn start(env: &[(&str, String)]) -> Self {
         require_cargo_lambda();
-        let port = free_port();
+        let port = crate::process::free_port();
         let log = std::env::temp_dir().join(format!("runlease-lambda-{port}-{}.log", uuid::Uuid::new_v4()));
         let out = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new("cargo");

@@ -9,6 +9,15 @@ use tokio::process::{Child, Command};
 
 use crate::{Api, TEST_SECRET, TestDb};
 
+/// A loopback port nothing listens on right now, for a server a test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// The binary next to the test executable (`target/<profile>/`).
 pub fn coordinator_binary() -> PathBuf {
     workspace_binary(
@@ -59,11 +68,7 @@ impl CoordinatorProcess {
     /// Starts the binary over `db` with the test secret, a free port, the
     /// given extra `RUNLEASE_*` variables, and waits until it is ready.
     pub async fn start(db: &TestDb, env: &[(&str, String)]) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut cmd = Command::new(coordinator_binary());
         cmd.env("RUNLEASE_DATABASE_URL", &db.url)
             .env("RUNLEASE_LISTEN", format!("127.0.0.1:{port}"))

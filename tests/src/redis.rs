@@ -11,19 +11,11 @@ pub struct TestRedis {
     child: Option<Child>,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl TestRedis {
     /// Starts a server on a free port and waits until it answers.
     pub async fn start() -> Self {
         let mut redis = Self {
-            port: free_port(),
+            port: crate::process::free_port(),
             child: None,
         };
         redis.resume().await;

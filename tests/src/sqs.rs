@@ -40,11 +40,7 @@ pub struct TestSqs {
 impl TestSqs {
     /// Starts `moto_server` on a free port and waits until it answers.
     pub async fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::process::free_port();
         let mut sqs = Self { port, child: None };
         sqs.resume().await;
         sqs
@@ -52,11 +48,7 @@ impl TestSqs {
 
     /// A stopped server's place: its port, with nothing listening yet.
     pub fn not_started() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = crate::process::free_port();
         Self { port, child: None }
     }
 

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use runlease_protocol::limits::storable_json;
 use runlease_protocol::{JobId, QueueName, RunLease};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -73,7 +74,7 @@ impl JobContext {
         match serde_json::to_value(progress) {
             // PostgreSQL cannot store a NUL: such a checkpoint would make the
             // coordinator refuse the whole heartbeat request.
-            Ok(v) if !storable(&v) => {
+            Ok(v) if !storable_json(&v) => {
                 tracing::warn!(job_id = %self.job_id, "progress holds a NUL character (\\u0000); not saved")
             }
             Ok(v) => self.held.set_progress(v),
@@ -98,16 +99,6 @@ impl JobContext {
     /// The cancellation token itself, to hand to code that takes one.
     pub fn cancellation_token(&self) -> CancellationToken {
         self.held.cancel.clone()
-    }
-}
-
-/// Whether PostgreSQL can store `value` (no NUL in any string or key).
-fn storable(value: &Value) -> bool {
-    match value {
-        Value::String(s) => !s.contains('\0'),
-        Value::Array(items) => items.iter().all(storable),
-        Value::Object(map) => map.iter().all(|(k, v)| !k.contains('\0') && storable(v)),
-        _ => true,
     }
 }
 

@@ -10,6 +10,7 @@ use axum::Json;
 use axum::extract::State;
 use runlease_protocol::limits::{
     MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_LEASES_PER_REQUEST, MAX_WAIT_MS,
+    storable_json,
 };
 use runlease_protocol::worker::{
     ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishAction, FinishItem, FinishRequest,
@@ -17,7 +18,6 @@ use runlease_protocol::worker::{
     HeartbeatStatus, Lease, ReleaseRequest,
 };
 use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
-use serde_json::Value;
 use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
@@ -160,7 +160,7 @@ pub async fn heartbeat(
     if req
         .leases
         .iter()
-        .any(|l| l.progress.as_ref().is_some_and(|p| !storable(p)))
+        .any(|l| l.progress.as_ref().is_some_and(|p| !storable_json(p)))
     {
         return Err(ApiError::invalid(NUL_REFUSED));
     }
@@ -329,25 +329,15 @@ pub async fn release(
     answer(&state, finished).await
 }
 
-/// Whether PostgreSQL can store `value`: neither `jsonb` nor `text` holds a NUL.
-fn storable(value: &Value) -> bool {
-    match value {
-        Value::String(s) => !s.contains('\0'),
-        Value::Array(items) => items.iter().all(storable),
-        Value::Object(map) => map.iter().all(|(k, v)| !k.contains('\0') && storable(v)),
-        _ => true,
-    }
-}
-
 const NUL_REFUSED: &str = "a NUL character (\\u0000) cannot be stored in a result, error or progress";
 
 /// Checks what PostgreSQL would refuse, so the request fails with 422 before
 /// it joins a batch (where it would fail everyone's writes).
 fn check_storable(outcome: &Outcome) -> Result<(), ApiError> {
     let ok = match outcome {
-        Outcome::Complete { result } => storable(result),
+        Outcome::Complete { result } => storable_json(result),
         Outcome::Fail { error, .. } => !error.contains('\0'),
-        Outcome::Release { progress } => progress.as_ref().is_none_or(storable),
+        Outcome::Release { progress } => progress.as_ref().is_none_or(storable_json),
     };
     if ok {
         Ok(())
@@ -456,14 +446,19 @@ pub async fn finish(
             statuses[i] = jobs.iter().find(|j| j.id == id).map(|j| j.state);
         }
     }
+    // Verified items answer with their lease; a forged token with what it
+    // claims to be (nothing of it was trusted).
+    let mut ids: Vec<Option<(JobId, RunLease)>> = vec![None; req.items.len()];
+    for &(i, job_id, run_lease, _) in &sent {
+        ids[i] = Some((job_id, run_lease));
+    }
     let results = req
         .items
         .iter()
         .enumerate()
         .map(|(i, item)| {
-            let (job_id, run_lease) = state
-                .tokens
-                .peek(&item.lease_token)
+            let (job_id, run_lease) = ids[i]
+                .or_else(|| state.tokens.peek(&item.lease_token))
                 .unwrap_or((JobId(Uuid::nil()), RunLease(0)));
             FinishResult {
                 job_id,

@@ -117,6 +117,25 @@ fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outc
     recorded.is_some_and(|(o, worker)| worker == lease.worker_id.as_str() && outcome.matches(*o))
 }
 
+/// Rows a finishing statement wrote, by (job, lease): the outcome that took
+/// effect and the row it left.
+type Applied = HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRecord>)>;
+
+fn note_applied(
+    applied: &mut Applied,
+    kind: OutcomeKind,
+    rows: &[tokio_postgres::Row],
+) -> Result<(), StoreError> {
+    for row in rows {
+        let record = JobRecord::from_row(row)?;
+        applied.insert(
+            (record.job.id.0, record.job.run_lease.0),
+            (kind, Arc::new(record)),
+        );
+    }
+    Ok(())
+}
+
 /// How a finish ended when it applied.
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -221,8 +240,7 @@ impl Store {
         let policy = *self.policy();
         let tx = client.transaction().await?;
         // (job, lease) → (the outcome that took effect, the row it left).
-        let mut applied: HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRecord>)> =
-            HashMap::with_capacity(items.len());
+        let mut applied: Applied = HashMap::with_capacity(items.len());
 
         let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
         let ids_leases = |want: fn(&Outcome) -> bool| {
@@ -240,13 +258,11 @@ impl Store {
                 })
                 .collect();
             let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
-            for row in tx.query(&stmt, &[&ids, &leases, &results]).await? {
-                let record = JobRecord::from_row(&row)?;
-                applied.insert(
-                    (record.job.id.0, record.job.run_lease.0),
-                    (OutcomeKind::Complete, Arc::new(record)),
-                );
-            }
+            note_applied(
+                &mut applied,
+                OutcomeKind::Complete,
+                &tx.query(&stmt, &[&ids, &leases, &results]).await?,
+            )?;
         }
 
         let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Fail { .. }));
@@ -276,13 +292,7 @@ impl Store {
                 &policy.backoff_base_ms,
                 &policy.backoff_cap_ms,
             ];
-            for row in tx.query(&stmt, &params).await? {
-                let record = JobRecord::from_row(&row)?;
-                applied.insert(
-                    (record.job.id.0, record.job.run_lease.0),
-                    (OutcomeKind::Fail, Arc::new(record)),
-                );
-            }
+            note_applied(&mut applied, OutcomeKind::Fail, &tx.query(&stmt, &params).await?)?;
         }
 
         let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Release { .. }));
@@ -294,13 +304,11 @@ impl Store {
                 })
                 .collect();
             let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
-            for row in tx.query(&stmt, &[&ids, &leases, &progress]).await? {
-                let record = JobRecord::from_row(&row)?;
-                applied.insert(
-                    (record.job.id.0, record.job.run_lease.0),
-                    (OutcomeKind::Release, Arc::new(record)),
-                );
-            }
+            note_applied(
+                &mut applied,
+                OutcomeKind::Release,
+                &tx.query(&stmt, &[&ids, &leases, &progress]).await?,
+            )?;
         }
         tx.commit().await?;
 
