@@ -12,11 +12,11 @@ use runlease_protocol::QueueName;
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Role {
-    /// Enqueue, read, cancel, list queues.
+    /// Enqueue, read, cancel, list queues and jobs.
     Producer,
     /// Claim, heartbeat, finish, read.
     Worker,
-    /// Everything, including admin retry.
+    /// Everything, including admin retry, bulk actions and queue settings.
     Admin,
 }
 
@@ -33,6 +33,12 @@ pub enum Action {
     Retry,
     /// Claim, heartbeat, complete, fail, release, finish.
     Work,
+    /// List a queue's jobs.
+    List,
+    /// Retry, cancel or delete many jobs at once (admin only).
+    Bulk,
+    /// Change a queue's settings: pause, limits, retention (admin only).
+    Configure,
 }
 
 impl Role {
@@ -49,7 +55,10 @@ impl Role {
     pub fn allows(self, action: Action) -> bool {
         match self {
             Role::Admin => true,
-            Role::Producer => matches!(action, Action::Enqueue | Action::Read | Action::Cancel),
+            Role::Producer => matches!(
+                action,
+                Action::Enqueue | Action::Read | Action::Cancel | Action::List
+            ),
             Role::Worker => matches!(action, Action::Work | Action::Read),
         }
     }

@@ -48,6 +48,14 @@ pub const DEFAULT_BATCH_FLUSHERS: usize = 2;
 pub const DEFAULT_SQS_JOBS_PER_WAKEUP: usize = 10;
 /// Default `RUNLEASE_SQS_DISPATCH_INTERVAL_MS`: how often due jobs are looked for.
 pub const DEFAULT_SQS_DISPATCH_INTERVAL_MS: u64 = 1_000;
+/// Default `RUNLEASE_RETENTION_DONE_MS`: 7 days.
+pub const DEFAULT_RETENTION_DONE_MS: u64 = 7 * 86_400_000;
+/// Default `RUNLEASE_RETENTION_FAILED_MS` (also for cancelled jobs): 30 days.
+pub const DEFAULT_RETENTION_FAILED_MS: u64 = 30 * 86_400_000;
+/// Default `RUNLEASE_PRUNE_INTERVAL_MS`: 10 s.
+pub const DEFAULT_PRUNE_INTERVAL_MS: u64 = 10_000;
+/// Default `RUNLEASE_PRUNE_BATCH`: rows per prune statement.
+pub const DEFAULT_PRUNE_BATCH: u32 = 1000;
 /// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
 
@@ -168,6 +176,23 @@ pub struct Config {
     #[arg(long, env = "RUNLEASE_SQS_DISPATCH_INTERVAL_MS", default_value_t = DEFAULT_SQS_DISPATCH_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub sqs_dispatch_interval_ms: u64,
+    /// How long done jobs are kept once terminal, ms (0: forever). A queue
+    /// setting overrides it.
+    #[arg(long, env = "RUNLEASE_RETENTION_DONE_MS", default_value_t = DEFAULT_RETENTION_DONE_MS,
+          value_parser = clap::value_parser!(u64).range(0..=315_360_000_000))]
+    pub retention_done_ms: u64,
+    /// How long failed and cancelled jobs are kept once terminal, ms (0: forever).
+    #[arg(long, env = "RUNLEASE_RETENTION_FAILED_MS", default_value_t = DEFAULT_RETENTION_FAILED_MS,
+          value_parser = clap::value_parser!(u64).range(0..=315_360_000_000))]
+    pub retention_failed_ms: u64,
+    /// How often a prune pass runs, ms.
+    #[arg(long, env = "RUNLEASE_PRUNE_INTERVAL_MS", default_value_t = DEFAULT_PRUNE_INTERVAL_MS,
+          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
+    pub prune_interval_ms: u64,
+    /// Most jobs one prune statement deletes (each is its own short transaction).
+    #[arg(long, env = "RUNLEASE_PRUNE_BATCH", default_value_t = DEFAULT_PRUNE_BATCH,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub prune_batch: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
     #[arg(long, env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
     pub shutdown_grace_ms: u64,
@@ -185,6 +210,15 @@ impl Config {
     /// Lease TTL.
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// Retention of terminal jobs (0: forever).
+    pub fn retention(&self) -> crate::prune::Retention {
+        let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        crate::prune::Retention {
+            done_ms: ms(self.retention_done_ms),
+            failed_ms: ms(self.retention_failed_ms),
+        }
     }
 
     /// Reaper interval.

@@ -11,6 +11,7 @@
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
 //! - [`reaper`]: takes back expired leases.
+//! - [`prune`]: retention: deletes terminal jobs past their queue's retention.
 //! - [`batch`]: gathering claims, heartbeats and finishes into shared statements.
 //! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
 //! - [`metrics`]: Prometheus metrics.
@@ -21,6 +22,7 @@ pub mod config;
 pub mod dispatch;
 pub mod http;
 pub mod metrics;
+pub mod prune;
 pub mod reaper;
 pub mod store;
 pub mod token;
@@ -40,6 +42,7 @@ use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::http::{Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
+use crate::prune::Pruner;
 use crate::reaper::Reaper;
 use crate::store::connect::DatabaseTarget;
 use crate::store::leases::{LeaseRef, Outcome, Renewal};
@@ -156,6 +159,15 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         Duration::from_millis(config.repair_interval_ms),
     );
     tracker.spawn(repairer.run(shutdown.child_token()));
+    let pruner = Pruner::new(
+        store.clone(),
+        metrics.clone(),
+        config.retention(),
+        i64::from(config.prune_batch),
+        Duration::from_millis(config.prune_interval_ms),
+        shutdown.child_token(),
+    );
+    tracker.spawn(pruner.run());
 
     let bindings =
         dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default()).map_err(Error::Config)?;

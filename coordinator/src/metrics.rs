@@ -5,6 +5,7 @@
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -32,7 +33,8 @@ pub struct DepthLabels {
 /// Label set of refused finishing calls.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabels {
-    /// heartbeat, complete, fail or release.
+    /// heartbeat, complete, fail or release (refusals); retry, cancel or
+    /// delete (bulk actions).
     pub action: String,
 }
 
@@ -111,6 +113,14 @@ pub struct Metrics {
     pub db_unavailable: Counter,
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
+    /// Terminal jobs deleted by retention, per queue and state.
+    pub jobs_pruned: Family<DepthLabels, Counter>,
+    /// Prune passes (or tally folds) that failed.
+    pub prune_errors: Counter,
+    /// Jobs changed by bulk actions, per action.
+    pub bulk_changed: Family<ActionLabels, Counter>,
+    /// Queue settings changed, per queue.
+    pub settings_changes: Family<QueueLabels, Counter>,
     /// Wake-ups that could not be published to Redis.
     pub redis_publish_failures: Counter,
     /// SQS wake-up messages sent.
@@ -159,6 +169,10 @@ impl Metrics {
             pool_waiting: Gauge::default(),
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
+            jobs_pruned: Family::default(),
+            prune_errors: Counter::default(),
+            bulk_changed: Family::default(),
+            settings_changes: Family::default(),
             redis_publish_failures: Counter::default(),
             sqs_wakeups_sent: Family::default(),
             sqs_send_failures: Family::default(),
@@ -286,6 +300,26 @@ impl Metrics {
             m.reaper_errors.clone(),
         );
         registry.register(
+            "jobs_pruned",
+            "Terminal jobs deleted by retention",
+            m.jobs_pruned.clone(),
+        );
+        registry.register(
+            "prune_errors",
+            "Prune passes or tally folds that failed",
+            m.prune_errors.clone(),
+        );
+        registry.register(
+            "bulk_changed",
+            "Jobs changed by bulk actions (retry, cancel, delete)",
+            m.bulk_changed.clone(),
+        );
+        registry.register(
+            "queue_settings_changes",
+            "Changes of queue settings (pause, limits, retention)",
+            m.settings_changes.clone(),
+        );
+        registry.register(
             "jobs_terminal",
             "Jobs that reached a terminal state",
             m.terminal.clone(),
@@ -314,15 +348,21 @@ impl Metrics {
 
     /// Counts a job's arrival in a terminal state against the SLO.
     pub fn job_terminal(&self, job: &Job) {
-        let Some(finished) = job.finished_at else {
+        self.terminal_at(job.queue.as_str(), job.created_at, job.finished_at);
+    }
+
+    /// Counts the arrival in a terminal state at `finished` of a job of
+    /// `queue` enqueued at `created`, against the SLO.
+    pub fn terminal_at(&self, queue: &str, created: DateTime<Utc>, finished: Option<DateTime<Utc>>) {
+        let Some(finished) = finished else {
             return;
         };
         let labels = QueueLabels {
-            queue: job.queue.to_string(),
+            queue: queue.to_owned(),
         };
         self.terminal.get_or_create(&labels).inc();
         self.slo_counted.inc();
-        let took = (finished - job.created_at).to_std().unwrap_or_default();
+        let took = (finished - created).to_std().unwrap_or_default();
         if took <= self.slo {
             self.terminal_within_slo.get_or_create(&labels).inc();
             self.slo_met.inc();
@@ -332,10 +372,23 @@ impl Metrics {
     /// Counts the transition a job just made into `job.state`; `via` tells
     /// transitions to the same state apart.
     pub fn transition(&self, job: &Job, via: Via) {
+        self.transition_of(job.queue.as_str(), job.state, job.created_at, job.finished_at, via);
+    }
+
+    /// [`Metrics::transition`] from the fields it needs: the job's queue, its
+    /// new state, when it was enqueued and when it became terminal.
+    pub fn transition_of(
+        &self,
+        queue: &str,
+        state: JobState,
+        created: DateTime<Utc>,
+        finished: Option<DateTime<Utc>>,
+        via: Via,
+    ) {
         let labels = QueueLabels {
-            queue: job.queue.to_string(),
+            queue: queue.to_owned(),
         };
-        match (via, job.state) {
+        match (via, state) {
             (Via::Release, JobState::Queued) => {
                 self.released.get_or_create(&labels).inc();
             }
@@ -351,7 +404,7 @@ impl Metrics {
             }
             _ => {}
         }
-        match job.state {
+        match state {
             JobState::Done => {
                 self.completed.get_or_create(&labels).inc();
             }
@@ -363,8 +416,8 @@ impl Metrics {
             }
             _ => {}
         }
-        if job.state.is_terminal() {
-            self.job_terminal(job);
+        if state.is_terminal() {
+            self.terminal_at(queue, created, finished);
         }
     }
 

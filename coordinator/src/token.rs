@@ -15,6 +15,9 @@ use crate::store::leases::LeaseRef;
 
 const PREFIX: &str = "rl1.";
 const DOMAIN: &[u8] = b"runlease lease token v1\0";
+const CURSOR_DOMAIN: &[u8] = b"runlease list cursor v1\0";
+/// MAC bytes a cursor carries: forging one is as hard as guessing 2^128.
+const CURSOR_MAC_LEN: usize = 16;
 /// Longest token we bother decoding (a 128-byte worker id gives about 260).
 const MAX_TOKEN_LEN: usize = 512;
 
@@ -56,6 +59,40 @@ impl TokenKey {
         mac.update(DOMAIN);
         mac.update(payload);
         mac
+    }
+
+    /// A listing cursor: the last job id of a page, signed together with
+    /// the listing's `scope` (its filter), so a cursor is only accepted by
+    /// the listing that issued it.
+    pub fn mint_cursor(&self, last: JobId, scope: &str) -> String {
+        let mut mac = self.mac.clone();
+        mac.update(CURSOR_DOMAIN);
+        mac.update(last.0.as_bytes());
+        mac.update(scope.as_bytes());
+        let tag = mac.finalize().into_bytes();
+        let mut raw = Vec::with_capacity(16 + CURSOR_MAC_LEN);
+        raw.extend_from_slice(last.0.as_bytes());
+        raw.extend_from_slice(&tag[..CURSOR_MAC_LEN]);
+        URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    /// The job id of a cursor [`TokenKey::mint_cursor`] issued for `scope`.
+    pub fn verify_cursor(&self, cursor: &str, scope: &str) -> Result<JobId, TokenError> {
+        if cursor.len() > 64 {
+            return Err(TokenError::Malformed);
+        }
+        let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| TokenError::Malformed)?;
+        if raw.len() != 16 + CURSOR_MAC_LEN {
+            return Err(TokenError::Malformed);
+        }
+        let (id, tag) = raw.split_at(16);
+        let mut mac = self.mac.clone();
+        mac.update(CURSOR_DOMAIN);
+        mac.update(id);
+        mac.update(scope.as_bytes());
+        mac.verify_truncated_left(tag).map_err(|_| TokenError::Forged)?;
+        let id = Uuid::from_slice(id).map_err(|_| TokenError::Malformed)?;
+        Ok(JobId(id))
     }
 
     /// The token for a lease.

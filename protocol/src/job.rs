@@ -187,7 +187,9 @@ pub struct Job {
     pub error: Option<String>,
     /// A cancel was requested while the job was running.
     pub cancel_requested: bool,
-    /// The chronology: one entry per run lease, oldest first.
+    /// The chronology: one entry per run lease, oldest first (absent from
+    /// a listing's jobs).
+    #[serde(default)]
     pub attempts: Vec<Attempt>,
 }
 

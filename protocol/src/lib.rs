@@ -8,11 +8,13 @@
 //! - [`ids`]: `JobId`, `RunLease`, `WorkerId`, `QueueName`, `LeaseToken`.
 //! - [`job`]: `JobState`, the `Job` answer and its `Attempt` chronology.
 //! - [`producer`]: enqueue, batch enqueue, queue listing.
+//! - [`admin`]: job listing, bulk actions, queue settings.
 //! - [`worker`]: claim, heartbeat, complete, fail, release, finish.
 //! - [`error`]: the error body and its codes.
 //! - [`routes`]: the HTTP paths.
 //! - [`limits`]: numeric bounds every side validates against.
 
+pub mod admin;
 pub mod error;
 pub mod ids;
 pub mod job;

@@ -37,3 +37,16 @@ pub fn storable_json(value: &serde_json::Value) -> bool {
         _ => true,
     }
 }
+
+/// Default page size of `GET /v1/jobs`.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+/// Largest page of `GET /v1/jobs`.
+pub const MAX_LIST_LIMIT: u32 = 500;
+/// Most ids one `POST /v1/jobs/bulk` may name.
+pub const MAX_BULK_IDS: usize = 10_000;
+/// Largest `max_running` and `max_running_per_key`.
+pub const MAX_RUNNING_LIMIT: i32 = 1_000_000;
+/// Largest `rate_limit.per_s` and `rate_limit.burst`.
+pub const MAX_RATE: i32 = 1_000_000;
+/// Longest retention a queue may set: ten years, in ms.
+pub const MAX_RETENTION_MS: i64 = 10 * 365 * 86_400_000;

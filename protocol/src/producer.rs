@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::admin::QueueSettings;
 use crate::ids::QueueName;
 use crate::job::Job;
 
@@ -79,7 +80,7 @@ pub struct GetJobQuery {
 /// Answer to `GET /v1/queues`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ListQueuesResponse {
-    /// One entry per queue that holds jobs.
+    /// One entry per queue that holds jobs or has settings.
     pub queues: Vec<QueueSummary>,
 }
 
@@ -96,4 +97,7 @@ pub struct QueueSummary {
     pub lease_expiries: i64,
     /// Attempts that failed and were queued again.
     pub retries: i64,
+    /// Its settings (pause, limits, retention overrides).
+    #[serde(default)]
+    pub settings: QueueSettings,
 }

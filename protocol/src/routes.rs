@@ -1,7 +1,9 @@
 //! HTTP paths of the v1 protocol.
 
-/// `POST`: enqueue one job.
+/// `POST`: enqueue one job. `GET`: list a queue's jobs.
 pub const JOBS: &str = "/v1/jobs";
+/// `POST`: retry, cancel or delete the jobs a filter matches (admin).
+pub const JOBS_BULK: &str = "/v1/jobs/bulk";
 /// `POST`: enqueue up to 1000 jobs in one transaction.
 pub const JOBS_BATCH: &str = "/v1/jobs/batch";
 /// `GET`: read a job (`?wait_ms=`), with `{id}` the job id.
@@ -24,6 +26,8 @@ pub const RELEASE: &str = "/v1/release";
 pub const FINISH: &str = "/v1/finish";
 /// `GET`: per-queue figures.
 pub const QUEUES: &str = "/v1/queues";
+/// `GET`: one queue's figures and settings; `PATCH`: change its settings.
+pub const QUEUE: &str = "/v1/queues/{queue}";
 /// `GET`: the process is up.
 pub const HEALTHZ: &str = "/healthz";
 /// `GET`: PostgreSQL reachable and migrations current.
@@ -32,6 +36,19 @@ pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
 /// `GET`: the OpenAPI description of this protocol.
 pub const OPENAPI: &str = "/openapi.yaml";
+
+/// [`QUEUE`] for `queue`, for clients (the name percent-encoded).
+pub fn queue_path(queue: &str) -> String {
+    let mut encoded = String::with_capacity(queue.len());
+    for b in queue.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            encoded.push(b as char);
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    QUEUE.replace("{queue}", &encoded)
+}
 
 /// `path` with its `{id}` replaced, for clients.
 pub fn job_path(template: &str, id: impl std::fmt::Display) -> String {

@@ -6,7 +6,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use runlease_protocol::{ErrorCode, JobId};
+use runlease_protocol::{ErrorCode, JobId, QueueName};
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Action, Caller};
@@ -62,6 +62,22 @@ impl<S: Send + Sync> FromRequestParts<S> for JobIdPath {
         raw.parse::<JobId>()
             .map(JobIdPath)
             .map_err(|_| ApiError::bad_request(format!("job id {raw:?} is not a UUID")))
+    }
+}
+
+/// A queue name from the path; one that is not a queue name is 422.
+pub struct QueuePath(pub QueueName);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueuePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|r| ApiError::bad_request(r.body_text()))?;
+        QueueName::new(raw)
+            .map(QueuePath)
+            .map_err(|e| ApiError::invalid(format!("queue: {e}")))
     }
 }
 

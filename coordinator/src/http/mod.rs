@@ -5,7 +5,9 @@
 //! - [`jobs`]: producer endpoints.
 //! - [`leases`]: worker endpoints.
 //! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
+//! - [`admin`]: job listing, bulk actions, one queue's figures and settings.
 
+pub mod admin;
 pub mod error;
 pub mod extract;
 pub mod jobs;
@@ -85,7 +87,8 @@ pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
 /// The router with every route of the v1 protocol.
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {
     Router::new()
-        .route(routes::JOBS, post(jobs::enqueue))
+        .route(routes::JOBS, post(jobs::enqueue).get(admin::list_jobs))
+        .route(routes::JOBS_BULK, post(admin::bulk))
         .route(routes::JOBS_BATCH, post(jobs::enqueue_batch))
         .route(routes::JOB, get(jobs::get_job))
         .route(routes::JOB_CANCEL, post(jobs::cancel))
@@ -97,6 +100,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::RELEASE, post(leases::release))
         .route(routes::FINISH, post(leases::finish))
         .route(routes::QUEUES, get(ops::queues))
+        .route(routes::QUEUE, get(admin::get_queue).patch(admin::update_queue))
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))

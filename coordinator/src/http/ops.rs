@@ -10,7 +10,7 @@ use runlease_protocol::producer::ListQueuesResponse;
 use serde_json::json;
 
 use crate::auth::{Action, Caller};
-use crate::http::AppState;
+use crate::http::{AppState, admin};
 use crate::http::error::ApiError;
 use crate::http::extract::require;
 use crate::metrics::{DepthLabels, QueueLabels};
@@ -50,21 +50,22 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
     }
 }
 
-/// `GET /metrics`: Prometheus text. Queue depth and pool use are read now.
+/// `GET /metrics`: Prometheus text. Queue depth and pool use are read now
+/// (live states from indexes over live rows, terminal ones from the tallies).
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     let pool = state.store.pool().status();
     m.pool_size.set(pool.size as i64);
     m.pool_available.set(pool.available as i64);
     m.pool_waiting.set(pool.waiting as i64);
-    match state.store.queues().await {
+    match state.store.queue_figures(None).await {
         Ok(queues) => {
             for q in queues {
                 for (s, n) in &q.counts {
                     m.depth
                         .get_or_create(&DepthLabels {
                             queue: q.queue.to_string(),
-                            state: s.clone(),
+                            state: s.as_str().to_owned(),
                         })
                         .set(*n);
                 }
@@ -93,7 +94,9 @@ pub async fn queues(
     caller: Caller,
 ) -> Result<Json<ListQueuesResponse>, ApiError> {
     require(&caller, Action::Read)?;
-    let mut queues = state.store.queues().await?;
+    let mut queues = state.store.queue_figures(None).await?;
     queues.retain(|q| caller.may_use_queue(&q.queue));
-    Ok(Json(ListQueuesResponse { queues }))
+    Ok(Json(ListQueuesResponse {
+        queues: queues.into_iter().map(admin::queue_summary).collect(),
+    }))
 }

@@ -1,15 +1,16 @@
-//! Producer operations: enqueue, read, cancel, admin retry, queue figures.
+//! Producer operations: enqueue, read, cancel, admin retry.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
 use runlease_protocol::limits::{MAX_ATTEMPTS_LIMIT, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS};
-use runlease_protocol::producer::{EnqueueJobRequest, QueueSummary};
+use runlease_protocol::producer::EnqueueJobRequest;
 use runlease_protocol::{Job, JobId, JobState, QueueName};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::rows::{DbJobState, JobRecord, assemble, attempts_by_job, col};
+use crate::store::listing::BulkAction;
+use crate::store::rows::{JobRecord, assemble, attempts_by_job, col};
 use crate::store::{Policy, Store, StoreError, sql};
 
 /// A validated enqueue request with the coordinator's defaults applied.
@@ -304,70 +305,24 @@ impl Store {
 
     /// Cancels a job (see `sql/job_cancel.sql`).
     pub async fn cancel(&self, id: JobId) -> Result<CancelOutcome, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_CANCEL).await?;
-        let records = JobRecord::from_rows(&client.query(&stmt, &[&id.0]).await?)?;
-        drop(client);
-        if !records.is_empty() {
-            let job = self.with_attempts(records).await?.pop();
-            return Ok(job.map_or(CancelOutcome::NotFound, |j| CancelOutcome::Done(Box::new(j))));
+        let changed = self.apply(BulkAction::Cancel, &[id.0]).await?;
+        let Some(job) = self.get_job(id).await? else {
+            return Ok(CancelOutcome::NotFound);
+        };
+        // A running job whose cancel was requested before answers as it is.
+        if !changed.is_empty() || job.state == JobState::Running {
+            return Ok(CancelOutcome::Done(Box::new(job)));
         }
-        Ok(match self.get_job(id).await? {
-            None => CancelOutcome::NotFound,
-            Some(job) => CancelOutcome::Terminal(job.state),
-        })
+        Ok(CancelOutcome::Terminal(job.state))
     }
 
     /// Puts a failed or cancelled job back on its queue (see `sql/job_retry.sql`).
     pub async fn retry(&self, id: JobId) -> Result<RetryOutcome, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_RETRY).await?;
-        let records = JobRecord::from_rows(&client.query(&stmt, &[&id.0]).await?)?;
-        drop(client);
-        if !records.is_empty() {
-            let job = self.with_attempts(records).await?.pop();
-            return Ok(job.map_or(RetryOutcome::NotFound, |j| RetryOutcome::Done(Box::new(j))));
-        }
+        let changed = self.apply(BulkAction::Retry, &[id.0]).await?;
         Ok(match self.get_job(id).await? {
             None => RetryOutcome::NotFound,
+            Some(job) if !changed.is_empty() => RetryOutcome::Done(Box::new(job)),
             Some(job) => RetryOutcome::NotRetryable(job.state),
         })
-    }
-
-    /// Per-queue figures: counts per state (all states present), oldest due
-    /// claimable job, lease expiries and retries.
-    pub async fn queues(&self) -> Result<Vec<QueueSummary>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::QUEUE_LIST).await?;
-        let rows = client.query(&stmt, &[]).await?;
-        let stmt = client.prepare_cached(sql::QUEUE_ATTEMPT_TOTALS).await?;
-        let totals = client.query(&stmt, &[]).await?;
-        let mut by_queue: BTreeMap<String, QueueSummary> = BTreeMap::new();
-        for row in &rows {
-            let queue: String = col(row, "queue")?;
-            let state: DbJobState = col(row, "state")?;
-            let count: i64 = col(row, "jobs")?;
-            let age: Option<i64> = col(row, "oldest_due_age_ms")?;
-            let name = QueueName::new(queue.clone()).map_err(|e| StoreError::Database(e.to_string()))?;
-            let summary = by_queue.entry(queue).or_insert_with(|| QueueSummary {
-                queue: name,
-                counts: JobState::ALL.iter().map(|s| (s.as_str().to_owned(), 0)).collect(),
-                oldest_queued_age_ms: None,
-                lease_expiries: 0,
-                retries: 0,
-            });
-            summary.counts.insert(state.0.as_str().to_owned(), count);
-            if let Some(age) = age {
-                summary.oldest_queued_age_ms = Some(summary.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
-            }
-        }
-        for row in &totals {
-            let queue: String = col(row, "queue")?;
-            if let Some(summary) = by_queue.get_mut(&queue) {
-                summary.lease_expiries = col(row, "lease_expiries")?;
-                summary.retries = col(row, "retries")?;
-            }
-        }
-        Ok(by_queue.into_values().collect())
     }
 }

@@ -29,6 +29,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "dispatch",
         sql: include_str!("../../../migrations/0002_dispatch.sql"),
     },
+    Migration {
+        version: 3,
+        name: "operations",
+        sql: include_str!("../../../migrations/0003_operations.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

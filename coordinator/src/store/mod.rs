@@ -5,13 +5,19 @@
 //! - [`connect`]: URL, TLS, pool, database creation.
 //! - [`migrate`]: the migrator.
 //! - [`rows`]: PostgreSQL rows to protocol types.
-//! - [`jobs`]: producer operations (enqueue, get, cancel, retry, queues).
+//! - [`jobs`]: producer operations (enqueue, get, cancel, retry).
 //! - [`leases`]: worker operations (claim, heartbeat, complete, fail, release) and the reaper's statement.
+//! - [`queues`]: queue figures (live indexes and tallies) and settings.
+//! - [`listing`]: listing a queue's jobs, bulk actions.
+//! - [`prune`]: retention and the folding of tallies.
 
 pub mod connect;
 pub mod jobs;
 pub mod leases;
+pub mod listing;
 pub mod migrate;
+pub mod prune;
+pub mod queues;
 pub mod rows;
 pub mod sql;
 

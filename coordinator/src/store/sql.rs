@@ -6,9 +6,9 @@ pub const JOB_ENQUEUE: &str = include_str!("sql/job_enqueue.sql");
 pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempotency_key.sql");
 /// Read jobs by id.
 pub const JOB_GET: &str = include_str!("sql/job_get.sql");
-/// Cancel a job.
+/// Cancel jobs.
 pub const JOB_CANCEL: &str = include_str!("sql/job_cancel.sql");
-/// Admin retry of a failed or cancelled job.
+/// Admin retry of failed or cancelled jobs.
 pub const JOB_RETRY: &str = include_str!("sql/job_retry.sql");
 /// Mark jobs whose wake-up was not delivered.
 pub const JOB_MARK_ENQUEUE_FAILED: &str = include_str!("sql/job_mark_enqueue_failed.sql");
@@ -36,10 +36,26 @@ pub const LEASE_FAIL: &str = include_str!("sql/lease_fail.sql");
 pub const LEASE_RELEASE: &str = include_str!("sql/lease_release.sql");
 /// Reap expired leases.
 pub const LEASE_REAP: &str = include_str!("sql/lease_reap.sql");
-/// Job counts per queue and state.
-pub const QUEUE_LIST: &str = include_str!("sql/queue_list.sql");
-/// Attempt totals per queue.
-pub const QUEUE_ATTEMPT_TOTALS: &str = include_str!("sql/queue_attempt_totals.sql");
+/// Live jobs per queue and state (indexes over live rows only).
+pub const QUEUE_LIVE_COUNTS: &str = include_str!("sql/queue_live_counts.sql");
+/// Terminal totals per queue, from the tallies.
+pub const QUEUE_TALLIES: &str = include_str!("sql/queue_tallies.sql");
+/// Fold the tally deltas.
+pub const JOB_TALLY_FOLD: &str = include_str!("sql/job_tally_fold.sql");
+/// Settings of queues.
+pub const QUEUE_SETTINGS_LIST: &str = include_str!("sql/queue_settings_list.sql");
+/// Change a queue's settings.
+pub const QUEUE_SETTINGS_UPDATE: &str = include_str!("sql/queue_settings_update.sql");
+/// A page of job ids of a queue, newest first.
+pub const JOB_LIST: &str = include_str!("sql/job_list.sql");
+/// Which of given jobs a bulk filter matches.
+pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
+/// Delete terminal jobs.
+pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
+/// Delete expired terminal jobs of a queue and state.
+pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
+/// The lock that keeps pruning on one replica at a time.
+pub const PRUNE_LOCK: &str = include_str!("sql/prune_lock.sql");
 
 /// Every statement with its name, for the test that prepares them all.
 pub const ALL: &[(&str, &str)] = &[
@@ -61,6 +77,14 @@ pub const ALL: &[(&str, &str)] = &[
     ("lease_fail", LEASE_FAIL),
     ("lease_release", LEASE_RELEASE),
     ("lease_reap", LEASE_REAP),
-    ("queue_list", QUEUE_LIST),
-    ("queue_attempt_totals", QUEUE_ATTEMPT_TOTALS),
+    ("queue_live_counts", QUEUE_LIVE_COUNTS),
+    ("queue_tallies", QUEUE_TALLIES),
+    ("job_tally_fold", JOB_TALLY_FOLD),
+    ("queue_settings_list", QUEUE_SETTINGS_LIST),
+    ("queue_settings_update", QUEUE_SETTINGS_UPDATE),
+    ("job_list", JOB_LIST),
+    ("job_match", JOB_MATCH),
+    ("job_delete", JOB_DELETE),
+    ("job_prune", JOB_PRUNE),
+    ("prune_lock", PRUNE_LOCK),
 ];

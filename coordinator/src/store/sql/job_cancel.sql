@@ -1,14 +1,25 @@
--- Cancel a job: a claimable job becomes cancelled at once; a running job keeps
--- running with cancel_requested_at set until its worker acknowledges (fail or
--- release) or the reaper finds its lease expired. Terminal jobs are untouched
--- (no row: the caller answers 404 or 409).
--- $1 uuid id.
--- Index: jobs_pkey. Locking: the row, for the statement.
-UPDATE jobs SET
-    state = CASE WHEN state = 'running' THEN state ELSE 'cancelled'::job_state END,
-    cancel_requested_at = CASE WHEN state = 'running'
-                               THEN coalesce(cancel_requested_at, now()) END,
-    finished_at = CASE WHEN state = 'running' THEN NULL ELSE now() END,
+-- Cancel jobs: a claimable job becomes cancelled at once; a running job
+-- keeps running with cancel_requested_at set until its worker acknowledges
+-- (fail or release) or the reaper finds its lease expired. Terminal jobs,
+-- and running jobs whose cancel was already requested, are untouched
+-- (absent from the answer).
+-- $1 uuid[] ids.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order (the order every batch statement locks in).
+WITH locked AS MATERIALIZED (
+    SELECT id
+    FROM jobs
+    WHERE id = ANY($1::uuid[])
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE jobs j SET
+    state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled'::job_state END,
+    cancel_requested_at = CASE WHEN j.state = 'running' THEN now() END,
+    finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
     updated_at = now()
-WHERE id = $1 AND state IN ('queued', 'enqueue_failed', 'running')
-RETURNING *
+FROM locked l
+WHERE j.id = l.id
+  AND (j.state IN ('queued', 'enqueue_failed')
+       OR (j.state = 'running' AND j.cancel_requested_at IS NULL))
+RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at

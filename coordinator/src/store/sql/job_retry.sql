@@ -1,9 +1,19 @@
--- Admin retry: a failed or cancelled job back to queued with a fresh attempt
--- budget. run_lease is untouched: it only grows, at the next claim.
--- $1 uuid id.
--- Index: jobs_pkey. Locking: the row, for the statement.
-UPDATE jobs SET
+-- Admin retry: failed or cancelled jobs back to queued with a fresh attempt
+-- budget. run_lease is untouched: it only grows, at the next claim. Jobs in
+-- other states are untouched (absent from the answer).
+-- $1 uuid[] ids.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order (the order every batch statement locks in).
+WITH locked AS MATERIALIZED (
+    SELECT id
+    FROM jobs
+    WHERE id = ANY($1::uuid[])
+    ORDER BY id
+    FOR UPDATE
+)
+UPDATE jobs j SET
     state = 'queued', attempt = 0, run_at = now(), finished_at = NULL,
     cancel_requested_at = NULL, result = NULL, updated_at = now()
-WHERE id = $1 AND state IN ('failed', 'cancelled')
-RETURNING *
+FROM locked l
+WHERE j.id = l.id AND j.state IN ('failed', 'cancelled')
+RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at

@@ -9,7 +9,8 @@
 -- $4 bigint default timeout ms, $5 bigint time left ms (NULL: no limit; only
 -- jobs whose timeout fits are taken).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
--- ordered scan per queue: the cost grows with the slots, not the backlog.
+-- ordered scan per queue: the cost grows with the slots, not the backlog;
+-- queue_settings_pkey for the pause check.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
@@ -27,6 +28,11 @@ WITH picked AS (
           AND state IN ('queued', 'enqueue_failed')
           AND run_at <= now()
           AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
+          -- A paused queue hands out nothing. This names no column of jobs,
+          -- so it is checked once per queue before the scan (no row of a
+          -- paused queue is even locked).
+          AND NOT EXISTS (SELECT 1 FROM queue_settings s
+                          WHERE s.queue = q.queue AND s.paused)
         ORDER BY priority, run_at, id
         LIMIT cardinality($2::text[])
         FOR UPDATE SKIP LOCKED

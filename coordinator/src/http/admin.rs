@@ -1,0 +1,326 @@
+//! Operating endpoints: listing a queue's jobs, bulk actions, and one
+//! queue's figures and settings. Store types become protocol types here.
+
+use axum::Json;
+use axum::extract::State;
+use runlease_protocol::admin::{
+    BulkActionName, BulkJobsRequest, BulkJobsResponse, ListJobsQuery, ListJobsResponse, ListedJob,
+    QueueSettings as WireSettings, RateLimit as WireRateLimit, UpdateQueueRequest,
+};
+use runlease_protocol::limits::{
+    DEFAULT_LIST_LIMIT, MAX_BULK_IDS, MAX_LIST_LIMIT, MAX_RATE, MAX_RETENTION_MS, MAX_RUNNING_LIMIT,
+};
+use runlease_protocol::producer::QueueSummary;
+use runlease_protocol::{ErrorCode, JobState, QueueName};
+
+use crate::auth::{Action, Caller};
+use crate::http::AppState;
+use crate::http::error::ApiError;
+use crate::http::extract::{JsonBody, QueryParams, QueuePath, require};
+use crate::metrics::{ActionLabels, QueueLabels, Via};
+use crate::store::listing::{BulkAction, JobChange, JobFilter};
+use crate::store::queues::{QueueFigures, QueueSettings, RateLimit, SettingsChange};
+
+/// A queue's figures as the protocol answers them.
+pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
+    QueueSummary {
+        queue: figures.queue,
+        counts: figures
+            .counts
+            .into_iter()
+            .map(|(state, n)| (state.as_str().to_owned(), n))
+            .collect(),
+        oldest_queued_age_ms: figures.oldest_queued_age_ms,
+        lease_expiries: figures.lease_expiries,
+        retries: figures.retries,
+        settings: wire_settings(&figures.settings),
+    }
+}
+
+fn wire_settings(s: &QueueSettings) -> WireSettings {
+    WireSettings {
+        paused: s.paused,
+        max_running: s.max_running,
+        max_running_per_key: s.max_running_per_key,
+        rate_limit: s.rate_limit.map(|r| WireRateLimit {
+            per_s: r.per_s,
+            burst: r.burst,
+        }),
+        retention_done_ms: s.retention_done_ms,
+        retention_failed_ms: s.retention_failed_ms,
+    }
+}
+
+fn forbidden_queue(queue: &QueueName) -> ApiError {
+    ApiError::new(
+        ErrorCode::Forbidden,
+        format!("this API key may not use queue {:?}", queue.as_str()),
+    )
+}
+
+fn queue_param(raw: String) -> Result<QueueName, ApiError> {
+    QueueName::new(raw).map_err(|e| ApiError::invalid(format!("queue: {e}")))
+}
+
+/// `state=S[,S2]`: every state when absent; each named once, in lifecycle order.
+fn parse_states(raw: Option<&str>) -> Result<Vec<JobState>, ApiError> {
+    let Some(raw) = raw else {
+        return Ok(JobState::ALL.to_vec());
+    };
+    let mut states = Vec::new();
+    for name in raw.split(',').map(str::trim) {
+        let state: JobState = name.parse().map_err(|_| {
+            ApiError::invalid(format!(
+                "state {name:?} is not a job state; use queued, enqueue_failed, running, done, failed or cancelled (comma-separated)"
+            ))
+        })?;
+        if !states.contains(&state) {
+            states.push(state);
+        }
+    }
+    states.sort_unstable_by_key(|s| JobState::ALL.iter().position(|a| a == s));
+    Ok(states)
+}
+
+/// What a cursor is signed with: the listing it belongs to.
+fn cursor_scope(filter: &JobFilter) -> String {
+    let states: Vec<&str> = filter.states.iter().map(|s| s.as_str()).collect();
+    format!("{}\0{}", filter.queue.as_str(), states.join(","))
+}
+
+/// `GET /v1/jobs?queue=Q&state=S[,S2]&limit=N&cursor=C`: a queue's jobs,
+/// newest first, a page at a time (admin or producer).
+pub async fn list_jobs(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueryParams(query): QueryParams<ListJobsQuery>,
+) -> Result<Json<ListJobsResponse>, ApiError> {
+    require(&caller, Action::List)?;
+    let queue = query
+        .queue
+        .ok_or_else(|| ApiError::invalid("queue is required: GET /v1/jobs?queue=NAME"))?;
+    let queue = queue_param(queue)?;
+    if !caller.may_use_queue(&queue) {
+        return Err(forbidden_queue(&queue));
+    }
+    let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+        return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_LIST_LIMIT}")));
+    }
+    let filter = JobFilter {
+        queue,
+        states: parse_states(query.state.as_deref())?,
+        created_before: None,
+    };
+    let scope = cursor_scope(&filter);
+    let cursor = query
+        .cursor
+        .map(|c| state.tokens.verify_cursor(&c, &scope))
+        .transpose()
+        .map_err(|_| {
+            ApiError::invalid(
+                "cursor was not issued for this listing: pass a next_cursor unchanged, with the same queue and state",
+            )
+        })?;
+    let limit = i64::from(limit);
+    // One more than the page: whether there is a next page, without a count.
+    let mut records = state.store.list_jobs(&filter, cursor, limit + 1).await?;
+    let next_cursor = if records.len() as i64 > limit {
+        records.truncate(limit as usize);
+        records.last().map(|r| state.tokens.mint_cursor(r.job.id, &scope))
+    } else {
+        None
+    };
+    Ok(Json(ListJobsResponse {
+        jobs: records.into_iter().map(|r| ListedJob(r.job)).collect(),
+        next_cursor,
+    }))
+}
+
+/// `POST /v1/jobs/bulk`: retry, cancel or delete every job of a queue in
+/// the given states (and of `ids`, created before `created_before`), each
+/// by its single-job rule (admin only).
+pub async fn bulk(
+    State(state): State<AppState>,
+    caller: Caller,
+    JsonBody(req): JsonBody<BulkJobsRequest>,
+) -> Result<Json<BulkJobsResponse>, ApiError> {
+    require(&caller, Action::Bulk)?;
+    if !caller.may_use_queue(&req.queue) {
+        return Err(forbidden_queue(&req.queue));
+    }
+    if req.states.is_empty() {
+        return Err(ApiError::invalid(
+            "states must name at least one state: a bulk action never applies to every job",
+        ));
+    }
+    if req.ids.as_ref().is_some_and(|ids| ids.len() > MAX_BULK_IDS) {
+        return Err(ApiError::invalid(format!(
+            "ids may name at most {MAX_BULK_IDS} jobs; send several requests, or filter by states and created_before"
+        )));
+    }
+    let action = match req.action {
+        BulkActionName::Retry => BulkAction::Retry,
+        BulkActionName::Cancel => BulkAction::Cancel,
+        BulkActionName::Delete => BulkAction::Delete,
+    };
+    let mut states = req.states;
+    states.sort_unstable_by_key(|s| JobState::ALL.iter().position(|a| a == s));
+    states.dedup();
+    let filter = JobFilter {
+        queue: req.queue,
+        states,
+        created_before: req.created_before,
+    };
+    let changed_counter = state
+        .metrics
+        .bulk_changed
+        .get_or_create(&ActionLabels {
+            action: action.as_str().to_owned(),
+        })
+        .clone();
+    let report = state
+        .store
+        .bulk(action, &filter, req.ids.as_deref(), |changed: &[JobChange]| {
+            changed_counter.inc_by(changed.len() as u64);
+            announce_bulk(&state, action, changed);
+        })
+        .await?;
+    tracing::info!(
+        action = action.as_str(),
+        queue = %filter.queue,
+        matched = report.matched,
+        changed = report.changed,
+        "bulk action"
+    );
+    Ok(Json(BulkJobsResponse {
+        matched: report.matched,
+        changed: report.changed,
+    }))
+}
+
+/// Metrics and wake-ups of one committed chunk of a bulk action.
+fn announce_bulk(state: &AppState, action: BulkAction, changed: &[JobChange]) {
+    match action {
+        BulkAction::Retry => {
+            if let Some(first) = changed.first() {
+                state.wake.ready(&first.queue);
+            }
+        }
+        BulkAction::Cancel => {
+            for job in changed.iter().filter(|j| j.state.is_terminal()) {
+                if let Some(created) = job.created_at {
+                    state
+                        .metrics
+                        .transition_of(job.queue.as_str(), job.state, created, job.finished_at, Via::Cancel);
+                }
+                state.wake.terminal(job.id);
+            }
+        }
+        BulkAction::Delete => {}
+    }
+}
+
+/// `GET /v1/queues/{queue}`: one queue's figures and settings (a queue
+/// without jobs or settings answers zeros and the defaults).
+pub async fn get_queue(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueuePath(queue): QueuePath,
+) -> Result<Json<QueueSummary>, ApiError> {
+    require(&caller, Action::Read)?;
+    if !caller.may_use_queue(&queue) {
+        return Err(forbidden_queue(&queue));
+    }
+    figures_of(&state, &queue).await.map(Json)
+}
+
+async fn figures_of(state: &AppState, queue: &QueueName) -> Result<QueueSummary, ApiError> {
+    let figures = state.store.queue_figures(Some(queue)).await?;
+    figures
+        .into_iter()
+        .next()
+        .map(queue_summary)
+        .ok_or_else(|| ApiError::new(ErrorCode::Internal, "queue figures answered no queue"))
+}
+
+fn check_limit(name: &str, value: Option<Option<i32>>) -> Result<(), ApiError> {
+    match value {
+        Some(Some(v)) if !(1..=MAX_RUNNING_LIMIT).contains(&v) => Err(ApiError::invalid(format!(
+            "{name} must be between 1 and {MAX_RUNNING_LIMIT} (null removes the limit)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+fn check_retention(name: &str, value: Option<Option<i64>>) -> Result<(), ApiError> {
+    match value {
+        Some(Some(v)) if !(0..=MAX_RETENTION_MS).contains(&v) => Err(ApiError::invalid(format!(
+            "{name} must be between 0 (keep forever) and {MAX_RETENTION_MS} ms (null: the coordinator's default)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Checks a settings change; the error says which field is wrong and why.
+fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> {
+    check_limit("max_running", req.max_running)?;
+    check_limit("max_running_per_key", req.max_running_per_key)?;
+    check_retention("retention_done_ms", req.retention_done_ms)?;
+    check_retention("retention_failed_ms", req.retention_failed_ms)?;
+    if let Some(Some(rate)) = req.rate_limit {
+        if !(rate.per_s.is_finite() && rate.per_s > 0.0 && rate.per_s <= f64::from(MAX_RATE)) {
+            return Err(ApiError::invalid(format!(
+                "rate_limit.per_s must be above 0 and at most {MAX_RATE} (null removes the limit)"
+            )));
+        }
+        if !(1..=MAX_RATE).contains(&rate.burst) {
+            return Err(ApiError::invalid(format!(
+                "rate_limit.burst must be between 1 and {MAX_RATE}"
+            )));
+        }
+    }
+    Ok(SettingsChange {
+        paused: req.paused,
+        max_running: req.max_running,
+        max_running_per_key: req.max_running_per_key,
+        rate_limit: req.rate_limit.map(|r| {
+            r.map(|r| RateLimit {
+                per_s: r.per_s,
+                burst: r.burst,
+            })
+        }),
+        retention_done_ms: req.retention_done_ms,
+        retention_failed_ms: req.retention_failed_ms,
+    })
+}
+
+/// `PATCH /v1/queues/{queue}`: changes a queue's settings (admin only);
+/// answers its figures and settings after the change. Settings apply on
+/// every replica at once: claims read the pause from PostgreSQL.
+pub async fn update_queue(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueuePath(queue): QueuePath,
+    JsonBody(req): JsonBody<UpdateQueueRequest>,
+) -> Result<Json<QueueSummary>, ApiError> {
+    require(&caller, Action::Configure)?;
+    if !caller.may_use_queue(&queue) {
+        return Err(forbidden_queue(&queue));
+    }
+    let change = settings_change(req)?;
+    let settings = state.store.update_queue_settings(&queue, &change).await?;
+    state
+        .metrics
+        .settings_changes
+        .get_or_create(&QueueLabels {
+            queue: queue.to_string(),
+        })
+        .inc();
+    tracing::info!(%queue, ?change, "queue settings changed");
+    if !settings.paused {
+        // A resume (or a raised limit): parked claims on every replica look again.
+        state.wake.ready(&queue);
+    }
+    figures_of(&state, &queue).await.map(Json)
+}

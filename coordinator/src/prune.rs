@@ -1,0 +1,155 @@
+//! The prune loop: deletes terminal jobs, with their attempts, once they have
+//! been terminal longer than their queue's retention, and folds the tally
+//! deltas. Every replica runs it; the prune lock lets one at a time work
+//! (the others find it taken and wait for their next pass).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use runlease_protocol::{JobState, QueueName};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::{DepthLabels, Metrics};
+use crate::store::prune::Pruned;
+use crate::store::{Store, StoreError};
+use crate::wake::jittered;
+
+/// How often the tally deltas are folded between prune passes.
+pub const FOLD_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long terminal jobs are kept, ms; 0 keeps them forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// `done` jobs (`RUNLEASE_RETENTION_DONE_MS`).
+    pub done_ms: i64,
+    /// `failed` and `cancelled` jobs (`RUNLEASE_RETENTION_FAILED_MS`).
+    pub failed_ms: i64,
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct PruneReport {
+    /// Another replica held the prune lock: this pass did nothing.
+    pub busy: bool,
+    /// Jobs deleted.
+    pub pruned: u64,
+    /// Prune statements run.
+    pub statements: u64,
+}
+
+/// The prune loop of one coordinator.
+#[derive(Clone)]
+pub struct Pruner {
+    store: Store,
+    metrics: Arc<Metrics>,
+    retention: Retention,
+    batch: i64,
+    interval: Duration,
+    cancel: CancellationToken,
+}
+
+impl Pruner {
+    /// A pruner deleting at most `batch` rows per statement, every `interval`.
+    pub fn new(
+        store: Store,
+        metrics: Arc<Metrics>,
+        retention: Retention,
+        batch: i64,
+        interval: Duration,
+        cancel: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            metrics,
+            retention,
+            batch: batch.max(1),
+            interval,
+            cancel,
+        }
+    }
+
+    /// One pass: folds the tallies, then deletes every expired terminal job,
+    /// a statement (one short transaction) of at most `batch` rows at a time.
+    pub async fn run_once(&self) -> Result<PruneReport, StoreError> {
+        let mut report = PruneReport::default();
+        if !self.store.fold_tallies().await? {
+            report.busy = true;
+            return Ok(report);
+        }
+        let overrides: HashMap<QueueName, _> = self.store.queue_settings().await?.into_iter().collect();
+        for (queue, state, _) in self.store.terminal_counts().await? {
+            let settings = overrides.get(&queue);
+            let keep_ms = match state {
+                JobState::Done => settings.and_then(|s| s.retention_done_ms).unwrap_or(self.retention.done_ms),
+                _ => settings
+                    .and_then(|s| s.retention_failed_ms)
+                    .unwrap_or(self.retention.failed_ms),
+            };
+            if keep_ms <= 0 {
+                continue;
+            }
+            loop {
+                if self.cancel.is_cancelled() {
+                    return Ok(report);
+                }
+                report.statements += 1;
+                let deleted = match self.store.prune(&queue, state, keep_ms, self.batch).await? {
+                    Pruned::Busy => {
+                        report.busy = true;
+                        return Ok(report);
+                    }
+                    Pruned::Deleted(deleted) => deleted,
+                };
+                let n = deleted.len();
+                report.pruned += n as u64;
+                if n > 0 {
+                    self.metrics
+                        .jobs_pruned
+                        .get_or_create(&DepthLabels {
+                            queue: queue.to_string(),
+                            state: state.as_str().to_owned(),
+                        })
+                        .inc_by(n as u64);
+                    tracing::debug!(%queue, %state, jobs = n, "pruned terminal jobs past their retention");
+                }
+                if (n as i64) < self.batch {
+                    break;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs passes until `cancel` fires; between passes, folds the tallies
+    /// every [`FOLD_INTERVAL`] so a scrape reads few rows.
+    pub async fn run(self) {
+        let mut next_pass = Instant::now() + jittered(self.interval);
+        loop {
+            let nap = jittered(FOLD_INTERVAL).min(next_pass.saturating_duration_since(Instant::now()));
+            tokio::select! {
+                () = self.cancel.cancelled() => return,
+                () = tokio::time::sleep(nap) => {}
+            }
+            if Instant::now() < next_pass {
+                if let Err(e) = self.store.fold_tallies().await {
+                    self.metrics.prune_errors.inc();
+                    tracing::warn!(error = %e, "folding the tallies failed; retrying");
+                }
+                continue;
+            }
+            next_pass = Instant::now() + jittered(self.interval);
+            match self.run_once().await {
+                Ok(report) if report.pruned > 0 => {
+                    tracing::info!(jobs = report.pruned, statements = report.statements, "prune pass");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.metrics.prune_errors.inc();
+                    tracing::warn!(error = %e, "prune pass failed; retrying next interval");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,202 @@
+//! Listing a queue's jobs, and bulk actions over the jobs a filter matches.
+//! Both walk `jobs_list_idx` (queue, state, id) newest first, a bounded
+//! range at a time, so neither costs more on the last page than the first.
+
+use chrono::{DateTime, Utc};
+use runlease_protocol::{JobId, JobState, QueueName};
+use uuid::Uuid;
+
+use crate::store::rows::{DbJobState, JobRecord, col};
+use crate::store::{Store, StoreError, sql};
+
+/// Most jobs one bulk statement changes: each chunk is its own short
+/// transaction, so a bulk action over a million jobs never holds long locks.
+pub const BULK_CHUNK: i64 = 1000;
+
+/// Which jobs a listing or a bulk action is about.
+#[derive(Debug, Clone)]
+pub struct JobFilter {
+    /// The queue (required: there is no "every job").
+    pub queue: QueueName,
+    /// States (at least one).
+    pub states: Vec<JobState>,
+    /// Only jobs created before this instant.
+    pub created_before: Option<DateTime<Utc>>,
+}
+
+impl JobFilter {
+    fn state_names(&self) -> Vec<&'static str> {
+        self.states.iter().map(|s| s.as_str()).collect()
+    }
+}
+
+/// What a bulk action does to each matched job: the single-job rule of the
+/// same action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkAction {
+    /// Failed or cancelled jobs back to queued (`job_retry.sql`).
+    Retry,
+    /// Claimable jobs cancelled, running ones asked to stop (`job_cancel.sql`).
+    Cancel,
+    /// Terminal jobs deleted with their attempts (`job_delete.sql`).
+    Delete,
+}
+
+impl BulkAction {
+    /// The action's name on the wire and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BulkAction::Retry => "retry",
+            BulkAction::Cancel => "cancel",
+            BulkAction::Delete => "delete",
+        }
+    }
+}
+
+/// A job an action changed, as the statement left it.
+#[derive(Debug, Clone)]
+pub struct JobChange {
+    /// The job.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: QueueName,
+    /// Its state after the change (for a delete: before it).
+    pub state: JobState,
+    /// When it was enqueued (`None` for a delete).
+    pub created_at: Option<DateTime<Utc>>,
+    /// When it became terminal, if it is.
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl JobChange {
+    fn from_row(row: &tokio_postgres::Row, with_times: bool) -> Result<Self, StoreError> {
+        let queue: String = col(row, "queue")?;
+        let state: DbJobState = col(row, "state")?;
+        Ok(Self {
+            id: JobId(col(row, "id")?),
+            queue: QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?,
+            state: state.0,
+            created_at: if with_times { Some(col(row, "created_at")?) } else { None },
+            finished_at: if with_times { col(row, "finished_at")? } else { None },
+        })
+    }
+}
+
+/// What a bulk action did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BulkReport {
+    /// Jobs the filter matched.
+    pub matched: u64,
+    /// Jobs the action changed (the rest its single-job rule refused).
+    pub changed: u64,
+}
+
+impl Store {
+    /// One page of a listing: up to `limit` jobs older than `cursor` (by
+    /// id), newest first, without their chronology.
+    pub async fn list_jobs(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<JobId>,
+        limit: i64,
+    ) -> Result<Vec<JobRecord>, StoreError> {
+        let ids = self.list_job_ids(filter, cursor, limit).await?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_GET).await?;
+        let mut records = JobRecord::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        records.sort_unstable_by(|a, b| b.job.id.0.cmp(&a.job.id.0));
+        Ok(records)
+    }
+
+    async fn list_job_ids(
+        &self,
+        filter: &JobFilter,
+        cursor: Option<JobId>,
+        limit: i64,
+    ) -> Result<Vec<Uuid>, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_LIST).await?;
+        let rows = client
+            .query(
+                &stmt,
+                &[
+                    &filter.queue.as_str(),
+                    &filter.state_names(),
+                    &cursor.map(|c| c.0),
+                    &limit,
+                    &filter.created_before,
+                ],
+            )
+            .await?;
+        rows.iter().map(|r| col(r, "id")).collect()
+    }
+
+    /// Applies `action` to every job `filter` matches (only to those of
+    /// `ids`, when given), a chunk at a time; `changed` sees each chunk's
+    /// changed jobs once it is committed.
+    pub async fn bulk(
+        &self,
+        action: BulkAction,
+        filter: &JobFilter,
+        ids: Option<&[JobId]>,
+        mut changed: impl FnMut(&[JobChange]),
+    ) -> Result<BulkReport, StoreError> {
+        let mut report = BulkReport::default();
+        match ids {
+            Some(ids) => {
+                let client = self.conn().await?;
+                let stmt = client.prepare_cached(sql::JOB_MATCH).await?;
+                for chunk in ids.chunks(BULK_CHUNK as usize) {
+                    let chunk: Vec<Uuid> = chunk.iter().map(|id| id.0).collect();
+                    let rows = client
+                        .query(
+                            &stmt,
+                            &[&chunk, &filter.queue.as_str(), &filter.state_names(), &filter.created_before],
+                        )
+                        .await?;
+                    let matched: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
+                    report.matched += matched.len() as u64;
+                    let done = self.apply(action, &matched).await?;
+                    report.changed += done.len() as u64;
+                    changed(&done);
+                }
+            }
+            None => {
+                let mut cursor = None;
+                loop {
+                    let matched = self.list_job_ids(filter, cursor, BULK_CHUNK).await?;
+                    let Some(last) = matched.last() else { break };
+                    cursor = Some(JobId(*last));
+                    report.matched += matched.len() as u64;
+                    let done = self.apply(action, &matched).await?;
+                    report.changed += done.len() as u64;
+                    changed(&done);
+                    if (matched.len() as i64) < BULK_CHUNK {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// Runs `action`'s statement over `ids` (one transaction); answers the
+    /// jobs it changed.
+    pub(crate) async fn apply(&self, action: BulkAction, ids: &[Uuid]) -> Result<Vec<JobChange>, StoreError> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let client = self.conn().await?;
+        let (text, with_times) = match action {
+            BulkAction::Retry => (sql::JOB_RETRY, true),
+            BulkAction::Cancel => (sql::JOB_CANCEL, true),
+            BulkAction::Delete => (sql::JOB_DELETE, false),
+        };
+        let stmt = client.prepare_cached(text).await?;
+        let rows = client.query(&stmt, &[&ids]).await?;
+        rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
+    }
+}

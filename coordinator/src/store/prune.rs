@@ -1,0 +1,73 @@
+//! Retention: deleting terminal jobs (and their attempts) once they have
+//! been terminal longer than their queue's retention, and folding the
+//! tally deltas. Both run on one replica at a time: each statement runs in a
+//! transaction that first takes a transaction-level advisory lock, and a
+//! replica that cannot take it leaves the pass to the one that holds it.
+
+use runlease_protocol::{JobState, QueueName};
+
+use crate::store::rows::{DbJobState, col};
+use crate::store::{Store, StoreError, sql};
+
+/// Advisory lock key of pruning ("rl-prune" in ASCII, as an i64).
+const PRUNE_LOCK_KEY: i64 = 0x726c2d7072756e65;
+
+/// What one prune statement did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Pruned {
+    /// Another replica holds the prune lock: nothing was done.
+    Busy,
+    /// The jobs deleted, by queue and state.
+    Deleted(Vec<(QueueName, JobState)>),
+}
+
+impl Store {
+    /// Deletes up to `limit` jobs of `queue` in terminal `state` that have
+    /// been terminal for more than `keep_ms` (> 0), oldest first.
+    pub async fn prune(
+        &self,
+        queue: &QueueName,
+        state: JobState,
+        keep_ms: i64,
+        limit: i64,
+    ) -> Result<Pruned, StoreError> {
+        let mut client = self.conn().await?;
+        let tx = client.transaction().await?;
+        let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+        let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+        if !locked {
+            return Ok(Pruned::Busy);
+        }
+        let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
+        let rows = tx
+            .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
+            .await?;
+        tx.commit().await?;
+        let deleted = rows
+            .iter()
+            .map(|r| {
+                let queue: String = col(r, "queue")?;
+                let state: DbJobState = col(r, "state")?;
+                let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
+                Ok((queue, state.0))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(Pruned::Deleted(deleted))
+    }
+
+    /// Folds the tally deltas into one row per (queue, tally), unless
+    /// another replica is pruning (it folds then). Answers whether it ran.
+    pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
+        let mut client = self.conn().await?;
+        let tx = client.transaction().await?;
+        let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+        let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+        if !locked {
+            return Ok(false);
+        }
+        let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
+        tx.execute(&stmt, &[]).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}

@@ -1,0 +1,251 @@
+//! Queue figures and settings. Figures come from indexes over live rows
+//! (`queue_live_counts.sql`) and from the tallies the triggers keep
+//! (`queue_tallies.sql`): nothing here reads the terminal history, so a
+//! scrape costs the same with ten million finished jobs as with none.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use runlease_protocol::{JobState, QueueName};
+
+use crate::store::rows::col;
+use crate::store::{Store, StoreError, sql};
+
+/// A queue's settings as stored; a queue without a row has
+/// [`QueueSettings::default`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct QueueSettings {
+    /// Hands out no claims while true.
+    pub paused: bool,
+    /// Most running jobs of the queue.
+    pub max_running: Option<i32>,
+    /// Most running jobs per concurrency key.
+    pub max_running_per_key: Option<i32>,
+    /// Starts per second on average, and at once.
+    pub rate_limit: Option<RateLimit>,
+    /// Retention of done jobs, ms (`None`: the coordinator's; 0: forever).
+    pub retention_done_ms: Option<i64>,
+    /// Retention of failed and cancelled jobs, ms.
+    pub retention_failed_ms: Option<i64>,
+    /// When the settings last changed (`None`: never set).
+    pub updated_at: Option<DateTime<Utc>>,
+}
+
+/// A token-bucket rate limit.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Refill rate, starts per second.
+    pub per_s: f64,
+    /// Bucket size: most starts at once.
+    pub burst: i32,
+}
+
+/// A change of settings: `None` leaves a setting as it is; `Some(None)`
+/// clears a nullable one.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SettingsChange {
+    /// New pause state.
+    pub paused: Option<bool>,
+    /// New `max_running`.
+    pub max_running: Option<Option<i32>>,
+    /// New `max_running_per_key`.
+    pub max_running_per_key: Option<Option<i32>>,
+    /// New rate limit.
+    pub rate_limit: Option<Option<RateLimit>>,
+    /// New retention of done jobs.
+    pub retention_done_ms: Option<Option<i64>>,
+    /// New retention of failed and cancelled jobs.
+    pub retention_failed_ms: Option<Option<i64>>,
+}
+
+/// What a queue holds and how it is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueFigures {
+    /// The queue.
+    pub queue: QueueName,
+    /// Jobs per state, every state present.
+    pub counts: BTreeMap<JobState, i64>,
+    /// Age of the oldest due claimable job.
+    pub oldest_queued_age_ms: Option<i64>,
+    /// Attempts ended by an expired lease.
+    pub lease_expiries: i64,
+    /// Failed or expired attempts after which the job was queued again.
+    pub retries: i64,
+    /// Its settings.
+    pub settings: QueueSettings,
+}
+
+impl QueueFigures {
+    fn empty(queue: QueueName) -> Self {
+        Self {
+            queue,
+            counts: JobState::ALL.iter().map(|s| (*s, 0)).collect(),
+            oldest_queued_age_ms: None,
+            lease_expiries: 0,
+            retries: 0,
+            settings: QueueSettings::default(),
+        }
+    }
+}
+
+fn queue_name(raw: String) -> Result<QueueName, StoreError> {
+    QueueName::new(raw).map_err(|e| StoreError::Database(format!("unexpected queue name: {e}")))
+}
+
+fn settings_from_row(row: &tokio_postgres::Row) -> Result<(QueueName, QueueSettings), StoreError> {
+    let per_s: Option<f64> = col(row, "rate_per_s")?;
+    let burst: Option<i32> = col(row, "rate_burst")?;
+    let rate_limit = match (per_s, burst) {
+        (Some(per_s), Some(burst)) => Some(RateLimit { per_s, burst }),
+        _ => None,
+    };
+    Ok((
+        queue_name(col(row, "queue")?)?,
+        QueueSettings {
+            paused: col(row, "paused")?,
+            max_running: col(row, "max_running")?,
+            max_running_per_key: col(row, "max_running_per_key")?,
+            rate_limit,
+            retention_done_ms: col(row, "retention_done_ms")?,
+            retention_failed_ms: col(row, "retention_failed_ms")?,
+            updated_at: Some(col(row, "updated_at")?),
+        },
+    ))
+}
+
+/// The figures of `queue` in `by_queue`, added when missing; `None` when
+/// `only` names another queue.
+fn entry<'a>(
+    by_queue: &'a mut BTreeMap<String, QueueFigures>,
+    only: Option<&QueueName>,
+    queue: String,
+) -> Result<Option<&'a mut QueueFigures>, StoreError> {
+    if only.is_some_and(|q| q.as_str() != queue) {
+        return Ok(None);
+    }
+    if !by_queue.contains_key(&queue) {
+        let name = queue_name(queue.clone())?;
+        by_queue.insert(queue.clone(), QueueFigures::empty(name));
+    }
+    Ok(by_queue.get_mut(&queue))
+}
+
+impl Store {
+    /// Figures of every queue that holds jobs, has tallies or has settings;
+    /// with `only`, of that queue alone (always answered, empty or not).
+    pub async fn queue_figures(&self, only: Option<&QueueName>) -> Result<Vec<QueueFigures>, StoreError> {
+        let client = self.conn().await?;
+        let live = client.prepare_cached(sql::QUEUE_LIVE_COUNTS).await?;
+        let tallies = client.prepare_cached(sql::QUEUE_TALLIES).await?;
+        let settings = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+        let filter: Option<Vec<&str>> = only.map(|q| vec![q.as_str()]);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&filter];
+        let (live, tallies, settings) = tokio::try_join!(
+            client.query(&live, &[]),
+            client.query(&tallies, &[]),
+            client.query(&settings, &params),
+        )?;
+        let mut by_queue: BTreeMap<String, QueueFigures> = BTreeMap::new();
+        if let Some(q) = only {
+            by_queue.insert(q.to_string(), QueueFigures::empty(q.clone()));
+        }
+        for row in &live {
+            let state: String = col(row, "state")?;
+            let state: JobState = state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+            let jobs: i64 = col(row, "jobs")?;
+            let age: Option<i64> = col(row, "oldest_due_age_ms")?;
+            if let Some(f) = entry(&mut by_queue, only, col(row, "queue")?)? {
+                f.counts.insert(state, jobs);
+                if let Some(age) = age {
+                    f.oldest_queued_age_ms = Some(f.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
+                }
+            }
+        }
+        for row in &tallies {
+            let tally: String = col(row, "tally")?;
+            let n: i64 = col(row, "n")?;
+            let queue: String = col(row, "queue")?;
+            // A queue whose tallies net to zero and that has nothing else
+            // is not listed.
+            if n == 0 && !by_queue.contains_key(&queue) {
+                continue;
+            }
+            if let Some(f) = entry(&mut by_queue, only, queue)? {
+                match tally.as_str() {
+                    "lease_expiries" => f.lease_expiries = n,
+                    "retries" => f.retries = n,
+                    state => {
+                        let state: JobState =
+                            state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+                        f.counts.insert(state, n);
+                    }
+                }
+            }
+        }
+        for row in &settings {
+            let (queue, s) = settings_from_row(row)?;
+            if let Some(f) = entry(&mut by_queue, only, queue.to_string())? {
+                f.settings = s;
+            }
+        }
+        Ok(by_queue.into_values().collect())
+    }
+
+    /// Jobs per queue in each terminal state, from the tallies (zeros left out).
+    pub async fn terminal_counts(&self) -> Result<Vec<(QueueName, JobState, i64)>, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::QUEUE_TALLIES).await?;
+        let mut counts = Vec::new();
+        for row in client.query(&stmt, &[]).await? {
+            let tally: String = col(&row, "tally")?;
+            let n: i64 = col(&row, "n")?;
+            let Ok(state) = tally.parse::<JobState>() else {
+                continue;
+            };
+            if n > 0 && state.is_terminal() {
+                counts.push((queue_name(col(&row, "queue")?)?, state, n));
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Settings of every queue that has any.
+    pub async fn queue_settings(&self) -> Result<Vec<(QueueName, QueueSettings)>, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+        let none: Option<Vec<&str>> = None;
+        client.query(&stmt, &[&none]).await?.iter().map(settings_from_row).collect()
+    }
+
+    /// Applies `change` to `queue`'s settings (creating them); answers the result.
+    pub async fn update_queue_settings(
+        &self,
+        queue: &QueueName,
+        change: &SettingsChange,
+    ) -> Result<QueueSettings, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_UPDATE).await?;
+        let rate = change.rate_limit.flatten();
+        let row = client
+            .query_one(
+                &stmt,
+                &[
+                    &queue.as_str(),
+                    &change.paused,
+                    &change.max_running.is_some(),
+                    &change.max_running.flatten(),
+                    &change.max_running_per_key.is_some(),
+                    &change.max_running_per_key.flatten(),
+                    &change.rate_limit.is_some(),
+                    &rate.map(|r| r.per_s),
+                    &rate.map(|r| r.burst),
+                    &change.retention_done_ms.is_some(),
+                    &change.retention_done_ms.flatten(),
+                    &change.retention_failed_ms.is_some(),
+                    &change.retention_failed_ms.flatten(),
+                ],
+            )
+            .await?;
+        Ok(settings_from_row(&row)?.1)
+    }
+}

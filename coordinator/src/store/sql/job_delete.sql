@@ -1,0 +1,16 @@
+-- Delete terminal jobs (their job_attempts rows go with them, ON DELETE
+-- CASCADE); queued, running and enqueue_failed jobs are never deleted.
+-- $1 uuid[] ids.
+-- Index: jobs_pkey.
+-- Locking: the rows in id order (the order every batch statement locks in).
+WITH locked AS MATERIALIZED (
+    SELECT id
+    FROM jobs
+    WHERE id = ANY($1::uuid[])
+    ORDER BY id
+    FOR UPDATE
+)
+DELETE FROM jobs j
+USING locked l
+WHERE j.id = l.id AND j.state IN ('done', 'failed', 'cancelled')
+RETURNING j.id, j.queue, j.state

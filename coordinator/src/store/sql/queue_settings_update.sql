@@ -1,0 +1,30 @@
+-- Change a queue's settings, creating its row if it has none. For each
+-- nullable setting a flag says whether to set it (the value may be NULL:
+-- cleared); an unflagged setting keeps its value.
+-- $1 text queue, $2 bool paused (NULL: unchanged),
+-- $3 bool set max_running, $4 int max_running,
+-- $5 bool set max_running_per_key, $6 int max_running_per_key,
+-- $7 bool set rate limit, $8 float8 rate per_s, $9 int rate burst,
+-- $10 bool set retention_done_ms, $11 bigint retention_done_ms,
+-- $12 bool set retention_failed_ms, $13 bigint retention_failed_ms.
+-- Index: queue_settings_pkey. Locking: the queue's settings row.
+INSERT INTO queue_settings AS s (queue, paused, max_running, max_running_per_key,
+                                 rate_per_s, rate_burst, retention_done_ms, retention_failed_ms)
+VALUES ($1, coalesce($2::bool, false),
+        CASE WHEN $3::bool THEN $4::int END,
+        CASE WHEN $5::bool THEN $6::int END,
+        CASE WHEN $7::bool THEN $8::float8 END,
+        CASE WHEN $7::bool THEN $9::int END,
+        CASE WHEN $10::bool THEN $11::bigint END,
+        CASE WHEN $12::bool THEN $13::bigint END)
+ON CONFLICT (queue) DO UPDATE SET
+    paused = coalesce($2::bool, s.paused),
+    max_running = CASE WHEN $3::bool THEN $4::int ELSE s.max_running END,
+    max_running_per_key = CASE WHEN $5::bool THEN $6::int ELSE s.max_running_per_key END,
+    rate_per_s = CASE WHEN $7::bool THEN $8::float8 ELSE s.rate_per_s END,
+    rate_burst = CASE WHEN $7::bool THEN $9::int ELSE s.rate_burst END,
+    retention_done_ms = CASE WHEN $10::bool THEN $11::bigint ELSE s.retention_done_ms END,
+    retention_failed_ms = CASE WHEN $12::bool THEN $13::bigint ELSE s.retention_failed_ms END,
+    updated_at = now()
+RETURNING queue, paused, max_running, max_running_per_key, rate_per_s, rate_burst,
+          retention_done_ms, retention_failed_ms, updated_at
