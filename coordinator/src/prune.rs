@@ -79,8 +79,10 @@ impl Pruner {
             return Ok(report);
         }
         let overrides: HashMap<QueueName, _> = self.store.queue_settings().await?.into_iter().collect();
-        for (queue, state, _) in self.store.terminal_counts().await? {
-            let settings = overrides.get(&queue);
+        let queues = self.store.queues_with_terminal_jobs().await?;
+        let terminal = [JobState::Done, JobState::Failed, JobState::Cancelled];
+        for (queue, state) in queues.iter().flat_map(|q| terminal.map(|s| (q, s))) {
+            let settings = overrides.get(queue);
             let keep_ms = match state {
                 JobState::Done => settings.and_then(|s| s.retention_done_ms).unwrap_or(self.retention.done_ms),
                 _ => settings
@@ -95,7 +97,7 @@ impl Pruner {
                     return Ok(report);
                 }
                 report.statements += 1;
-                let deleted = match self.store.prune(&queue, state, keep_ms, self.batch).await? {
+                let deleted = match self.store.prune(queue, state, keep_ms, self.batch).await? {
                     Pruned::Busy => {
                         report.busy = true;
                         return Ok(report);

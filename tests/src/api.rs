@@ -91,6 +91,33 @@ impl Api {
         self.post_raw(path, serde_json::to_vec(body).unwrap()).await
     }
 
+    /// PATCH a JSON body.
+    pub async fn patch(&self, path: &str, body: &Value) -> (u16, Value) {
+        let rb = self
+            .http
+            .patch(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap());
+        Self::finish(self.auth(rb))
+            .await
+            .expect("PATCH failed at the transport level")
+    }
+
+    /// The value of one sample of `/metrics`, named with its labels as the
+    /// exposition prints them (`runlease_claim_waiters`,
+    /// `runlease_jobs_pruned_total{queue="q",state="done"}`); 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let (status, text) = self.get_text("/metrics").await;
+        assert_eq!(status, 200, "GET /metrics");
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .filter(|rest| rest.starts_with(' '))
+                    .and_then(|rest| rest.trim().parse().ok())
+            })
+            .unwrap_or(0.0)
+    }
+
     /// POST raw bytes (for malformed bodies).
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
         let rb = self

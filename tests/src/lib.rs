@@ -224,6 +224,53 @@ impl TestDb {
         self.client().await.query_one(sql, params).await.unwrap().get(0)
     }
 
+    /// Inserts `n` jobs on `queue` that reached terminal `state` `finished_ago`
+    /// ago, each with one ended attempt, as a coordinator would have left
+    /// them (inserted queued, then moved to the state, so the tallies count
+    /// them). Answers their ids (UUIDv7, oldest first).
+    pub async fn insert_terminal_jobs(
+        &self,
+        queue: &str,
+        state: runlease_protocol::JobState,
+        n: usize,
+        finished_ago: Duration,
+    ) -> Vec<uuid::Uuid> {
+        assert!(state.is_terminal(), "insert_terminal_jobs takes done, failed or cancelled");
+        let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
+        let ago = finished_ago.as_millis() as i64;
+        let client = self.client().await;
+        client
+            .execute(
+                "INSERT INTO jobs (id, queue, payload, max_attempts, created_at, run_at)
+                 SELECT id, $2, '{}'::jsonb, 1, now() - ($3::bigint + 1000) * interval '1 millisecond',
+                        now() - ($3::bigint + 1000) * interval '1 millisecond'
+                 FROM unnest($1::uuid[]) AS id",
+                &[&ids, &queue, &ago],
+            )
+            .await
+            .unwrap();
+        client
+            .execute(
+                "WITH ended AS (
+                     UPDATE jobs SET state = $2::text::job_state, attempt = 1, run_lease = 1,
+                         owned_by = 'w', claimed_at = now() - ($3::bigint + 500) * interval '1 millisecond',
+                         finished_at = now() - $3::bigint * interval '1 millisecond',
+                         result = CASE WHEN $2 = 'done' THEN to_jsonb('ok'::text) END,
+                         error = CASE WHEN $2 <> 'done' THEN 'boom' END
+                     WHERE id = ANY($1::uuid[])
+                     RETURNING id, claimed_at, finished_at, state)
+                 INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+                 SELECT id, 1, 'w', claimed_at, finished_at,
+                        CASE WHEN $2 = 'done' THEN 'completed' WHEN $2 = 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
+                        NULL, state
+                 FROM ended",
+                &[&ids, &state.as_str(), &ago],
+            )
+            .await
+            .unwrap();
+        ids
+    }
+
     /// A store over this database (as a second coordinator would have).
     pub async fn store(&self) -> Store {
         runlease_coordinator::connect_and_migrate(&test_config(&self.url))

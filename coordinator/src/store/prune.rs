@@ -55,6 +55,18 @@ impl Store {
         Ok(Pruned::Deleted(deleted))
     }
 
+    /// The queues that hold terminal jobs.
+    pub async fn queues_with_terminal_jobs(&self) -> Result<Vec<QueueName>, StoreError> {
+        let client = self.conn().await?;
+        let stmt = client.prepare_cached(sql::JOB_PRUNE_QUEUES).await?;
+        client
+            .query(&stmt, &[])
+            .await?
+            .iter()
+            .map(|r| QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string())))
+            .collect()
+    }
+
     /// Folds the tally deltas into one row per (queue, tally), unless
     /// another replica is pruning (it folds then). Answers whether it ran.
     pub async fn fold_tallies(&self) -> Result<bool, StoreError> {

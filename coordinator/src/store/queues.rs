@@ -191,24 +191,6 @@ impl Store {
         Ok(by_queue.into_values().collect())
     }
 
-    /// Jobs per queue in each terminal state, from the tallies (zeros left out).
-    pub async fn terminal_counts(&self) -> Result<Vec<(QueueName, JobState, i64)>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::QUEUE_TALLIES).await?;
-        let mut counts = Vec::new();
-        for row in client.query(&stmt, &[]).await? {
-            let tally: String = col(&row, "tally")?;
-            let n: i64 = col(&row, "n")?;
-            let Ok(state) = tally.parse::<JobState>() else {
-                continue;
-            };
-            if n > 0 && state.is_terminal() {
-                counts.push((queue_name(col(&row, "queue")?)?, state, n));
-            }
-        }
-        Ok(counts)
-    }
-
     /// Settings of every queue that has any.
     pub async fn queue_settings(&self) -> Result<Vec<(QueueName, QueueSettings)>, StoreError> {
         let client = self.conn().await?;

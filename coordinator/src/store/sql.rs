@@ -54,6 +54,8 @@ pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
 pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
 /// Delete expired terminal jobs of a queue and state.
 pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
+/// The queues that hold terminal jobs.
+pub const JOB_PRUNE_QUEUES: &str = include_str!("sql/job_prune_queues.sql");
 /// The lock that keeps pruning on one replica at a time.
 pub const PRUNE_LOCK: &str = include_str!("sql/prune_lock.sql");
 
@@ -86,5 +88,6 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_match", JOB_MATCH),
     ("job_delete", JOB_DELETE),
     ("job_prune", JOB_PRUNE),
+    ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),
 ];

@@ -173,3 +173,99 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         }
     }
 }
+
+#[tokio::test]
+async fn the_operations_migration_applies_to_a_version_2_database_without_losing_a_row() {
+    use runlease_coordinator::store::connect::DatabaseTarget;
+    use runlease_coordinator::store::migrate::{migrate, migrate_to};
+
+    let name = format!("runlease_v2_{}", uuid::Uuid::new_v4().simple());
+    let url = runlease_tests::url_for(&name);
+    let target = DatabaseTarget::parse(&url).unwrap();
+    target.create_database_if_missing().await.unwrap();
+    let pool = target.pool(2).unwrap();
+    assert_eq!(migrate_to(&pool, 2).await.unwrap(), vec![1, 2]);
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    // Rows as a version 2 coordinator leaves them: every state, attempts
+    // ended every way, one job claimed twice.
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, state, payload, max_attempts, attempt, run_lease, claimed_at,
+                               owned_by, lease_expires_at, result, error, finished_at, cancel_requested_at)
+             SELECT gen_random_uuid(), q, s::job_state, jsonb_build_object('i', i), 3,
+                    CASE WHEN s IN ('queued', 'enqueue_failed') THEN 0 ELSE 1 END,
+                    CASE WHEN s IN ('queued', 'enqueue_failed') THEN 0 ELSE 2 END,
+                    CASE WHEN s IN ('queued', 'enqueue_failed') THEN NULL ELSE now() END,
+                    CASE WHEN s IN ('queued', 'enqueue_failed') THEN NULL ELSE 'w' END,
+                    CASE WHEN s = 'running' THEN now() + interval '1 minute' END,
+                    CASE WHEN s = 'done' THEN '\"r\"'::jsonb END,
+                    CASE WHEN s IN ('failed', 'cancelled') THEN 'boom' END,
+                    CASE WHEN s IN ('done', 'failed', 'cancelled') THEN now() END,
+                    CASE WHEN s = 'running' AND i % 2 = 0 THEN now() END
+             FROM unnest(ARRAY['a', 'b']) AS q,
+                  unnest(ARRAY['queued', 'running', 'done', 'failed', 'cancelled', 'enqueue_failed']) AS s,
+                  generate_series(1, 4) AS i;
+             INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+             SELECT id, 1, 'w', now(), now(), 'lease_expired', 'lease expired', 'queued'
+             FROM jobs WHERE run_lease = 2;
+             INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+             SELECT id, 2, 'w', now(), now(),
+                    CASE state WHEN 'done' THEN 'completed' WHEN 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
+                    error, state
+             FROM jobs WHERE state IN ('done', 'failed', 'cancelled');",
+        )
+        .await
+        .unwrap();
+    let snapshot = "SELECT md5(string_agg(j::text, ',' ORDER BY j.id)) FROM jobs j";
+    let attempts = "SELECT md5(string_agg(a::text, ',' ORDER BY a.job_id, a.run_lease)) FROM job_attempts a";
+    let before: (String, String) = (
+        client.query_one(snapshot, &[]).await.unwrap().get(0),
+        client.query_one(attempts, &[]).await.unwrap().get(0),
+    );
+
+    assert_eq!(migrate(&pool).await.unwrap(), vec![3]);
+    let after: (String, String) = (
+        client.query_one(snapshot, &[]).await.unwrap().get(0),
+        client.query_one(attempts, &[]).await.unwrap().get(0),
+    );
+    assert_eq!(before, after, "every job and attempt row is unchanged");
+    drop(pool);
+
+    // The figures of the old rows come from the tallies the migration
+    // counted, the live ones from the indexes.
+    let mut config = test_config(&url);
+    config.database_pool_size = 2;
+    let c = TestCoordinator::start_config(config).await;
+    let (_, queues) = c.api.get("/v1/queues").await;
+    let queues = queues["queues"].as_array().unwrap().clone();
+    assert_eq!(queues.len(), 2);
+    for q in &queues {
+        for state in ["queued", "running", "done", "failed", "cancelled", "enqueue_failed"] {
+            assert_eq!(q["counts"][state], serde_json::json!(4), "{state} of {}", q["queue"]);
+        }
+        // Every job but the queued ones was claimed twice: its first attempt
+        // expired and was retried.
+        assert_eq!(q["lease_expiries"], serde_json::json!(16));
+        assert_eq!(q["retries"], serde_json::json!(16));
+    }
+    // Listing and bulk actions work on the old rows.
+    let (status, page) = c.api.get("/v1/jobs?queue=a&state=failed").await;
+    assert_eq!(status, 200);
+    assert_eq!(page["jobs"].as_array().unwrap().len(), 4);
+    let (_, retried) = c
+        .api
+        .post("/v1/jobs/bulk", &serde_json::json!({"action": "retry", "queue": "a", "states": ["failed"]}))
+        .await;
+    assert_eq!(retried, serde_json::json!({"matched": 4, "changed": 4}));
+    let (_, a) = c.api.get("/v1/queues/a").await;
+    assert_eq!(a["counts"]["failed"], serde_json::json!(0));
+    assert_eq!(a["counts"]["queued"], serde_json::json!(8));
+    c.stop().await.unwrap();
+    drop(client);
+    admin()
+        .await
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}

@@ -12,7 +12,7 @@ WITH doomed AS (
     SELECT id
     FROM jobs
     WHERE queue = $1
-      AND state = $2::job_state
+      AND state = $2::text::job_state
       AND state IN ('done', 'failed', 'cancelled')
       AND finished_at < now() - $3::bigint * interval '1 millisecond'
     ORDER BY finished_at
