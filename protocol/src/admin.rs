@@ -129,9 +129,9 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Opti
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateQueueRequest {
-    /// Pause (`true`) or resume (`false`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused: Option<bool>,
+    /// Pause (`true`) or resume (`false`); `null` is refused (422).
+    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    pub paused: Option<Option<bool>>,
     /// `max_running`, 1..=1,000,000, or `null`.
     #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
     pub max_running: Option<Option<i32>>,
@@ -158,7 +158,7 @@ mod tests {
         let u: UpdateQueueRequest =
             serde_json::from_str(r#"{"paused": true, "max_running": null, "rate_limit": {"per_s": 2.5, "burst": 3}}"#)
                 .unwrap();
-        assert_eq!(u.paused, Some(true));
+        assert_eq!(u.paused, Some(Some(true)));
         assert_eq!(u.max_running, Some(None));
         assert_eq!(u.max_running_per_key, None);
         assert_eq!(u.rate_limit, Some(Some(RateLimit { per_s: 2.5, burst: 3 })));

@@ -264,6 +264,11 @@ fn check_retention(name: &str, value: Option<Option<i64>>) -> Result<(), ApiErro
 
 /// Checks a settings change; the error says which field is wrong and why.
 fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> {
+    let paused = match req.paused {
+        Some(None) => return Err(ApiError::invalid("paused must be true or false")),
+        Some(Some(p)) => Some(p),
+        None => None,
+    };
     check_limit("max_running", req.max_running)?;
     check_limit("max_running_per_key", req.max_running_per_key)?;
     check_retention("retention_done_ms", req.retention_done_ms)?;
@@ -281,7 +286,7 @@ fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> 
         }
     }
     Ok(SettingsChange {
-        paused: req.paused,
+        paused,
         max_running: req.max_running,
         max_running_per_key: req.max_running_per_key,
         rate_limit: req.rate_limit.map(|r| {
@@ -309,6 +314,10 @@ pub async fn update_queue(
         return Err(forbidden_queue(&queue));
     }
     let change = settings_change(req)?;
+    if change == SettingsChange::default() {
+        // Nothing to change: answer as GET would, and create no settings.
+        return figures_of(&state, &queue).await.map(Json);
+    }
     let settings = state.store.update_queue_settings(&queue, &change).await?;
     state
         .metrics

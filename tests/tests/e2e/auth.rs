@@ -82,6 +82,27 @@ async fn keys_and_roles_decide_who_may_do_what() {
         200
     );
 
+    // Listing: admins and producers; bulk actions and queue settings: admins.
+    assert_eq!(producer.get("/v1/jobs?queue=emails").await.0, 200);
+    assert_eq!(admin.get("/v1/jobs?queue=emails").await.0, 200);
+    assert_eq!(worker.get("/v1/jobs?queue=emails").await.0, 403);
+    assert_eq!(emails_worker.get("/v1/jobs?queue=billing").await.0, 403);
+    let bulk = json!({"action": "retry", "queue": "billing", "states": ["cancelled"]});
+    let (status, body) = producer.post("/v1/jobs/bulk", &bulk).await;
+    assert_eq!((status, body["error"]["code"].as_str()), (403, Some("forbidden")));
+    assert_eq!(anonymous.post("/v1/jobs/bulk", &bulk).await.0, 401);
+    let pause = json!({"paused": true});
+    assert_eq!(producer.patch("/v1/queues/billing", &pause).await.0, 403);
+    assert_eq!(worker.patch("/v1/queues/billing", &pause).await.0, 403);
+    assert_eq!(producer.get("/v1/queues/billing").await.0, 200);
+    assert_eq!(emails_worker.get("/v1/queues/billing").await.0, 403);
+    let (status, body) = admin.get("/v1/queues/billing").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["settings"]["paused"], json!(false), "refused changes changed nothing");
+    assert_eq!(admin.patch("/v1/queues/billing", &pause).await.0, 200);
+    let (status, body) = admin.post("/v1/jobs/bulk", &bulk).await;
+    assert_eq!((status, body), (200, json!({"matched": 0, "changed": 0})), "the job was retried already");
+
     // Operations endpoints stay open for probes and scrapers.
     assert_eq!(anonymous.get("/healthz").await.0, 200);
     assert_eq!(anonymous.get_text("/metrics").await.0, 200);

@@ -122,3 +122,22 @@ async fn a_bulk_action_by_ids_and_creation_time_touches_only_those_jobs() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobs", &[]).await, 3);
     assert_eq!(db.scalar("SELECT count(*) FROM job_attempts", &[]).await, 3, "attempts went with their jobs");
 }
+
+#[tokio::test]
+async fn a_bulk_action_naming_too_many_jobs_is_refused_and_changes_nothing() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let failed = db.insert_terminal_jobs("q", JobState::Failed, 3, HOUR).await;
+    let mut ids: Vec<String> = failed.iter().map(|id| id.to_string()).collect();
+    ids.extend((0..10_000).map(|_| uuid::Uuid::now_v7().to_string()));
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "retry", "queue": "q", "states": ["failed"], "ids": ids}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert_eq!(body["error"]["code"], json!("invalid"));
+    assert_eq!(db.scalar("SELECT count(*) FROM jobs WHERE state = 'failed'", &[]).await, 3);
+}
