@@ -1,11 +1,13 @@
 //! `Client`: typed calls for every endpoint of the v1 protocol over one
 //! reused connection pool. Calls that are safe to repeat (reads, enqueues with
 //! an idempotency key, heartbeats and finishing calls, which are idempotent per
-//! lease) are retried on transient failures; the others are not.
+//! lease, and queue settings changes, which set values) are retried on
+//! transient failures; the others (cancel, retry, bulk actions, claims) are not.
 
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
+use runlease_protocol::admin::{BulkJobsRequest, BulkJobsResponse, ListJobsResponse, UpdateQueueRequest};
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, ListQueuesResponse, QueueSummary,
 };
@@ -13,7 +15,7 @@ use runlease_protocol::worker::{
     ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishRequest, FinishResponse,
     HeartbeatRequest, HeartbeatResponse, ReleaseRequest,
 };
-use runlease_protocol::{ErrorBody, ErrorCode, Job, JobId, QueueName, routes};
+use runlease_protocol::{ErrorBody, ErrorCode, Job, JobId, JobState, QueueName, routes};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -333,6 +335,77 @@ impl Client {
         Ok(answer.queues)
     }
 
+    /// One page of a queue's jobs, newest first: those in `states` (every
+    /// state when empty), at most `limit` (the coordinator's default, 50,
+    /// when `None`; at most 500), after `cursor` (the previous page's
+    /// `next_cursor`, passed unchanged with the same queue and states).
+    pub async fn list_jobs(
+        &self,
+        queue: &str,
+        states: &[JobState],
+        limit: Option<u32>,
+        cursor: Option<&str>,
+    ) -> Result<ListJobsResponse> {
+        let queue = QueueName::new(queue).map_err(|e| Error::Config(e.to_string()))?;
+        let mut path = format!("{}?queue={}", routes::JOBS, encode_query_value(queue.as_str()));
+        if !states.is_empty() {
+            let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+            path.push_str(&format!("&state={}", encode_query_value(&names.join(","))));
+        }
+        if let Some(limit) = limit {
+            path.push_str(&format!("&limit={limit}"));
+        }
+        if let Some(cursor) = cursor {
+            path.push_str(&format!("&cursor={}", encode_query_value(cursor)));
+        }
+        self.call::<(), _>(Method::GET, &path, None, Repeat::Safe, Duration::ZERO)
+            .await
+    }
+
+    /// Retries, cancels or deletes every job of a queue that the filter
+    /// matches, each by its single-job rule (admin key). Not retried: a
+    /// repeat could act on jobs that reached the states in the meantime.
+    pub async fn bulk(&self, req: &BulkJobsRequest) -> Result<BulkJobsResponse> {
+        self.call(
+            Method::POST,
+            routes::JOBS_BULK,
+            Some(req),
+            Repeat::Once,
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// One queue's figures and settings (a queue without jobs or settings
+    /// answers zeros and the defaults).
+    pub async fn queue(&self, name: &str) -> Result<QueueSummary> {
+        let queue = QueueName::new(name).map_err(|e| Error::Config(e.to_string()))?;
+        self.call::<(), _>(
+            Method::GET,
+            &routes::queue_path(queue.as_str()),
+            None,
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// Changes a queue's settings (admin key): absent fields are unchanged,
+    /// `Some(None)` clears a limit or an override. Answers the queue's
+    /// figures and settings after the change. Retried: it sets values, so
+    /// a repeat leaves the same settings.
+    pub async fn update_queue(&self, name: &str, req: &UpdateQueueRequest) -> Result<QueueSummary> {
+        let queue = QueueName::new(name).map_err(|e| Error::Config(e.to_string()))?;
+        self.call(
+            Method::PATCH,
+            &routes::queue_path(queue.as_str()),
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
+    }
+
     /// Claims leases. Not retried: a claim whose answer was lost leaves leases
     /// that only expire; the caller decides when to claim again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimResponse> {
@@ -398,6 +471,19 @@ impl Client {
     }
 }
 
+/// `value` percent-encoded for a query string (all but RFC 3986's unreserved bytes).
+fn encode_query_value(value: &str) -> String {
+    let mut encoded = String::with_capacity(value.len());
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            encoded.push(b as char);
+        } else {
+            encoded.push_str(&format!("%{b:02X}"));
+        }
+    }
+    encoded
+}
+
 /// A fresh idempotency key for a job the caller gave none.
 fn new_idempotency_key() -> String {
     format!("rl-client-{}", uuid::Uuid::new_v4().simple())
@@ -441,5 +527,12 @@ mod tests {
             Error::Server { status: 502, .. }
         ));
         assert!(Client::new("ftp://x").is_err());
+    }
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(encode_query_value("mail/eu@x:1"), "mail%2Feu%40x%3A1");
+        assert_eq!(encode_query_value("failed,done"), "failed%2Cdone");
+        assert_eq!(encode_query_value("AZaz09-_.~"), "AZaz09-_.~");
     }
 }

@@ -175,6 +175,73 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
 }
 
 #[tokio::test]
+async fn figures_listing_and_pruning_read_no_history() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute("ALTER TABLE jobs SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    // A long history (done jobs of three queues) beside a few live jobs.
+    for q in ["q0", "q1", "q2"] {
+        db.insert_terminal_jobs(q, runlease_protocol::JobState::Done, 10_000, std::time::Duration::from_secs(3600))
+            .await;
+    }
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             SELECT gen_random_uuid(), 'q' || (g % 3), to_jsonb(g), 4 FROM generate_series(1, 30) g",
+        )
+        .await
+        .unwrap();
+    // Without statistics (a new table) and with them, no statement of a
+    // scrape, a listing page, a bulk chunk or a prune may read the table or
+    // the whole history.
+    for set_up in ["SELECT 1", "ANALYZE jobs"] {
+        client.batch_execute(set_up).await.unwrap();
+        let cases = [
+            ("queue_live_counts", sql::QUEUE_LIVE_COUNTS, "", vec!["jobs_claim_idx", "jobs_reap_idx"]),
+            (
+                "job_list",
+                sql::JOB_LIST,
+                "'q1', '{done,failed}', NULL, 51, NULL",
+                vec!["Index Scan Backward using jobs_list_idx"],
+            ),
+            ("job_prune", sql::JOB_PRUNE, "'q1', 'done', 60000, 1000", vec!["jobs_prune_idx"]),
+            ("job_prune_queues", sql::JOB_PRUNE_QUEUES, "", vec!["jobs_prune_idx"]),
+            (
+                "job_match",
+                sql::JOB_MATCH,
+                "'{}'::uuid[], 'q1', '{failed}', NULL",
+                vec!["jobs_pkey"],
+            ),
+            ("job_retry", sql::JOB_RETRY, "'{}'::uuid[]", vec!["jobs_pkey"]),
+            ("job_cancel", sql::JOB_CANCEL, "'{}'::uuid[]", vec!["jobs_pkey"]),
+            ("job_delete", sql::JOB_DELETE, "'{}'::uuid[]", vec!["jobs_pkey"]),
+        ];
+        for (name, statement, args, indexes) in cases {
+            let plan = if args.is_empty() {
+                let rows = client
+                    .query(&format!("EXPLAIN (COSTS OFF) {statement}"), &[])
+                    .await
+                    .unwrap();
+                rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+            } else {
+                generic_plan(&client, statement, args).await
+            };
+            assert!(!plan.contains("Seq Scan on jobs"), "{name} after {set_up}:\n{plan}");
+            for index in indexes {
+                assert!(plan.contains(index), "{name} after {set_up} uses {index}:\n{plan}");
+            }
+        }
+        // The cursor is the start of the listing's range scan, not a filter
+        // over the newer rows.
+        let page = generic_plan(&client, sql::JOB_LIST, "'q1', '{done}', '00000000-0000-7000-8000-000000000000', 51, NULL").await;
+        assert!(page.contains("Index Cond: ((ROW(queue, state, id) < ROW($1, (s.state)::job_state, COALESCE($3"), "{page}");
+    }
+}
+
+#[tokio::test]
 async fn the_operations_migration_applies_to_a_version_2_database_without_losing_a_row() {
     use runlease_coordinator::store::connect::DatabaseTarget;
     use runlease_coordinator::store::migrate::{migrate, migrate_to};

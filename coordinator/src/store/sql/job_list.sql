@@ -5,19 +5,26 @@
 -- $4 int limit, $5 timestamptz created_before (NULL: any).
 -- Index: jobs_list_idx (queue, state, id), one backward range scan per state
 -- that starts at the cursor and stops after the limit: page 10,000 costs
--- what page 1 costs. The cursor goes through coalesce, not `IS NULL OR`, so
--- even a generic plan keeps it as the scan's start.
+-- what page 1 costs. The range is written as row comparisons and ordered by
+-- all three columns, which only jobs_list_idx can serve: with `queue = $1
+-- AND state = ...` the planner may walk the primary key backwards and
+-- filter, reading every newer job of other queues and states (as many as
+-- the history holds) before it finds a page of a small or an old one. The
+-- cursor goes through coalesce, not `IS NULL OR`, so even a generic plan
+-- starts the scan at it.
 -- Locking: none (a bulk action's own statement locks and re-checks rows).
 SELECT c.id
 FROM unnest($2::text[]) AS s(state)
 CROSS JOIN LATERAL (
-    SELECT id
+    SELECT jobs.id
     FROM jobs
-    WHERE jobs.queue = $1
-      AND jobs.state = s.state::job_state
-      AND jobs.id < coalesce($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid)
+    WHERE (jobs.queue, jobs.state, jobs.id)
+              < ($1::text, s.state::job_state,
+                 coalesce($3::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'::uuid))
+      AND (jobs.queue, jobs.state, jobs.id)
+              >= ($1::text, s.state::job_state, '00000000-0000-0000-0000-000000000000'::uuid)
       AND ($5::timestamptz IS NULL OR jobs.created_at < $5::timestamptz)
-    ORDER BY jobs.id DESC
+    ORDER BY jobs.queue DESC, jobs.state DESC, jobs.id DESC
     LIMIT $4
 ) c
 ORDER BY c.id DESC
