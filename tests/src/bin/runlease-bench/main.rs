@@ -21,16 +21,21 @@
 //!   claim answered on B), with Redis and with Redis stopped.
 //! - `--parked N`: N long-poll claims parked on one coordinator process:
 //!   its PostgreSQL connections and resident memory.
+//! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
+//!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
+//!   pruning: its rate over that history, and beside a sustained drain.
 //!
 //! ```sh
 //! cargo build --release -p runlease-coordinator -p runlease-tests
 //! target/release/runlease-bench
 //! target/release/runlease-bench --wake 200
 //! target/release/runlease-bench --parked 10000
+//! target/release/runlease-bench --history 0,1000000,10000000
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod history;
 mod parked;
 mod raw;
 mod stats;
@@ -50,6 +55,7 @@ struct Args {
     concurrency: usize,
     wake: Option<usize>,
     parked: Option<usize>,
+    history: Option<Vec<usize>>,
     modes: Option<Vec<throughput::Mode>>,
     lean: bool,
     baseline: bool,
@@ -63,6 +69,7 @@ fn parse_args() -> anyhow::Result<Args> {
         concurrency: 8,
         wake: None,
         parked: None,
+        history: None,
         modes: None,
         lean: false,
         baseline: true,
@@ -101,6 +108,14 @@ fn parse_args() -> anyhow::Result<Args> {
             "--no-baseline" => args.baseline = false,
             "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
+            "--history" => {
+                args.history = Some(
+                    value()?
+                        .split(',')
+                        .map(|w| w.trim().parse())
+                        .collect::<Result<_, _>>()?,
+                );
+            }
             "-h" | "--help" => {
                 println!(
                     "runlease-bench [--lean] [--workers 1,16,256,1024] [--jobs 20000] [--concurrency 8] [--batching per-job,off,on] [--repeat N] [--no-baseline]"
@@ -110,6 +125,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 );
                 println!(
                     "runlease-bench --parked 10000  parked long-polls on one coordinator: connections, memory"
+                );
+                println!(
+                    "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
                 );
                 std::process::exit(0);
             }
@@ -127,6 +145,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(n) = args.parked {
         return parked::report(n).await;
+    }
+    if let Some(sizes) = &args.history {
+        return history::report(sizes, args.jobs).await;
     }
     let kind = if args.lean {
         throughput::WorkerKind::Lean

@@ -56,7 +56,7 @@ pub enum WorkerKind {
 /// A bare worker: claim a batch, finish it, until `stop`. With `per_job`
 /// each lease is completed by its own `POST /v1/complete` (all at once): the
 /// protocol as it was before `/v1/finish`.
-async fn lean_worker(
+pub(crate) async fn lean_worker(
     client: Client,
     worker: WorkerId,
     queue: QueueName,
