@@ -1,6 +1,6 @@
 """Schemathesis hooks for scripts/schemathesis.sh.
 
-Two changes to the generated requests, both so the run reaches more of the
+Three changes to the generated requests, all so the run reaches more of the
 coordinator, not less:
 
 - Real leases and jobs. A lease token schemathesis makes up is malformed (400)
@@ -17,6 +17,17 @@ coordinator, not less:
   job does not hold a test for up to a minute. The answer after a short wait
   is the same as after a long one; out-of-range values are left alone, so the
   400 and 422 answers to them are still checked.
+- Queues with jobs. A queue name schemathesis makes up holds no job, so a
+  listing, a bulk action or a queue read of it touches no row. So in about
+  half of the cases for `GET /v1/jobs`, `POST /v1/jobs/bulk` and
+  `/v1/queues/{queue}`, the queue is one of the hooks' own, which hold jobs
+  in every state (enqueued, claimed, completed, failed, re-queued, cancelled,
+  delayed, and claimed and left to expire); a listing's `cursor` is then, half
+  of the time, a real `next_cursor` of the same listing, and a bulk action's
+  `ids` real job ids. Settings are changed on a queue of their own, so a
+  generated pause never stops the hooks' claims (which resume a paused
+  queue of theirs anyway). Done jobs of the ops queue are kept for a second,
+  so the prune loop deletes jobs during the run too.
 
 RUNLEASE_SCHEMATHESIS_URL is the coordinator's base URL.
 """
@@ -26,6 +37,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import schemathesis
@@ -34,26 +47,50 @@ WAIT_CAP_MS = 50
 WAIT_MAX_MS = 60_000
 BASE_URL = os.environ.get("RUNLEASE_SCHEMATHESIS_URL", "")
 HOOK_QUEUE = "schemathesis-hooks"
+# Jobs in every state, for listings, bulk actions and queue reads.
+OPS_QUEUE = "schemathesis-ops"
+# A queue with jobs whose settings the generated PATCH requests change.
+SETTINGS_QUEUE = "schemathesis-settings"
 WORKER_ENDPOINTS = {"/v1/heartbeat", "/v1/complete", "/v1/fail", "/v1/release", "/v1/finish"}
+JOB_STATES = {"queued", "enqueue_failed", "running", "done", "failed", "cancelled"}
+# Jobs one seeding of the ops queue enqueues (and one more, delayed).
+SEED_JOBS = 6
 
 _rng = random.Random(int(os.environ.get("SCHEMATHESIS_SEED", "0")))
 _used_tokens: list[str] = []
 _job_ids: list[str] = []
+_ops_ids: list[str] = []
+_settings_seeded = False
 
 
-def _post(path: str, body: object) -> dict:
+def _call(method: str, path: str, body: object = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(
-        BASE_URL + path, data=json.dumps(body).encode(), method="POST", headers={"Content-Type": "application/json"}
+        BASE_URL + path, data=data, method=method, headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.loads(response.read())
+
+
+def _post(path: str, body: object) -> dict:
+    return _call("POST", path, body)
+
+
+def _claim(queue: str, max_jobs: int) -> list[dict]:
+    """Claims from one of the hooks' queues, resuming it first if a generated PATCH paused it."""
+    request = {"queues": [queue], "worker_id": "schemathesis-hooks", "max_jobs": max_jobs}
+    leases = _post("/v1/claim", request)["leases"]
+    if not leases and _call("GET", "/v1/queues/" + urllib.parse.quote(queue, safe=""))["settings"]["paused"]:
+        _call("PATCH", "/v1/queues/" + urllib.parse.quote(queue, safe=""), {"paused": False})
+        leases = _post("/v1/claim", request)["leases"]
+    return leases
 
 
 def _fresh_lease() -> str | None:
     """Enqueues a job on the hooks' queue and claims one: a live lease token."""
     job = _post("/v1/jobs", {"queue": HOOK_QUEUE, "payload": {"from": "schemathesis hooks"}})
     _job_ids.append(job["id"])
-    leases = _post("/v1/claim", {"queues": [HOOK_QUEUE], "worker_id": "schemathesis-hooks", "max_jobs": 1})["leases"]
+    leases = _claim(HOOK_QUEUE, 1)
     if not leases:
         return None
     _job_ids.append(leases[0]["job_id"])
@@ -92,6 +129,97 @@ def _swap_tokens(body: object) -> None:
                     item["lease_token"] = _real_token(item["lease_token"])
 
 
+def _seed_ops() -> None:
+    """Jobs on the ops queue in every state: some stay queued, one is delayed
+    and then cancelled, and of the claimed ones one completes, one fails for
+    good, one fails and is queued again, and one is left running until its
+    lease expires (the reaper re-queues it). Done jobs of the ops queue are
+    kept one second only, so the prune loop deletes some while the run
+    lists and changes them."""
+    if not _ops_ids:
+        _call("PATCH", "/v1/queues/" + OPS_QUEUE, {"retention_done_ms": 1000})
+    jobs = [{"queue": OPS_QUEUE, "payload": {"seed": i}} for i in range(SEED_JOBS)]
+    jobs.append({"queue": OPS_QUEUE, "payload": {"seed": "delayed"}, "delay_ms": 3_600_000})
+    created = _post("/v1/jobs/batch", {"jobs": jobs})["jobs"]
+    _ops_ids.extend(job["id"] for job in created)
+    try:
+        _post(f"/v1/jobs/{created[-1]['id']}/cancel", None)
+    except urllib.error.HTTPError:
+        pass  # already cancelled by a generated bulk action
+    leases = _claim(OPS_QUEUE, 4)
+    outcomes = [
+        {"action": "complete", "result": {"seeded": True}},
+        {"action": "fail", "error": "seeded failure", "retryable": False},
+        {"action": "fail", "error": "seeded retry", "retry_after_ms": 0},
+    ]
+    items = [dict(outcome, lease_token=lease["lease_token"]) for lease, outcome in zip(leases, outcomes)]
+    if items:
+        _post("/v1/finish", {"items": items})
+
+
+def _ops_queue() -> str:
+    if not _ops_ids or _rng.random() < 0.2:
+        _seed_ops()
+    return OPS_QUEUE
+
+
+def _settings_queue() -> str:
+    global _settings_seeded
+    if not _settings_seeded:
+        _post("/v1/jobs/batch", {"jobs": [{"queue": SETTINGS_QUEUE, "payload": i} for i in range(3)]})
+        _settings_seeded = True
+    return SETTINGS_QUEUE
+
+
+def _states_of(value: object) -> str | None:
+    """The `state` query value as the server reads it, if it names only job states."""
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, str) and value and all(s in JOB_STATES for s in value.split(",")):
+        return value
+    return None
+
+
+def _real_cursor(states: str | None) -> str | None:
+    """The `next_cursor` of the ops queue's first one-job page with these states."""
+    query = {"queue": OPS_QUEUE, "limit": "1"}
+    if states:
+        query["state"] = states
+    return _call("GET", "/v1/jobs?" + urllib.parse.urlencode(query))["next_cursor"]
+
+
+def _map_listing(case) -> None:
+    query = case.query
+    if not isinstance(query, dict) or not isinstance(query.get("queue"), str) or _rng.random() >= 0.5:
+        return
+    query["queue"] = _ops_queue()
+    states = query.get("state")
+    if "cursor" in query and _rng.random() < 0.5 and (states is None or _states_of(states)):
+        cursor = _real_cursor(_states_of(states))
+        if cursor:
+            query["cursor"] = cursor
+
+
+def _map_bulk(case) -> None:
+    body = case.body
+    if not isinstance(body, dict) or not isinstance(body.get("queue"), str) or _rng.random() >= 0.5:
+        return
+    body["queue"] = _ops_queue()
+    ids = body.get("ids")
+    if isinstance(ids, list) and ids and _ops_ids:
+        body["ids"] = [_rng.choice(_ops_ids) if _rng.random() < 0.5 else i for i in ids]
+
+
+def _map_queue(case) -> None:
+    params = case.path_parameters
+    if not isinstance(params, dict) or not isinstance(params.get("queue"), str) or _rng.random() >= 0.5:
+        return
+    if case.operation.method.upper() == "PATCH":
+        params["queue"] = _settings_queue()
+    else:
+        params["queue"] = _rng.choice([_ops_queue(), HOOK_QUEUE, _settings_queue()])
+
+
 @schemathesis.hook
 def map_case(context, case):
     _cap(case.body)
@@ -105,4 +233,10 @@ def map_case(context, case):
         if not _job_ids:
             _fresh_lease()
         case.path_parameters["id"] = _rng.choice(_job_ids)
+    elif path == "/v1/jobs" and case.operation.method.upper() == "GET":
+        _map_listing(case)
+    elif path == "/v1/jobs/bulk":
+        _map_bulk(case)
+    elif path == "/v1/queues/{queue}":
+        _map_queue(case)
     return case

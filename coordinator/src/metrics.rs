@@ -372,7 +372,13 @@ impl Metrics {
     /// Counts the transition a job just made into `job.state`; `via` tells
     /// transitions to the same state apart.
     pub fn transition(&self, job: &Job, via: Via) {
-        self.transition_of(job.queue.as_str(), job.state, job.created_at, job.finished_at, via);
+        self.transition_of(
+            job.queue.as_str(),
+            job.state,
+            job.created_at,
+            job.finished_at,
+            via,
+        );
     }
 
     /// [`Metrics::transition`] from the fields it needs: the job's queue, its

@@ -84,7 +84,9 @@ impl Pruner {
         for (queue, state) in queues.iter().flat_map(|q| terminal.map(|s| (q, s))) {
             let settings = overrides.get(queue);
             let keep_ms = match state {
-                JobState::Done => settings.and_then(|s| s.retention_done_ms).unwrap_or(self.retention.done_ms),
+                JobState::Done => settings
+                    .and_then(|s| s.retention_done_ms)
+                    .unwrap_or(self.retention.done_ms),
                 _ => settings
                     .and_then(|s| s.retention_failed_ms)
                     .unwrap_or(self.retention.failed_ms),

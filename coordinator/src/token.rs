@@ -81,7 +81,9 @@ impl TokenKey {
         if cursor.len() > 64 {
             return Err(TokenError::Malformed);
         }
-        let raw = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| TokenError::Malformed)?;
+        let raw = URL_SAFE_NO_PAD
+            .decode(cursor)
+            .map_err(|_| TokenError::Malformed)?;
         if raw.len() != 16 + CURSOR_MAC_LEN {
             return Err(TokenError::Malformed);
         }

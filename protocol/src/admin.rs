@@ -130,22 +130,46 @@ fn nullable<'de, D: Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Opti
 #[serde(deny_unknown_fields)]
 pub struct UpdateQueueRequest {
     /// Pause (`true`) or resume (`false`); `null` is refused (422).
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub paused: Option<Option<bool>>,
     /// `max_running`, 1..=1,000,000, or `null`.
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_running: Option<Option<i32>>,
     /// `max_running_per_key`, 1..=1,000,000, or `null`.
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub max_running_per_key: Option<Option<i32>>,
     /// The rate limit, or `null`.
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub rate_limit: Option<Option<RateLimit>>,
     /// Retention of done jobs in ms (0: forever), or `null` for the default.
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub retention_done_ms: Option<Option<i64>>,
     /// Retention of failed and cancelled jobs in ms, or `null`.
-    #[serde(default, deserialize_with = "nullable", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub retention_failed_ms: Option<Option<i64>>,
 }
 
@@ -155,9 +179,10 @@ mod tests {
 
     #[test]
     fn an_update_tells_absent_from_null() {
-        let u: UpdateQueueRequest =
-            serde_json::from_str(r#"{"paused": true, "max_running": null, "rate_limit": {"per_s": 2.5, "burst": 3}}"#)
-                .unwrap();
+        let u: UpdateQueueRequest = serde_json::from_str(
+            r#"{"paused": true, "max_running": null, "rate_limit": {"per_s": 2.5, "burst": 3}}"#,
+        )
+        .unwrap();
         assert_eq!(u.paused, Some(Some(true)));
         assert_eq!(u.max_running, Some(None));
         assert_eq!(u.max_running_per_key, None);

@@ -235,7 +235,10 @@ impl TestDb {
         n: usize,
         finished_ago: Duration,
     ) -> Vec<uuid::Uuid> {
-        assert!(state.is_terminal(), "insert_terminal_jobs takes done, failed or cancelled");
+        assert!(
+            state.is_terminal(),
+            "insert_terminal_jobs takes done, failed or cancelled"
+        );
         let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
         let ago = finished_ago.as_millis() as i64;
         let client = self.client().await;

@@ -1,6 +1,9 @@
-//! `runlease`: enqueue, inspect, wait for, cancel and retry jobs from a shell.
-//! Exit status: 0 on success; 1 on any error (one line on stderr); for `wait`,
-//! 2 when the job ended failed or cancelled and 124 when the wait timed out.
+//! `runlease`: enqueue, inspect, wait for, cancel and retry jobs from a shell;
+//! list a queue's jobs and act on many at once (`jobs`); show, pause and
+//! resume a queue (`queues`).
+//! Exit status: 0 on success; 1 on any error (one line on stderr), and for a
+//! bulk action run without `--yes`; for `wait`, 2 when the job ended failed or
+//! cancelled and 124 when the wait timed out.
 
 use std::io::{IsTerminal, Read};
 use std::process::ExitCode;
@@ -8,7 +11,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{DateTime, Utc};
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
+use runlease_client::protocol::admin::{
+    BulkActionName, BulkJobsRequest, ListJobsResponse, ListedJob, UpdateQueueRequest,
+};
+use runlease_client::protocol::limits::MAX_LIST_LIMIT;
 use runlease_client::protocol::producer::{EnqueueJobRequest, QueueSummary};
 use runlease_client::protocol::{Job, JobId, JobState, QueueName};
 use runlease_client::{Client, Error, RetryPolicy};
@@ -21,14 +28,21 @@ struct Cli {
         long,
         env = "RUNLEASE_URL",
         default_value = "http://127.0.0.1:8080",
-        global = true
+        global = true,
+        help_heading = "Global options"
     )]
     url: String,
     /// API key (Authorization: Bearer).
-    #[arg(long, env = "RUNLEASE_KEY", hide_env_values = true, global = true)]
+    #[arg(
+        long,
+        env = "RUNLEASE_KEY",
+        hide_env_values = true,
+        global = true,
+        help_heading = "Global options"
+    )]
     key: Option<String>,
     /// Print exactly what the coordinator answered, as JSON.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     json: bool,
     #[command(subcommand)]
     command: Command,
@@ -84,8 +98,143 @@ enum Command {
         /// Job id.
         id: String,
     },
-    /// Show per-queue figures.
-    Queues,
+    /// Show per-queue figures, or show, pause or resume one queue.
+    ///
+    /// With no sub-verb, `runlease queues` lists every queue, as `queues list`.
+    #[command(
+        after_help = "Examples:\n  runlease queues\n  runlease queues show emails\n  runlease queues pause emails\n  runlease queues resume emails"
+    )]
+    Queues {
+        #[command(subcommand)]
+        command: Option<QueuesCommand>,
+    },
+    /// List a queue's jobs, or retry, cancel or delete the jobs a filter matches.
+    ///
+    /// A bulk action (retry, cancel, delete) needs --queue and --state, and
+    /// may narrow them with --id and --created-before. Without --yes it only
+    /// says how many jobs match, changes nothing and exits 1.
+    #[command(
+        after_help = "Examples:\n  runlease jobs list --queue emails --state failed\n  runlease jobs list --queue emails --state failed,cancelled --all\n  runlease jobs retry --queue emails --state failed            (says how many match)\n  runlease jobs retry --queue emails --state failed --yes      (retries them)\n  runlease jobs delete --queue emails --state done --created-before 2024-06-01T00:00:00Z --yes"
+    )]
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum QueuesCommand {
+    /// Show per-queue figures (the same as `runlease queues`).
+    List,
+    /// Show one queue's figures and settings.
+    ///
+    /// Jobs per state, the oldest queued job's age, lease expiries, retries,
+    /// and its settings: paused, max_running, max_running_per_key,
+    /// rate_limit, and retention ("default": the coordinator's setting).
+    Show {
+        /// Queue name.
+        queue: String,
+    },
+    /// Pause a queue: no claims get its jobs until it is resumed (admin key).
+    ///
+    /// It still takes enqueues; running jobs keep running. Every replica
+    /// sees the pause at once.
+    Pause {
+        /// Queue name.
+        queue: String,
+    },
+    /// Resume a paused queue: claims get its jobs again (admin key).
+    ///
+    /// Claims parked on the queue are woken.
+    Resume {
+        /// Queue name.
+        queue: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum JobsCommand {
+    /// List a queue's jobs, newest first.
+    ///
+    /// A table of id, state, attempt/max, created, finished, and the start
+    /// of the error. One page at a time (the command for the next page, with
+    /// its cursor, is printed on stderr), or every page with --all.
+    List {
+        /// Queue name.
+        #[arg(long)]
+        queue: String,
+        /// Only jobs in these states, comma-separated or repeated (default:
+        /// every state): queued, enqueue_failed, running, done, failed, cancelled.
+        #[arg(long, value_delimiter = ',', value_parser = parse_state)]
+        state: Vec<JobState>,
+        /// Jobs per page, 1 to 500 (default 50; 500 with --all).
+        #[arg(long)]
+        limit: Option<u32>,
+        /// Start after this cursor: the one a previous page printed, with the
+        /// same --queue and --state.
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Follow the pages to the last one (with --json: one answer holding
+        /// every job, `next_cursor` null).
+        #[arg(long)]
+        all: bool,
+    },
+    /// Put the matching failed and cancelled jobs back on the queue (admin key).
+    ///
+    /// Each gets a fresh attempt budget. Jobs in other states match but do
+    /// not change.
+    Retry(BulkArgs),
+    /// Cancel the matching queued and running jobs (admin key).
+    ///
+    /// Queued and enqueue_failed jobs are cancelled at once; running ones are
+    /// asked to stop at their worker's next heartbeat. Terminal jobs match
+    /// but do not change.
+    Cancel(BulkArgs),
+    /// Delete the matching done, failed and cancelled jobs (admin key).
+    ///
+    /// Their attempts go with them. Jobs in other states match but are never
+    /// deleted.
+    Delete(BulkArgs),
+}
+
+/// The filter and the confirmation of a bulk action.
+#[derive(Debug, Args)]
+#[command(
+    after_help = "Without --yes nothing changes: it says how many jobs match now and exits 1.\nWith --yes it prints `matched N, changed M` (--json: the coordinator's answer)."
+)]
+struct BulkArgs {
+    /// Queue name.
+    #[arg(long)]
+    queue: String,
+    /// The states to match, comma-separated or repeated (at least one):
+    /// queued, enqueue_failed, running, done, failed, cancelled.
+    #[arg(long, required = true, value_delimiter = ',', value_parser = parse_state)]
+    state: Vec<JobState>,
+    /// Only this job; repeat for several (at most 10,000).
+    #[arg(long = "id", value_name = "ID", value_delimiter = ',')]
+    ids: Vec<String>,
+    /// Only jobs created before this instant (RFC 3339).
+    #[arg(long, value_name = "RFC3339")]
+    created_before: Option<DateTime<Utc>>,
+    /// Do it. Without --yes: only count the matching jobs, change nothing, exit 1.
+    #[arg(long)]
+    yes: bool,
+}
+
+/// Most jobs a bulk preview reads when it must filter the listing itself
+/// (by --id or --created-before); beyond, it says "at least".
+const PREVIEW_SCAN: usize = 10_000;
+
+fn parse_state(s: &str) -> Result<JobState, String> {
+    s.trim().parse().map_err(|_| {
+        let names: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
+        format!("{s:?} is not a job state; use {}", names.join(", "))
+    })
+}
+
+fn state_list(states: &[JobState]) -> String {
+    let names: Vec<&str> = states.iter().map(|s| s.as_str()).collect();
+    names.join(",")
 }
 
 fn parse_id(id: &str) -> anyhow::Result<JobId> {
@@ -148,6 +297,277 @@ fn print_job(job: &Job) {
             );
         }
     }
+}
+
+/// `s` cut to `max` characters (on one line), with an ellipsis when cut.
+fn snippet(s: &str, max: usize) -> String {
+    let line = s.lines().next().unwrap_or("").trim();
+    let mut out: String = line.chars().take(max).collect();
+    if out.len() < line.len() || s.trim().lines().nth(1).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+fn table_time(t: Option<DateTime<Utc>>) -> String {
+    t.map_or_else(
+        || "-".to_owned(),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )
+}
+
+fn print_job_header() {
+    println!(
+        "{:<36} {:<14} {:<8} {:<20} {:<20} error",
+        "id", "state", "attempt", "created", "finished"
+    );
+}
+
+fn print_job_rows(jobs: &[ListedJob]) {
+    for ListedJob(job) in jobs {
+        println!(
+            "{:<36} {:<14} {:<8} {:<20} {:<20} {}",
+            job.id.to_string(),
+            job.state.as_str(),
+            format!("{}/{}", job.attempt, job.max_attempts),
+            table_time(Some(job.created_at)),
+            table_time(job.finished_at),
+            job.error
+                .as_deref()
+                .map_or_else(|| "-".to_owned(), |e| snippet(e, 60))
+        );
+    }
+}
+
+fn print_queue(q: &QueueSummary) {
+    let mut rows: Vec<(String, String)> = vec![("queue".into(), q.queue.to_string())];
+    for s in JobState::ALL {
+        let n = q.counts.get(s.as_str()).copied().unwrap_or(0);
+        rows.push((s.as_str().into(), n.to_string()));
+    }
+    let set = &q.settings;
+    let limit = |v: Option<i32>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
+    let retention = |v: Option<i64>| match v {
+        None => "default".to_owned(),
+        Some(0) => "0 (forever)".to_owned(),
+        Some(ms) => format!("{ms} ms"),
+    };
+    rows.extend([
+        (
+            "oldest_queued_age".into(),
+            q.oldest_queued_age_ms.map_or("-".into(), |a| format!("{a} ms")),
+        ),
+        ("lease_expiries".into(), q.lease_expiries.to_string()),
+        ("retries".into(), q.retries.to_string()),
+        ("paused".into(), set.paused.to_string()),
+        ("max_running".into(), limit(set.max_running)),
+        ("max_running_per_key".into(), limit(set.max_running_per_key)),
+        (
+            "rate_limit".into(),
+            set.rate_limit.map_or_else(
+                || "none".to_owned(),
+                |r| format!("{}/s, burst {}", r.per_s, r.burst),
+            ),
+        ),
+        ("retention_done".into(), retention(set.retention_done_ms)),
+        ("retention_failed".into(), retention(set.retention_failed_ms)),
+    ]);
+    for (k, v) in rows {
+        println!("{k:<20} {v}");
+    }
+}
+
+fn action_name(action: BulkActionName) -> &'static str {
+    match action {
+        BulkActionName::Retry => "retry",
+        BulkActionName::Cancel => "cancel",
+        BulkActionName::Delete => "delete",
+    }
+}
+
+/// The states `action` can change (its single-job rule), and the rule in words.
+fn action_rule(action: BulkActionName) -> (&'static [JobState], &'static str) {
+    match action {
+        BulkActionName::Retry => (
+            &[JobState::Failed, JobState::Cancelled],
+            "retry changes only failed and cancelled jobs",
+        ),
+        BulkActionName::Cancel => (
+            &[JobState::Queued, JobState::EnqueueFailed, JobState::Running],
+            "cancel changes only queued, enqueue_failed and running jobs",
+        ),
+        BulkActionName::Delete => (
+            &[JobState::Done, JobState::Failed, JobState::Cancelled],
+            "delete changes only done, failed and cancelled jobs",
+        ),
+    }
+}
+
+/// How many jobs a bulk request matches now, and whether that count is
+/// exact: the queue's figures when only states filter; otherwise the
+/// listing, filtered here, read up to [`PREVIEW_SCAN`] jobs.
+async fn count_matching(client: &Client, req: &BulkJobsRequest) -> anyhow::Result<(u64, bool)> {
+    let queue = req.queue.as_str();
+    if req.ids.is_none() && req.created_before.is_none() {
+        let summary = client.queue(queue).await?;
+        let n: i64 = req
+            .states
+            .iter()
+            .map(|s| summary.counts.get(s.as_str()).copied().unwrap_or(0))
+            .sum();
+        return Ok((u64::try_from(n).unwrap_or(0), true));
+    }
+    let wanted: Option<std::collections::HashSet<JobId>> =
+        req.ids.as_ref().map(|ids| ids.iter().copied().collect());
+    let mut matched = 0u64;
+    let mut read = 0usize;
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = client
+            .list_jobs(queue, &req.states, Some(MAX_LIST_LIMIT), cursor.as_deref())
+            .await?;
+        read += page.jobs.len();
+        matched += page
+            .jobs
+            .iter()
+            .filter(|ListedJob(job)| {
+                wanted.as_ref().is_none_or(|w| w.contains(&job.id))
+                    && req.created_before.is_none_or(|t| job.created_at < t)
+            })
+            .count() as u64;
+        if wanted.as_ref().is_some_and(|w| matched as usize >= w.len()) {
+            return Ok((matched, true));
+        }
+        match page.next_cursor {
+            None => return Ok((matched, true)),
+            Some(_) if read >= PREVIEW_SCAN => return Ok((matched, false)),
+            next => cursor = next,
+        }
+    }
+}
+
+async fn run_bulk(client: &Client, action: BulkActionName, args: BulkArgs, json: bool) -> anyhow::Result<()> {
+    let queue = QueueName::new(args.queue).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let ids = args
+        .ids
+        .iter()
+        .map(|id| parse_id(id))
+        .collect::<anyhow::Result<Vec<JobId>>>()?;
+    let mut states = args.state;
+    states.sort_unstable_by_key(|s| JobState::ALL.iter().position(|a| a == s));
+    states.dedup();
+    let req = BulkJobsRequest {
+        action,
+        queue,
+        states,
+        ids: (!ids.is_empty()).then_some(ids),
+        created_before: args.created_before,
+    };
+    let name = action_name(action);
+    let (changeable, rule) = action_rule(action);
+    if !args.yes {
+        let (n, exact) = count_matching(client, &req).await?;
+        let plural = if req.states.len() == 1 { "" } else { "s" };
+        let mut what = format!(
+            "jobs of queue {} in state{plural} {}",
+            req.queue,
+            state_list(&req.states)
+        );
+        if let Some(t) = req.created_before {
+            what.push_str(&format!(" created before {}", when(Some(t))));
+        }
+        if let Some(ids) = &req.ids {
+            what.push_str(&format!(" among the {} ids given", ids.len()));
+        }
+        let count = if exact {
+            format!("{n} match now")
+        } else {
+            format!("at least {n} match now (counted among the newest {PREVIEW_SCAN} in those states)")
+        };
+        let note = if req.states.iter().all(|s| changeable.contains(s)) {
+            String::new()
+        } else {
+            format!(" ({rule})")
+        };
+        anyhow::bail!("would {name} the {what}: {count}{note}; nothing changed, pass --yes to {name} them");
+    }
+    let answer = client.bulk(&req).await?;
+    if json {
+        print_json(&answer)?
+    } else if answer.changed < answer.matched {
+        println!(
+            "matched {}, changed {} (the other {} were left as they were: {rule})",
+            answer.matched,
+            answer.changed,
+            answer.matched - answer.changed
+        );
+    } else {
+        println!("matched {}, changed {}", answer.matched, answer.changed);
+    }
+    Ok(())
+}
+
+async fn run_list(
+    client: &Client,
+    queue: String,
+    states: Vec<JobState>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+    all: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let limit = limit.or(all.then_some(MAX_LIST_LIMIT));
+    let mut cursor = cursor;
+    let mut every: Vec<ListedJob> = Vec::new();
+    let mut first = true;
+    loop {
+        let page = client
+            .list_jobs(&queue, &states, limit, cursor.as_deref())
+            .await?;
+        if !all {
+            if json {
+                print_json(&page)?;
+                return Ok(());
+            }
+            print_job_header();
+            print_job_rows(&page.jobs);
+            match &page.next_cursor {
+                Some(next) => {
+                    let mut again = format!("runlease jobs list --queue {queue}");
+                    if !states.is_empty() {
+                        again.push_str(&format!(" --state {}", state_list(&states)));
+                    }
+                    if let Some(limit) = limit {
+                        again.push_str(&format!(" --limit {limit}"));
+                    }
+                    eprintln!("more jobs: {again} --cursor {next}   (or --all)");
+                }
+                None if page.jobs.is_empty() => eprintln!("no matching jobs"),
+                None => {}
+            }
+            return Ok(());
+        }
+        if json {
+            every.extend(page.jobs);
+        } else {
+            if first {
+                print_job_header();
+            }
+            print_job_rows(&page.jobs);
+        }
+        first = false;
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => break,
+        }
+    }
+    if json {
+        print_json(&ListJobsResponse {
+            jobs: every,
+            next_cursor: None,
+        })?;
+    }
+    Ok(())
 }
 
 fn print_queues(queues: &[QueueSummary]) {
@@ -284,7 +704,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print_job(&job)
             }
         }
-        Command::Queues => {
+        Command::Queues {
+            command: None | Some(QueuesCommand::List),
+        } => {
             let queues = client.queues().await?;
             if cli.json {
                 print_json(&serde_json::json!({ "queues": queues }))?
@@ -292,6 +714,65 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 print_queues(&queues)
             }
         }
+        Command::Queues {
+            command: Some(QueuesCommand::Show { queue }),
+        } => {
+            let summary = client.queue(&queue).await?;
+            if cli.json {
+                print_json(&summary)?
+            } else {
+                print_queue(&summary)
+            }
+        }
+        Command::Queues {
+            command: Some(QueuesCommand::Pause { queue }),
+        } => {
+            let change = UpdateQueueRequest {
+                paused: Some(Some(true)),
+                ..UpdateQueueRequest::default()
+            };
+            let summary = client.update_queue(&queue, &change).await?;
+            if cli.json {
+                print_json(&summary)?
+            } else {
+                println!(
+                    "queue {} paused: it takes enqueues and hands out no claims until `runlease queues resume {}` ({} queued)",
+                    summary.queue,
+                    summary.queue,
+                    summary.counts.get("queued").copied().unwrap_or(0)
+                );
+            }
+        }
+        Command::Queues {
+            command: Some(QueuesCommand::Resume { queue }),
+        } => {
+            let change = UpdateQueueRequest {
+                paused: Some(Some(false)),
+                ..UpdateQueueRequest::default()
+            };
+            let summary = client.update_queue(&queue, &change).await?;
+            if cli.json {
+                print_json(&summary)?
+            } else {
+                println!(
+                    "queue {} resumed: claims get its jobs again ({} queued)",
+                    summary.queue,
+                    summary.counts.get("queued").copied().unwrap_or(0)
+                );
+            }
+        }
+        Command::Jobs { command } => match command {
+            JobsCommand::List {
+                queue,
+                state,
+                limit,
+                cursor,
+                all,
+            } => run_list(&client, queue, state, limit, cursor, all, cli.json).await?,
+            JobsCommand::Retry(args) => run_bulk(&client, BulkActionName::Retry, args, cli.json).await?,
+            JobsCommand::Cancel(args) => run_bulk(&client, BulkActionName::Cancel, args, cli.json).await?,
+            JobsCommand::Delete(args) => run_bulk(&client, BulkActionName::Delete, args, cli.json).await?,
+        },
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -311,12 +792,21 @@ async fn main() -> ExitCode {
             let _ = e.print();
             return ExitCode::FAILURE;
         }
+        // The message up to clap's first blank line, on one line (a missing
+        // argument's name is on the line after "not provided:").
         Err(e) => {
             let text = e.to_string();
-            let line = text
+            let parts: Vec<&str> = text
+                .trim_start()
                 .lines()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("invalid arguments");
+                .take_while(|l| !l.trim().is_empty())
+                .map(str::trim)
+                .collect();
+            let line = if parts.is_empty() {
+                "invalid arguments".to_owned()
+            } else {
+                parts.join(" ")
+            };
             eprintln!("runlease: {}", line.trim_start_matches("error: "));
             return ExitCode::FAILURE;
         }

@@ -105,7 +105,9 @@ pub async fn list_jobs(
     }
     let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
     if !(1..=MAX_LIST_LIMIT).contains(&limit) {
-        return Err(ApiError::invalid(format!("limit must be between 1 and {MAX_LIST_LIMIT}")));
+        return Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_LIST_LIMIT}"
+        )));
     }
     let filter = JobFilter {
         queue,
@@ -210,9 +212,13 @@ fn announce_bulk(state: &AppState, action: BulkAction, changed: &[JobChange]) {
         BulkAction::Cancel => {
             for job in changed.iter().filter(|j| j.state.is_terminal()) {
                 if let Some(created) = job.created_at {
-                    state
-                        .metrics
-                        .transition_of(job.queue.as_str(), job.state, created, job.finished_at, Via::Cancel);
+                    state.metrics.transition_of(
+                        job.queue.as_str(),
+                        job.state,
+                        created,
+                        job.finished_at,
+                        Via::Cancel,
+                    );
                 }
                 state.wake.terminal(job.id);
             }

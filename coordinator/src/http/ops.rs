@@ -10,9 +10,9 @@ use runlease_protocol::producer::ListQueuesResponse;
 use serde_json::json;
 
 use crate::auth::{Action, Caller};
-use crate::http::{AppState, admin};
 use crate::http::error::ApiError;
 use crate::http::extract::require;
+use crate::http::{AppState, admin};
 use crate::metrics::{DepthLabels, QueueLabels};
 
 /// `GET /healthz`: the process serves HTTP.

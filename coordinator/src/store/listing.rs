@@ -76,8 +76,16 @@ impl JobChange {
             id: JobId(col(row, "id")?),
             queue: QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?,
             state: state.0,
-            created_at: if with_times { Some(col(row, "created_at")?) } else { None },
-            finished_at: if with_times { col(row, "finished_at")? } else { None },
+            created_at: if with_times {
+                Some(col(row, "created_at")?)
+            } else {
+                None
+            },
+            finished_at: if with_times {
+                col(row, "finished_at")?
+            } else {
+                None
+            },
         })
     }
 }
@@ -107,7 +115,7 @@ impl Store {
         let client = self.conn().await?;
         let stmt = client.prepare_cached(sql::JOB_GET).await?;
         let mut records = JobRecord::from_rows(&client.query(&stmt, &[&ids]).await?)?;
-        records.sort_unstable_by(|a, b| b.job.id.0.cmp(&a.job.id.0));
+        records.sort_unstable_by_key(|r| std::cmp::Reverse(r.job.id.0));
         Ok(records)
     }
 
@@ -154,7 +162,12 @@ impl Store {
                     let rows = client
                         .query(
                             &stmt,
-                            &[&chunk, &filter.queue.as_str(), &filter.state_names(), &filter.created_before],
+                            &[
+                                &chunk,
+                                &filter.queue.as_str(),
+                                &filter.state_names(),
+                                &filter.created_before,
+                            ],
                         )
                         .await?;
                     let matched: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;

@@ -63,7 +63,9 @@ impl Store {
             .query(&stmt, &[])
             .await?
             .iter()
-            .map(|r| QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string())))
+            .map(|r| {
+                QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string()))
+            })
             .collect()
     }
 

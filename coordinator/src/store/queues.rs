@@ -196,7 +196,12 @@ impl Store {
         let client = self.conn().await?;
         let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
         let none: Option<Vec<&str>> = None;
-        client.query(&stmt, &[&none]).await?.iter().map(settings_from_row).collect()
+        client
+            .query(&stmt, &[&none])
+            .await?
+            .iter()
+            .map(settings_from_row)
+            .collect()
     }
 
     /// Applies `change` to `queue`'s settings (creating them); answers the result.

@@ -98,10 +98,18 @@ async fn keys_and_roles_decide_who_may_do_what() {
     assert_eq!(emails_worker.get("/v1/queues/billing").await.0, 403);
     let (status, body) = admin.get("/v1/queues/billing").await;
     assert_eq!(status, 200);
-    assert_eq!(body["settings"]["paused"], json!(false), "refused changes changed nothing");
+    assert_eq!(
+        body["settings"]["paused"],
+        json!(false),
+        "refused changes changed nothing"
+    );
     assert_eq!(admin.patch("/v1/queues/billing", &pause).await.0, 200);
     let (status, body) = admin.post("/v1/jobs/bulk", &bulk).await;
-    assert_eq!((status, body), (200, json!({"matched": 0, "changed": 0})), "the job was retried already");
+    assert_eq!(
+        (status, body),
+        (200, json!({"matched": 0, "changed": 0})),
+        "the job was retried already"
+    );
 
     // Operations endpoints stay open for probes and scrapers.
     assert_eq!(anonymous.get("/healthz").await.0, 200);

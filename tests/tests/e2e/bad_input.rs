@@ -369,12 +369,36 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
         // only as issued.
         ("GET", "/v1/jobs".into(), None, 422, "invalid"),
         ("GET", "/v1/jobs?queue=".into(), None, 422, "invalid"),
-        ("GET", "/v1/jobs?queue=q&state=paused".into(), None, 422, "invalid"),
-        ("GET", "/v1/jobs?queue=q&state=failed,,done".into(), None, 422, "invalid"),
+        (
+            "GET",
+            "/v1/jobs?queue=q&state=paused".into(),
+            None,
+            422,
+            "invalid",
+        ),
+        (
+            "GET",
+            "/v1/jobs?queue=q&state=failed,,done".into(),
+            None,
+            422,
+            "invalid",
+        ),
         ("GET", "/v1/jobs?queue=q&limit=0".into(), None, 422, "invalid"),
         ("GET", "/v1/jobs?queue=q&limit=501".into(), None, 422, "invalid"),
-        ("GET", "/v1/jobs?queue=q&limit=-1".into(), None, 400, "bad_request"),
-        ("GET", "/v1/jobs?queue=q&limit=ten".into(), None, 400, "bad_request"),
+        (
+            "GET",
+            "/v1/jobs?queue=q&limit=-1".into(),
+            None,
+            400,
+            "bad_request",
+        ),
+        (
+            "GET",
+            "/v1/jobs?queue=q&limit=ten".into(),
+            None,
+            400,
+            "bad_request",
+        ),
         ("GET", "/v1/jobs?queue=q&cursor=xyz".into(), None, 422, "invalid"),
         (
             "GET",
@@ -383,9 +407,21 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
             422,
             "invalid",
         ),
-        ("GET", "/v1/jobs?queue=q&colour=red".into(), None, 400, "bad_request"),
+        (
+            "GET",
+            "/v1/jobs?queue=q&colour=red".into(),
+            None,
+            400,
+            "bad_request",
+        ),
         // Bulk actions: a queue and states are required (never "all jobs").
-        ("POST", "/v1/jobs/bulk".into(), Some(json!({"action": "delete"}).to_string().into()), 422, "invalid"),
+        (
+            "POST",
+            "/v1/jobs/bulk".into(),
+            Some(json!({"action": "delete"}).to_string().into()),
+            422,
+            "invalid",
+        ),
         (
             "POST",
             "/v1/jobs/bulk".into(),
@@ -396,45 +432,101 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
         (
             "POST",
             "/v1/jobs/bulk".into(),
-            Some(json!({"action": "delete", "queue": "q", "states": []}).to_string().into()),
+            Some(
+                json!({"action": "delete", "queue": "q", "states": []})
+                    .to_string()
+                    .into(),
+            ),
             422,
             "invalid",
         ),
         (
             "POST",
             "/v1/jobs/bulk".into(),
-            Some(json!({"action": "delete", "queue": "q", "states": ["paused"]}).to_string().into()),
+            Some(
+                json!({"action": "delete", "queue": "q", "states": ["paused"]})
+                    .to_string()
+                    .into(),
+            ),
             422,
             "invalid",
         ),
         (
             "POST",
             "/v1/jobs/bulk".into(),
-            Some(json!({"action": "purge", "queue": "q", "states": ["done"]}).to_string().into()),
+            Some(
+                json!({"action": "purge", "queue": "q", "states": ["done"]})
+                    .to_string()
+                    .into(),
+            ),
             422,
             "invalid",
         ),
         (
             "POST",
             "/v1/jobs/bulk".into(),
-            Some(json!({"action": "retry", "queue": "q", "states": ["failed"], "ids": ["nope"]}).to_string().into()),
+            Some(
+                json!({"action": "retry", "queue": "q", "states": ["failed"], "ids": ["nope"]})
+                    .to_string()
+                    .into(),
+            ),
             422,
             "invalid",
         ),
         (
             "POST",
             "/v1/jobs/bulk".into(),
-            Some(json!({"action": "retry", "queue": "q", "states": ["failed"], "where": "1=1"}).to_string().into()),
+            Some(
+                json!({"action": "retry", "queue": "q", "states": ["failed"], "where": "1=1"})
+                    .to_string()
+                    .into(),
+            ),
             422,
             "invalid",
         ),
-        ("POST", "/v1/jobs/bulk".into(), Some(b"[1,2".to_vec()), 400, "bad_request"),
+        (
+            "POST",
+            "/v1/jobs/bulk".into(),
+            Some(b"[1,2".to_vec()),
+            400,
+            "bad_request",
+        ),
         // Queue settings: known fields, values in range.
-        ("PATCH", "/v1/queues/q".into(), Some(json!({"colour": "red"}).to_string().into()), 422, "invalid"),
-        ("PATCH", "/v1/queues/q".into(), Some(json!({"paused": null}).to_string().into()), 422, "invalid"),
-        ("PATCH", "/v1/queues/q".into(), Some(json!({"paused": "yes"}).to_string().into()), 422, "invalid"),
-        ("PATCH", "/v1/queues/q".into(), Some(json!({"max_running": 0}).to_string().into()), 422, "invalid"),
-        ("PATCH", "/v1/queues/q".into(), Some(json!({"max_running": -5}).to_string().into()), 422, "invalid"),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(json!({"colour": "red"}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(json!({"paused": null}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(json!({"paused": "yes"}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(json!({"max_running": 0}).to_string().into()),
+            422,
+            "invalid",
+        ),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(json!({"max_running": -5}).to_string().into()),
+            422,
+            "invalid",
+        ),
         (
             "PATCH",
             "/v1/queues/q".into(),
@@ -470,7 +562,13 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
             422,
             "invalid",
         ),
-        ("PATCH", "/v1/queues/q".into(), Some(b"{".to_vec()), 400, "bad_request"),
+        (
+            "PATCH",
+            "/v1/queues/q".into(),
+            Some(b"{".to_vec()),
+            400,
+            "bad_request",
+        ),
         (
             "PATCH",
             format!("/v1/queues/{}", "q".repeat(200)),
@@ -478,7 +576,13 @@ async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
             422,
             "invalid",
         ),
-        ("GET", format!("/v1/queues/{}", "q".repeat(200)), None, 422, "invalid"),
+        (
+            "GET",
+            format!("/v1/queues/{}", "q".repeat(200)),
+            None,
+            422,
+            "invalid",
+        ),
         ("DELETE", "/v1/queues/q".into(), None, 405, "method_not_allowed"),
         ("GET", "/v1/nothing-here".into(), None, 404, "not_found"),
         ("DELETE", "/v1/jobs".into(), None, 405, "method_not_allowed"),

@@ -13,7 +13,8 @@ const HOUR: Duration = Duration::from_secs(3600);
 async fn a_bulk_retry_of_5000_failed_jobs_changes_5000_and_a_second_changes_none() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    db.insert_terminal_jobs("emails", JobState::Failed, 5000, HOUR).await;
+    db.insert_terminal_jobs("emails", JobState::Failed, 5000, HOUR)
+        .await;
     let done = db.insert_terminal_jobs("emails", JobState::Done, 50, HOUR).await;
     db.insert_terminal_jobs("other", JobState::Failed, 30, HOUR).await;
     let body = json!({"action": "retry", "queue": "emails", "states": ["failed"]});
@@ -24,19 +25,29 @@ async fn a_bulk_retry_of_5000_failed_jobs_changes_5000_and_a_second_changes_none
     assert_eq!(status, 200);
     assert_eq!(second, json!({"matched": 0, "changed": 0}));
     assert_eq!(
-        db.scalar("SELECT count(*) FROM jobs WHERE queue = 'emails' AND state = 'queued' AND attempt = 0", &[])
-            .await,
+        db.scalar(
+            "SELECT count(*) FROM jobs WHERE queue = 'emails' AND state = 'queued' AND attempt = 0",
+            &[]
+        )
+        .await,
         5000
     );
     assert_eq!(
-        db.scalar("SELECT count(*) FROM jobs WHERE queue = 'other' AND state = 'failed'", &[]).await,
+        db.scalar(
+            "SELECT count(*) FROM jobs WHERE queue = 'other' AND state = 'failed'",
+            &[]
+        )
+        .await,
         30,
         "another queue is untouched"
     );
     // A retry of done jobs matches them and changes none: retry's rule.
     let (_, refused) = c
         .api
-        .post("/v1/jobs/bulk", &json!({"action": "retry", "queue": "emails", "states": ["done"]}))
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "retry", "queue": "emails", "states": ["done"]}),
+        )
         .await;
     assert_eq!(refused, json!({"matched": 50, "changed": 0}));
     assert_eq!(c.api.job(done[0]).await.state, JobState::Done);
@@ -47,7 +58,9 @@ async fn a_bulk_retry_of_5000_failed_jobs_changes_5000_and_a_second_changes_none
     assert_eq!(q["counts"]["queued"], json!(4990));
     assert_eq!(q["counts"]["running"], json!(10));
     assert_eq!(
-        c.api.metric(r#"runlease_bulk_changed_total{action="retry"}"#).await,
+        c.api
+            .metric(r#"runlease_bulk_changed_total{action="retry"}"#)
+            .await,
         5000.0
     );
 }
@@ -64,13 +77,20 @@ async fn bulk_cancel_and_delete_follow_their_single_job_rules() {
     let running: Vec<_> = leases.iter().map(|l| l.job_id).collect();
     let (status, cancel) = c
         .api
-        .post("/v1/jobs/bulk", &json!({"action": "cancel", "queue": "q", "states": ["queued", "running"]}))
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "cancel", "queue": "q", "states": ["queued", "running"]}),
+        )
         .await;
     assert_eq!(status, 200, "{cancel}");
     assert_eq!(cancel, json!({"matched": 6, "changed": 6}));
     for id in &running {
         let job = c.api.job(id).await;
-        assert_eq!(job.state, JobState::Running, "a running job is only asked to stop");
+        assert_eq!(
+            job.state,
+            JobState::Running,
+            "a running job is only asked to stop"
+        );
         assert!(job.cancel_requested);
     }
     assert_eq!(c.api.heartbeat(&leases[0]).await, "cancel_requested");
@@ -84,7 +104,11 @@ async fn bulk_cancel_and_delete_follow_their_single_job_rules() {
         )
         .await;
     assert_eq!(delete, json!({"matched": 6, "changed": 4}));
-    assert_eq!(db.scalar("SELECT count(*) FROM jobs WHERE queue = 'q'", &[]).await, 2);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobs WHERE queue = 'q'", &[])
+            .await,
+        2
+    );
     // The cancelled workers' acknowledgements still land.
     assert_eq!(c.api.release(&leases[0], None).await.0, 200);
     assert_eq!(c.api.job(running[0]).await.state, JobState::Cancelled);
@@ -116,11 +140,18 @@ async fn a_bulk_action_by_ids_and_creation_time_touches_only_those_jobs() {
     assert_eq!(later, json!({"matched": 0, "changed": 0}));
     let (_, rest) = c
         .api
-        .post("/v1/jobs/bulk", &json!({"action": "delete", "queue": "q", "states": ["failed"]}))
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "delete", "queue": "q", "states": ["failed"]}),
+        )
         .await;
     assert_eq!(rest, json!({"matched": 7, "changed": 7}));
     assert_eq!(db.scalar("SELECT count(*) FROM jobs", &[]).await, 3);
-    assert_eq!(db.scalar("SELECT count(*) FROM job_attempts", &[]).await, 3, "attempts went with their jobs");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_attempts", &[]).await,
+        3,
+        "attempts went with their jobs"
+    );
 }
 
 #[tokio::test]
@@ -139,5 +170,9 @@ async fn a_bulk_action_naming_too_many_jobs_is_refused_and_changes_nothing() {
         .await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], json!("invalid"));
-    assert_eq!(db.scalar("SELECT count(*) FROM jobs WHERE state = 'failed'", &[]).await, 3);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM jobs WHERE state = 'failed'", &[])
+            .await,
+        3
+    );
 }

@@ -47,12 +47,12 @@ async fn pages_never_repeat_or_skip_an_older_job_while_jobs_are_enqueued() {
     producer.await.unwrap();
     let unique: HashSet<_> = seen.iter().collect();
     assert_eq!(unique.len(), seen.len(), "no job appears twice");
-    assert!(
-        seen.windows(2).all(|w| w[0].0 > w[1].0),
-        "newest first, strictly"
-    );
+    assert!(seen.windows(2).all(|w| w[0].0 > w[1].0), "newest first, strictly");
     for id in &older {
-        assert!(unique.contains(id), "job {id}, older than the first page, was not skipped");
+        assert!(
+            unique.contains(id),
+            "job {id}, older than the first page, was not skipped"
+        );
     }
 }
 
@@ -73,7 +73,10 @@ async fn a_listing_filters_by_state_and_omits_the_chronology() {
     assert_eq!(all.jobs.len(), 5);
     assert!(all.next_cursor.is_none());
     let (_, raw) = c.api.get("/v1/jobs?queue=q").await;
-    assert!(raw["jobs"][0].get("attempts").is_none(), "listed jobs carry no chronology");
+    assert!(
+        raw["jobs"][0].get("attempts").is_none(),
+        "listed jobs carry no chronology"
+    );
     assert!(raw["jobs"][0].get("payload").is_some());
 
     let failed = page(&c.api, "queue=q&state=failed").await;

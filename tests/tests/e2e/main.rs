@@ -8,6 +8,7 @@ mod bad_input;
 mod batching;
 mod bulk;
 mod cli;
+mod cli_operations;
 mod dispatch;
 mod fencing;
 mod json_values;

@@ -16,7 +16,10 @@ fn slow_recheck(cfg: &mut runlease_coordinator::config::Config) {
 async fn wait_for_parked(api: &runlease_tests::Api, n: f64) {
     let started = Instant::now();
     while api.metric("runlease_claim_waiters").await < n {
-        assert!(started.elapsed() < Duration::from_secs(10), "the claim did not park");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the claim did not park"
+        );
         tokio::task::yield_now().await;
     }
 }
@@ -86,7 +89,10 @@ async fn settings_are_kept_before_a_queues_first_job_and_change_field_by_field()
     // A field left out is unchanged; null clears it.
     let (_, set) = c
         .api
-        .patch("/v1/queues/new-queue", &json!({"max_running": null, "paused": true}))
+        .patch(
+            "/v1/queues/new-queue",
+            &json!({"max_running": null, "paused": true}),
+        )
         .await;
     assert_eq!(
         set["settings"],
@@ -96,7 +102,13 @@ async fn settings_are_kept_before_a_queues_first_job_and_change_field_by_field()
     );
     // Listed among the queues without a job, and kept across a restart.
     let (_, all) = c.api.get("/v1/queues").await;
-    assert!(all["queues"].as_array().unwrap().iter().any(|q| q["queue"] == json!("new-queue")));
+    assert!(
+        all["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["queue"] == json!("new-queue"))
+    );
     c.stop().await.unwrap();
     let again = TestCoordinator::start(&db).await;
     let (_, after) = again.api.get("/v1/queues/new-queue").await;

@@ -34,7 +34,10 @@ async fn existing(db: &TestDb, ids: &[Uuid]) -> (i64, i64) {
         .scalar("SELECT count(*) FROM jobs WHERE id = ANY($1)", &[&ids.to_vec()])
         .await;
     let attempts = db
-        .scalar("SELECT count(*) FROM job_attempts WHERE job_id = ANY($1)", &[&ids.to_vec()])
+        .scalar(
+            "SELECT count(*) FROM job_attempts WHERE job_id = ANY($1)",
+            &[&ids.to_vec()],
+        )
         .await;
     (jobs, attempts)
 }
@@ -69,11 +72,19 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
         .await
         .unwrap();
     // Terminal jobs on both sides of the retention, in every terminal state.
-    let old_done = db.insert_terminal_jobs("q", JobState::Done, 40, 3 * 24 * HOUR).await;
-    let old_failed = db.insert_terminal_jobs("q", JobState::Failed, 30, 40 * 24 * HOUR).await;
-    let old_cancelled = db.insert_terminal_jobs("q", JobState::Cancelled, 20, 40 * 24 * HOUR).await;
+    let old_done = db
+        .insert_terminal_jobs("q", JobState::Done, 40, 3 * 24 * HOUR)
+        .await;
+    let old_failed = db
+        .insert_terminal_jobs("q", JobState::Failed, 30, 40 * 24 * HOUR)
+        .await;
+    let old_cancelled = db
+        .insert_terminal_jobs("q", JobState::Cancelled, 20, 40 * 24 * HOUR)
+        .await;
     let new_done = db.insert_terminal_jobs("q", JobState::Done, 10, HOUR).await;
-    let new_failed = db.insert_terminal_jobs("q", JobState::Failed, 10, 20 * 24 * HOUR).await;
+    let new_failed = db
+        .insert_terminal_jobs("q", JobState::Failed, 10, 20 * 24 * HOUR)
+        .await;
     // A queue that keeps its done jobs forever (override 0) and its failed
     // ones for a day.
     let (status, _) = c
@@ -84,8 +95,12 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
         )
         .await;
     assert_eq!(status, 200);
-    let kept_forever = db.insert_terminal_jobs("keep", JobState::Done, 15, 300 * 24 * HOUR).await;
-    let keep_failed = db.insert_terminal_jobs("keep", JobState::Failed, 5, 2 * 24 * HOUR).await;
+    let kept_forever = db
+        .insert_terminal_jobs("keep", JobState::Done, 15, 300 * 24 * HOUR)
+        .await;
+    let keep_failed = db
+        .insert_terminal_jobs("keep", JobState::Failed, 5, 2 * 24 * HOUR)
+        .await;
 
     let retention = Retention {
         done_ms: 2 * DAY_MS,
@@ -99,7 +114,11 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
     assert!(report.statements > 10, "bounded statements: {report:?}");
 
     for gone in [&old_done, &old_failed, &old_cancelled, &keep_failed] {
-        assert_eq!(existing(&db, gone).await, (0, 0), "expired jobs and their attempts are deleted");
+        assert_eq!(
+            existing(&db, gone).await,
+            (0, 0),
+            "expired jobs and their attempts are deleted"
+        );
     }
     for kept in [&new_done, &new_failed, &kept_forever] {
         let n = kept.len() as i64;
@@ -114,8 +133,11 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
         assert_ne!(state, "", "live job {live} is still there");
     }
     assert_eq!(
-        db.scalar("SELECT count(*) FROM jobs WHERE state IN ('queued', 'enqueue_failed', 'running')", &[])
-            .await,
+        db.scalar(
+            "SELECT count(*) FROM jobs WHERE state IN ('queued', 'enqueue_failed', 'running')",
+            &[]
+        )
+        .await,
         3
     );
     let text = metrics.render();
@@ -125,7 +147,10 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
         (r#"runlease_jobs_pruned_total{queue="q",state="cancelled"}"#, 20),
         (r#"runlease_jobs_pruned_total{queue="keep",state="failed"}"#, 5),
     ] {
-        assert!(text.contains(&format!("{sample} {n}")), "{sample} {n} in:\n{text}");
+        assert!(
+            text.contains(&format!("{sample} {n}")),
+            "{sample} {n} in:\n{text}"
+        );
     }
     // A second pass finds nothing.
     assert_eq!(pruner.run_once().await.unwrap().pruned, 0);
@@ -159,10 +184,21 @@ async fn a_pruned_jobs_idempotency_key_may_be_used_again() {
     assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
     db.client()
         .await
-        .execute("UPDATE jobs SET finished_at = now() - interval '1 hour' WHERE id = $1", &[&first.id.0])
+        .execute(
+            "UPDATE jobs SET finished_at = now() - interval '1 hour' WHERE id = $1",
+            &[&first.id.0],
+        )
         .await
         .unwrap();
-    let (pruner, _) = pruner(&db, Retention { done_ms: 60_000, failed_ms: 60_000 }, 100).await;
+    let (pruner, _) = pruner(
+        &db,
+        Retention {
+            done_ms: 60_000,
+            failed_ms: 60_000,
+        },
+        100,
+    )
+    .await;
     assert_eq!(pruner.run_once().await.unwrap().pruned, 1);
     let second = c.api.enqueue_with(req).await;
     assert_ne!(second.id, first.id, "a new job under the old key");
@@ -172,7 +208,9 @@ async fn a_pruned_jobs_idempotency_key_may_be_used_again() {
 async fn two_pruners_at_once_delete_each_row_once_and_never_hold_up_claims() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    let old = db.insert_terminal_jobs("history", JobState::Done, 6000, 2 * 24 * HOUR).await;
+    let old = db
+        .insert_terminal_jobs("history", JobState::Done, 6000, 2 * 24 * HOUR)
+        .await;
     for i in 0..200 {
         c.api.enqueue("live", json!(i)).await;
     }
@@ -226,5 +264,12 @@ async fn two_pruners_at_once_delete_each_row_once_and_never_hold_up_claims() {
     };
     assert_eq!(counted(&metrics_a) + counted(&metrics_b), 6000);
     // The 200 completed live jobs are within retention.
-    assert_eq!(db.scalar("SELECT count(*) FROM jobs WHERE queue = 'live' AND state = 'done'", &[]).await, 200);
+    assert_eq!(
+        db.scalar(
+            "SELECT count(*) FROM jobs WHERE queue = 'live' AND state = 'done'",
+            &[]
+        )
+        .await,
+        200
+    );
 }

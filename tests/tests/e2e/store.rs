@@ -184,8 +184,13 @@ async fn figures_listing_and_pruning_read_no_history() {
         .unwrap();
     // A long history (done jobs of three queues) beside a few live jobs.
     for q in ["q0", "q1", "q2"] {
-        db.insert_terminal_jobs(q, runlease_protocol::JobState::Done, 10_000, std::time::Duration::from_secs(3600))
-            .await;
+        db.insert_terminal_jobs(
+            q,
+            runlease_protocol::JobState::Done,
+            10_000,
+            std::time::Duration::from_secs(3600),
+        )
+        .await;
     }
     client
         .batch_execute(
@@ -200,15 +205,30 @@ async fn figures_listing_and_pruning_read_no_history() {
     for set_up in ["SELECT 1", "ANALYZE jobs"] {
         client.batch_execute(set_up).await.unwrap();
         let cases = [
-            ("queue_live_counts", sql::QUEUE_LIVE_COUNTS, "", vec!["jobs_claim_idx", "jobs_reap_idx"]),
+            (
+                "queue_live_counts",
+                sql::QUEUE_LIVE_COUNTS,
+                "",
+                vec!["jobs_claim_idx", "jobs_reap_idx"],
+            ),
             (
                 "job_list",
                 sql::JOB_LIST,
                 "'q1', '{done,failed}', NULL, 51, NULL",
                 vec!["Index Scan Backward using jobs_list_idx"],
             ),
-            ("job_prune", sql::JOB_PRUNE, "'q1', 'done', 60000, 1000", vec!["jobs_prune_idx"]),
-            ("job_prune_queues", sql::JOB_PRUNE_QUEUES, "", vec!["jobs_prune_idx"]),
+            (
+                "job_prune",
+                sql::JOB_PRUNE,
+                "'q1', 'done', 60000, 1000",
+                vec!["jobs_prune_idx"],
+            ),
+            (
+                "job_prune_queues",
+                sql::JOB_PRUNE_QUEUES,
+                "",
+                vec!["jobs_prune_idx"],
+            ),
             (
                 "job_match",
                 sql::JOB_MATCH,
@@ -225,19 +245,36 @@ async fn figures_listing_and_pruning_read_no_history() {
                     .query(&format!("EXPLAIN (COSTS OFF) {statement}"), &[])
                     .await
                     .unwrap();
-                rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>().join("\n")
+                rows.iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>()
+                    .join("\n")
             } else {
                 generic_plan(&client, statement, args).await
             };
-            assert!(!plan.contains("Seq Scan on jobs"), "{name} after {set_up}:\n{plan}");
+            assert!(
+                !plan.contains("Seq Scan on jobs"),
+                "{name} after {set_up}:\n{plan}"
+            );
             for index in indexes {
-                assert!(plan.contains(index), "{name} after {set_up} uses {index}:\n{plan}");
+                assert!(
+                    plan.contains(index),
+                    "{name} after {set_up} uses {index}:\n{plan}"
+                );
             }
         }
         // The cursor is the start of the listing's range scan, not a filter
         // over the newer rows.
-        let page = generic_plan(&client, sql::JOB_LIST, "'q1', '{done}', '00000000-0000-7000-8000-000000000000', 51, NULL").await;
-        assert!(page.contains("Index Cond: ((ROW(queue, state, id) < ROW($1, (s.state)::job_state, COALESCE($3"), "{page}");
+        let page = generic_plan(
+            &client,
+            sql::JOB_LIST,
+            "'q1', '{done}', '00000000-0000-7000-8000-000000000000', 51, NULL",
+        )
+        .await;
+        assert!(
+            page.contains("Index Cond: ((ROW(queue, state, id) < ROW($1, (s.state)::job_state, COALESCE($3"),
+            "{page}"
+        );
     }
 }
 
@@ -252,7 +289,9 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     target.create_database_if_missing().await.unwrap();
     let pool = target.pool(2).unwrap();
     assert_eq!(migrate_to(&pool, 2).await.unwrap(), vec![1, 2]);
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await.unwrap();
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
     tokio::spawn(conn);
     // Rows as a version 2 coordinator leaves them: every state, attempts
     // ended every way, one job claimed twice.
@@ -308,8 +347,20 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     let queues = queues["queues"].as_array().unwrap().clone();
     assert_eq!(queues.len(), 2);
     for q in &queues {
-        for state in ["queued", "running", "done", "failed", "cancelled", "enqueue_failed"] {
-            assert_eq!(q["counts"][state], serde_json::json!(4), "{state} of {}", q["queue"]);
+        for state in [
+            "queued",
+            "running",
+            "done",
+            "failed",
+            "cancelled",
+            "enqueue_failed",
+        ] {
+            assert_eq!(
+                q["counts"][state],
+                serde_json::json!(4),
+                "{state} of {}",
+                q["queue"]
+            );
         }
         // Every job but the queued ones was claimed twice: its first attempt
         // expired and was retried.
@@ -322,7 +373,10 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     assert_eq!(page["jobs"].as_array().unwrap().len(), 4);
     let (_, retried) = c
         .api
-        .post("/v1/jobs/bulk", &serde_json::json!({"action": "retry", "queue": "a", "states": ["failed"]}))
+        .post(
+            "/v1/jobs/bulk",
+            &serde_json::json!({"action": "retry", "queue": "a", "states": ["failed"]}),
+        )
         .await;
     assert_eq!(retried, serde_json::json!({"matched": 4, "changed": 4}));
     let (_, a) = c.api.get("/v1/queues/a").await;

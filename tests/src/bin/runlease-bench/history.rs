@@ -86,7 +86,11 @@ async fn probe(http: &reqwest::Client, base: &str, path: &str) -> (f64, f64) {
     for _ in 0..PROBES {
         let started = Instant::now();
         let response = http.get(format!("{base}{path}")).send().await.unwrap();
-        assert!(response.status().is_success(), "GET {path}: {}", response.status());
+        assert!(
+            response.status().is_success(),
+            "GET {path}: {}",
+            response.status()
+        );
         response.bytes().await.unwrap();
         ms.push(started.elapsed().as_secs_f64() * 1000.0);
     }
@@ -97,7 +101,9 @@ async fn probe(http: &reqwest::Client, base: &str, path: &str) -> (f64, f64) {
 async fn enqueue(http: &reqwest::Client, base: &str, queue: &str, n: usize) {
     for chunk in 0..n.div_ceil(1000) {
         let count = (n - chunk * 1000).min(1000);
-        let jobs: Vec<Value> = (0..count).map(|i| json!({"queue": queue, "payload": i})).collect();
+        let jobs: Vec<Value> = (0..count)
+            .map(|i| json!({"queue": queue, "payload": i}))
+            .collect();
         http.post(format!("{base}/v1/jobs/batch"))
             .json(&json!({"jobs": jobs}))
             .send()
@@ -121,7 +127,14 @@ async fn queue_count(http: &reqwest::Client, base: &str, queue: &str, state: &st
 }
 
 async fn metric_sum(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
-    let text = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = http
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     text.lines()
         .filter(|l| l.starts_with(prefix))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -129,7 +142,10 @@ async fn metric_sum(http: &reqwest::Client, base: &str, prefix: &str) -> f64 {
 }
 
 fn start_workers(base: &str, queue: &str, stop: &CancellationToken) -> Vec<tokio::task::JoinHandle<()>> {
-    let client = Client::builder(base).timeout(Duration::from_secs(60)).build().unwrap();
+    let client = Client::builder(base)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
     (0..WORKERS)
         .map(|w| {
             tokio::spawn(lean_worker(
@@ -184,7 +200,11 @@ pub async fn report(sizes: &[usize], fresh: usize) -> anyhow::Result<()> {
         if size > have {
             let started = Instant::now();
             grow(&db, have, size - have).await;
-            eprintln!("  inserted {} terminal jobs in {:.0} s", size - have, started.elapsed().as_secs_f64());
+            eprintln!(
+                "  inserted {} terminal jobs in {:.0} s",
+                size - have,
+                started.elapsed().as_secs_f64()
+            );
             have = size;
         }
         let process = CoordinatorProcess::start(&db, &coordinator_env(0, 3_600_000)).await;
@@ -255,7 +275,9 @@ pub async fn report(sizes: &[usize], fresh: usize) -> anyhow::Result<()> {
     }
     let pruned_during = metric_sum(&http, &base, "runlease_jobs_pruned_total").await - from;
     // Then until the last expired job is gone.
-    while queue_count(&http, &base, "sustained", "done").await > 0 && started.elapsed() < Duration::from_secs(120) {
+    while queue_count(&http, &base, "sustained", "done").await > 0
+        && started.elapsed() < Duration::from_secs(120)
+    {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let all_gone = started.elapsed().as_secs_f64();
