@@ -12,7 +12,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-use runlease_protocol::{Job, JobState};
+use runlease_protocol::JobState;
+
+use crate::store::rows::JobRow;
 
 /// Label set of per-queue metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -347,7 +349,7 @@ impl Metrics {
     }
 
     /// Counts a job's arrival in a terminal state against the SLO.
-    pub fn job_terminal(&self, job: &Job) {
+    pub fn job_terminal(&self, job: &JobRow) {
         self.terminal_at(job.queue.as_str(), job.created_at, job.finished_at);
     }
 
@@ -371,7 +373,7 @@ impl Metrics {
 
     /// Counts the transition a job just made into `job.state`; `via` tells
     /// transitions to the same state apart.
-    pub fn transition(&self, job: &Job, via: Via) {
+    pub fn transition(&self, job: &JobRow, via: Via) {
         self.transition_of(
             job.queue.as_str(),
             job.state,

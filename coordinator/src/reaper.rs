@@ -60,7 +60,7 @@ impl Reaper {
             let reaped = self.store.reap(REAP_BATCH).await?;
             let full = reaped.len() as i64 >= REAP_BATCH;
             for record in reaped {
-                let job = record.job;
+                let job = record;
                 self.metrics.transition(&job, Via::Reap);
                 tracing::warn!(job_id = %job.id, run_lease = job.run_lease.0, state = %job.state, "lease expired; job reaped");
                 match job.state {

@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::batch::BatchSettings;
 use crate::metrics::Metrics;
 use crate::store::leases::{LeaseRef, Outcome};
-use crate::store::rows::JobRecord;
+use crate::store::rows::JobRow;
 use crate::store::{Store, StoreError};
 use crate::wake::{Wake, jittered, next_queue_wake};
 
@@ -41,7 +41,7 @@ pub struct ClaimAsk {
 struct Parked {
     ask: ClaimAsk,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Vec<JobRecord>, StoreError>>,
+    reply: oneshot::Sender<Result<Vec<JobRow>, StoreError>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -108,7 +108,7 @@ impl ClaimBatcher {
 
     /// Claims up to `ask.max_jobs` leases, parking up to `ask.wait` when none
     /// is claimable.
-    pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<JobRecord>, StoreError> {
+    pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<JobRow>, StoreError> {
         let deadline = Instant::now() + ask.wait;
         if self.shards.is_empty() {
             return self.claim_alone(ask, deadline).await;
@@ -123,7 +123,7 @@ impl ClaimBatcher {
 
     /// The per-request mode: this claim's own statements, re-checking on
     /// wake-ups and the timer.
-    async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<JobRecord>, StoreError> {
+    async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<JobRow>, StoreError> {
         // Subscribed before the first look: an enqueue in between still wakes us.
         let mut wakes = self.wake.subscribe_queues();
         let slots: Vec<&WorkerId> = (0..ask.max_jobs).map(|_| &ask.worker).collect();
@@ -305,7 +305,7 @@ impl ClaimBatcher {
                 }
             };
             let got = claimed.len();
-            let mut per_parked: HashMap<usize, Vec<JobRecord>> = HashMap::new();
+            let mut per_parked: HashMap<usize, Vec<JobRow>> = HashMap::new();
             for (slot, record) in claimed {
                 if let Some(&owner) = owners.get(slot) {
                     per_parked.entry(owner).or_default().push(record);
@@ -344,13 +344,13 @@ impl ClaimBatcher {
 
     /// Leases claimed for a claimer that left before its answer: give them
     /// back at once instead of letting them expire (no attempt charged).
-    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<JobRecord>) {
+    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<JobRow>) {
         let items: Vec<(LeaseRef, Outcome)> = records
             .iter()
             .map(|r| {
                 let lease = LeaseRef {
-                    job_id: r.job.id,
-                    run_lease: r.job.run_lease,
+                    job_id: r.id,
+                    run_lease: r.run_lease,
                     worker_id: worker.clone(),
                 };
                 (lease, Outcome::Release { progress: None })
@@ -365,7 +365,7 @@ impl ClaimBatcher {
             tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
         }
         for r in &records {
-            self.wake.ready(&r.job.queue);
+            self.wake.ready(&r.queue);
         }
     }
 }

@@ -14,9 +14,9 @@ use runlease_protocol::producer::QueueSummary;
 use runlease_protocol::{ErrorCode, JobState, QueueName};
 
 use crate::auth::{Action, Caller};
-use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, QueryParams, QueuePath, require};
+use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::listing::{BulkAction, JobChange, JobFilter};
 use crate::store::queues::{QueueFigures, QueueSettings, RateLimit, SettingsChange};
@@ -129,12 +129,12 @@ pub async fn list_jobs(
     let mut records = state.store.list_jobs(&filter, cursor, limit + 1).await?;
     let next_cursor = if records.len() as i64 > limit {
         records.truncate(limit as usize);
-        records.last().map(|r| state.tokens.mint_cursor(r.job.id, &scope))
+        records.last().map(|r| state.tokens.mint_cursor(r.id, &scope))
     } else {
         None
     };
     Ok(Json(ListJobsResponse {
-        jobs: records.into_iter().map(|r| ListedJob(r.job)).collect(),
+        jobs: records.into_iter().map(|r| ListedJob(views::job(r))).collect(),
         next_cursor,
     }))
 }

@@ -5,7 +5,9 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use runlease_protocol::limits::{MAX_BATCH_JOBS, MAX_WAIT_MS};
+use runlease_protocol::limits::{
+    MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
+};
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery,
 };
@@ -16,11 +18,14 @@ use crate::auth::{Action, Caller};
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, require};
+use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
+use crate::store::Policy;
 use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
+use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
 
-fn record_job(job: &Job) {
+fn record_job(job: &JobRow) {
     let span = tracing::Span::current();
     span.record("job_id", tracing::field::display(job.id));
     span.record("run_lease", job.run_lease.0);
@@ -38,7 +43,47 @@ fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<
     if !caller.may_use_queue(&req.queue) {
         return Err(forbidden_queue(req.queue.as_str()));
     }
-    NewJob::from_request(req, state.store.policy()).map_err(ApiError::invalid)
+    validate_enqueue(req, state.store.policy()).map_err(ApiError::invalid)
+}
+
+/// An enqueue request checked against the protocol's bounds, with the
+/// coordinator's defaults applied; the error says which field is wrong and why.
+fn validate_enqueue(req: EnqueueJobRequest, policy: &Policy) -> Result<NewJob, String> {
+    if req.run_at.is_some() && req.delay_ms.is_some() {
+        return Err("give run_at or delay_ms, not both".into());
+    }
+    if let Some(delay) = req.delay_ms
+        && !(0..=MAX_DELAY_MS).contains(&delay)
+    {
+        return Err(format!("delay_ms must be between 0 and {MAX_DELAY_MS}"));
+    }
+    let max_attempts = req.max_attempts.unwrap_or(policy.default_max_attempts);
+    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+        return Err(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"));
+    }
+    if let Some(timeout) = req.timeout_ms
+        && !(1..=MAX_TIMEOUT_MS).contains(&timeout)
+    {
+        return Err(format!("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"));
+    }
+    if let Some(key) = &req.idempotency_key
+        && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN)
+    {
+        return Err(format!(
+            "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes long"
+        ));
+    }
+    Ok(NewJob {
+        id: JobId::new(),
+        queue: req.queue,
+        payload: req.payload,
+        priority: req.priority.unwrap_or(0),
+        run_at: req.run_at,
+        delay_ms: req.delay_ms,
+        max_attempts,
+        timeout_ms: req.timeout_ms,
+        idempotency_key: req.idempotency_key,
+    })
 }
 
 /// Counts new jobs and sends their wake-ups (local and Redis). When the
@@ -110,7 +155,7 @@ pub async fn enqueue(
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(first.job)))
+    Ok((status, Json(views::job(first.job))))
 }
 
 /// `POST /v1/jobs/batch`: 1 to 1000 jobs in one transaction; 201 in request order.
@@ -141,13 +186,13 @@ pub async fn enqueue_batch(
     Ok((
         StatusCode::CREATED,
         Json(EnqueueBatchResponse {
-            jobs: enqueued.into_iter().map(|e| e.job).collect(),
+            jobs: enqueued.into_iter().map(|e| views::job(e.job)).collect(),
         }),
     ))
 }
 
 /// Reads a job the caller may see; 404 otherwise.
-async fn visible_job(state: &AppState, caller: &Caller, id: JobId) -> Result<Job, ApiError> {
+async fn visible_job(state: &AppState, caller: &Caller, id: JobId) -> Result<JobRow, ApiError> {
     match state.store.get_job(id).await? {
         Some(job) if caller.may_use_queue(&job.queue) => Ok(job),
         _ => Err(ApiError::job_not_found()),
@@ -178,7 +223,7 @@ pub async fn get_job(
         record_job(&job);
         let now = Instant::now();
         if job.state.is_terminal() || now >= deadline || state.shutdown.is_cancelled() {
-            return Ok(Json(job));
+            return Ok(Json(views::job(job)));
         }
         let nap = jittered(state.recheck).min(deadline - now);
         tokio::select! {
@@ -210,7 +255,7 @@ pub async fn cancel(
             } else {
                 tracing::info!("cancel requested of a running job");
             }
-            Ok(Json(*job))
+            Ok(Json(views::job(*job)))
         }
         CancelOutcome::NotFound => Err(ApiError::job_not_found()),
         CancelOutcome::Terminal(s) => Err(ApiError::conflict(format!(
@@ -235,7 +280,7 @@ pub async fn retry(
             record_job(&job);
             tracing::info!("job retried by an admin");
             state.wake.ready(&job.queue);
-            Ok(Json(*job))
+            Ok(Json(views::job(*job)))
         }
         RetryOutcome::NotFound => Err(ApiError::job_not_found()),
         RetryOutcome::NotRetryable(s) => Err(ApiError::conflict(format!(

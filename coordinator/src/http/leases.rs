@@ -22,9 +22,9 @@ use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
 use crate::batch::claims::ClaimAsk;
-use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
+use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::Guarded;
 use crate::store::leases::{Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
@@ -81,7 +81,7 @@ pub async fn claim(
     let leases = records
         .into_iter()
         .map(|r| {
-            let job = r.job;
+            let job = r;
             state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
             tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
@@ -224,7 +224,7 @@ pub async fn heartbeat(
 
 /// Counts, logs and announces an applied finish.
 fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, finished: &Finished) {
-    let job = &finished.record.job;
+    let job = &finished.record;
     let action = kind.name();
     if !finished.first {
         tracing::info!(job_id = %job.id, run_lease = run_lease.0, action, "repeated finish answered as already applied");
@@ -268,7 +268,8 @@ async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> R
 async fn answer(state: &AppState, finished: Finished) -> Result<Json<Job>, ApiError> {
     let record = Arc::unwrap_or_clone(finished.record);
     let job = state.store.with_attempts(vec![record]).await?.pop();
-    job.map(Json).ok_or_else(ApiError::job_not_found)
+    job.map(|j| Json(views::job(j)))
+        .ok_or_else(ApiError::job_not_found)
 }
 
 fn fail_outcome(error: String, retryable: bool, retry_after_ms: Option<i64>) -> Result<Outcome, ApiError> {
@@ -423,7 +424,7 @@ pub async fn finish(
         match guarded {
             Guarded::Applied(finished) => {
                 finished_effects(&state, run_lease, kind, &finished);
-                statuses[i] = Some(finished.record.job.state);
+                statuses[i] = Some(finished.record.state);
                 ok[i] = true;
             }
             Guarded::Stale => {

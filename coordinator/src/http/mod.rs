@@ -6,6 +6,7 @@
 //! - [`leases`]: worker endpoints.
 //! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
 //! - [`admin`]: job listing, bulk actions, one queue's figures and settings.
+//! - [`views`]: the store's rows as protocol answers.
 
 pub mod admin;
 pub mod error;
@@ -13,6 +14,7 @@ pub mod extract;
 pub mod jobs;
 pub mod leases;
 pub mod ops;
+pub mod views;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

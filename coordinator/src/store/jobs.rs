@@ -3,17 +3,16 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::limits::{MAX_ATTEMPTS_LIMIT, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS};
-use runlease_protocol::producer::EnqueueJobRequest;
-use runlease_protocol::{Job, JobId, JobState, QueueName};
+use runlease_protocol::{JobId, JobState, QueueName};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::listing::BulkAction;
-use crate::store::rows::{JobRecord, assemble, attempts_by_job, col};
-use crate::store::{Policy, Store, StoreError, sql};
+use crate::store::rows::{JobRow, assemble, attempts_by_job, col};
+use crate::store::{Store, StoreError, sql};
 
-/// A validated enqueue request with the coordinator's defaults applied.
+/// A job to enqueue: validated, with the coordinator's defaults applied (by
+/// the HTTP layer, from the protocol's enqueue request).
 #[derive(Debug, Clone)]
 pub struct NewJob {
     /// Minted by the coordinator (UUIDv7).
@@ -36,52 +35,11 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
 }
 
-impl NewJob {
-    /// Validates a request; the error says which field is wrong and why.
-    pub fn from_request(req: EnqueueJobRequest, policy: &Policy) -> Result<Self, String> {
-        if req.run_at.is_some() && req.delay_ms.is_some() {
-            return Err("give run_at or delay_ms, not both".into());
-        }
-        if let Some(delay) = req.delay_ms
-            && !(0..=MAX_DELAY_MS).contains(&delay)
-        {
-            return Err(format!("delay_ms must be between 0 and {MAX_DELAY_MS}"));
-        }
-        let max_attempts = req.max_attempts.unwrap_or(policy.default_max_attempts);
-        if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
-            return Err(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"));
-        }
-        if let Some(timeout) = req.timeout_ms
-            && !(1..=MAX_TIMEOUT_MS).contains(&timeout)
-        {
-            return Err(format!("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"));
-        }
-        if let Some(key) = &req.idempotency_key
-            && (key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN)
-        {
-            return Err(format!(
-                "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes long"
-            ));
-        }
-        Ok(Self {
-            id: JobId::new(),
-            queue: req.queue,
-            payload: req.payload,
-            priority: req.priority.unwrap_or(0),
-            run_at: req.run_at,
-            delay_ms: req.delay_ms,
-            max_attempts,
-            timeout_ms: req.timeout_ms,
-            idempotency_key: req.idempotency_key,
-        })
-    }
-}
-
 /// A job answered by an enqueue: new, or the original of a repeated key.
 #[derive(Debug, Clone)]
 pub struct Enqueued {
     /// The job.
-    pub job: Job,
+    pub job: JobRow,
     /// Whether this call created it.
     pub created: bool,
 }
@@ -90,7 +48,7 @@ pub struct Enqueued {
 #[derive(Debug)]
 pub enum CancelOutcome {
     /// Claimable job: now `cancelled`; or running job: cancel requested.
-    Done(Box<Job>),
+    Done(Box<JobRow>),
     /// No such job.
     NotFound,
     /// The job is terminal already.
@@ -101,7 +59,7 @@ pub enum CancelOutcome {
 #[derive(Debug)]
 pub enum RetryOutcome {
     /// Back to `queued`.
-    Done(Box<Job>),
+    Done(Box<JobRow>),
     /// No such job.
     NotFound,
     /// Only failed and cancelled jobs can be retried.
@@ -140,14 +98,12 @@ impl Store {
                 ],
             )
             .await?;
-        let mut inserted: HashMap<JobId, Job> = JobRecord::from_rows(&rows)?
-            .into_iter()
-            .map(|r| (r.job.id, r.job))
-            .collect();
+        let mut inserted: HashMap<JobId, JobRow> =
+            JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
 
         // Jobs skipped for an existing idempotency key: read the originals.
         let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
-        let mut originals: HashMap<(String, String), Job> = HashMap::new();
+        let mut originals: HashMap<(String, String), JobRow> = HashMap::new();
         if !skipped.is_empty() {
             let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
             let k: Vec<&str> = skipped
@@ -155,8 +111,8 @@ impl Store {
                 .filter_map(|j| j.idempotency_key.as_deref())
                 .collect();
             let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
-            let records = JobRecord::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
-            let ids: Vec<Uuid> = records.iter().map(|r| r.job.id.0).collect();
+            let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
+            let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
             let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
             let attempts = attempts_by_job(&tx.query(&stmt, &[&ids]).await?)?;
             for job in assemble(records, &attempts) {
@@ -279,25 +235,25 @@ impl Store {
     }
 
     /// Reads jobs with their chronology, in no particular order; missing ids are absent.
-    pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<Job>, StoreError> {
+    pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, StoreError> {
         let client = self.conn().await?;
         let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
         let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let records = JobRecord::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        let records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
         let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
         let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
         Ok(assemble(records, &attempts))
     }
 
     /// Reads one job with its chronology.
-    pub async fn get_job(&self, id: JobId) -> Result<Option<Job>, StoreError> {
+    pub async fn get_job(&self, id: JobId) -> Result<Option<JobRow>, StoreError> {
         Ok(self.get_jobs(&[id]).await?.pop())
     }
 
     /// Attaches the chronology to job rows a write returned.
-    pub(crate) async fn with_attempts(&self, records: Vec<JobRecord>) -> Result<Vec<Job>, StoreError> {
+    pub(crate) async fn with_attempts(&self, records: Vec<JobRow>) -> Result<Vec<JobRow>, StoreError> {
         let client = self.conn().await?;
-        let ids: Vec<Uuid> = records.iter().map(|r| r.job.id.0).collect();
+        let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
         let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
         let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
         Ok(assemble(records, &attempts))

@@ -10,7 +10,7 @@ use runlease_protocol::{AttemptOutcome, JobId, QueueName, RunLease, WorkerId};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::rows::{DbOutcome, JobRecord, col};
+use crate::store::rows::{DbOutcome, JobRow, col};
 use crate::store::{Guarded, Store, StoreError, sql};
 
 /// One way an attempt ends by its worker's hand; each maps to one guarded statement.
@@ -119,7 +119,7 @@ fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outc
 
 /// Rows a finishing statement wrote, by (job, lease): the outcome that took
 /// effect and the row it left.
-type Applied = HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRecord>)>;
+type Applied = HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRow>)>;
 
 fn note_applied(
     applied: &mut Applied,
@@ -127,11 +127,8 @@ fn note_applied(
     rows: &[tokio_postgres::Row],
 ) -> Result<(), StoreError> {
     for row in rows {
-        let record = JobRecord::from_row(row)?;
-        applied.insert(
-            (record.job.id.0, record.job.run_lease.0),
-            (kind, Arc::new(record)),
-        );
+        let record = JobRow::from_row(row)?;
+        applied.insert((record.id.0, record.run_lease.0), (kind, Arc::new(record)));
     }
     Ok(())
 }
@@ -141,7 +138,7 @@ fn note_applied(
 pub struct Finished {
     /// The job as the write (or, for a repeat, the database now) holds it;
     /// shared by the items of a batch that answer with the same row.
-    pub record: Arc<JobRecord>,
+    pub record: Arc<JobRow>,
     /// False when this was a repeat of an outcome already applied.
     pub first: bool,
 }
@@ -155,7 +152,7 @@ impl Store {
         queues: &[QueueName],
         slots: &[&WorkerId],
         time_left_ms: Option<u64>,
-    ) -> Result<Vec<(usize, JobRecord)>, StoreError> {
+    ) -> Result<Vec<(usize, JobRow)>, StoreError> {
         let client = self.conn().await?;
         let queues: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
         let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
@@ -178,7 +175,7 @@ impl Store {
             .iter()
             .map(|row| {
                 let slot: i64 = col(row, "slot")?;
-                Ok((usize::try_from(slot - 1).unwrap_or(0), JobRecord::from_row(row)?))
+                Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
             })
             .collect::<Result<Vec<_>, StoreError>>()?;
         claimed.sort_by_key(|(slot, _)| *slot);
@@ -319,7 +316,7 @@ impl Store {
             .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
             .collect();
         let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
-        let mut current: HashMap<Uuid, Arc<JobRecord>> = HashMap::new();
+        let mut current: HashMap<Uuid, Arc<JobRow>> = HashMap::new();
         if !missed.is_empty() {
             let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
             let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
@@ -339,8 +336,8 @@ impl Store {
             if !repeats.is_empty() {
                 let stmt = client.prepare_cached(sql::JOB_GET).await?;
                 for row in client.query(&stmt, &[&repeats]).await? {
-                    let record = JobRecord::from_row(&row)?;
-                    current.insert(record.job.id.0, Arc::new(record));
+                    let record = JobRow::from_row(&row)?;
+                    current.insert(record.id.0, Arc::new(record));
                 }
             }
         }
@@ -377,12 +374,12 @@ impl Store {
     }
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.
-    pub async fn reap(&self, limit: i64) -> Result<Vec<JobRecord>, StoreError> {
+    pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
         let client = self.conn().await?;
         let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
         let rows = client
             .query(&stmt, &[&limit, &self.policy().default_timeout_ms])
             .await?;
-        JobRecord::from_rows(&rows)
+        JobRow::from_rows(&rows)
     }
 }

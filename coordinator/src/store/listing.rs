@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
-use crate::store::rows::{DbJobState, JobRecord, col};
+use crate::store::rows::{DbJobState, JobRow, col};
 use crate::store::{Store, StoreError, sql};
 
 /// Most jobs one bulk statement changes: each chunk is its own short
@@ -107,15 +107,15 @@ impl Store {
         filter: &JobFilter,
         cursor: Option<JobId>,
         limit: i64,
-    ) -> Result<Vec<JobRecord>, StoreError> {
+    ) -> Result<Vec<JobRow>, StoreError> {
         let ids = self.list_job_ids(filter, cursor, limit).await?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
         let client = self.conn().await?;
         let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let mut records = JobRecord::from_rows(&client.query(&stmt, &[&ids]).await?)?;
-        records.sort_unstable_by_key(|r| std::cmp::Reverse(r.job.id.0));
+        let mut records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        records.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
         Ok(records)
     }
 

@@ -1,11 +1,13 @@
-//! PostgreSQL rows to protocol types. Statements that return jobs return the
-//! whole row (`RETURNING *` / `SELECT *`), so one mapper reads them all by name.
+//! PostgreSQL rows to the store's own types. Statements that return jobs
+//! return the whole row (`RETURNING *` / `SELECT *`), so one mapper reads
+//! them all by name.
 
 use std::collections::HashMap;
 use std::error::Error;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{Attempt, AttemptOutcome, Job, JobId, JobState, QueueName, RunLease, WorkerId};
+use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, WorkerId};
+use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Type};
 use uuid::Uuid;
@@ -38,16 +40,72 @@ impl<'a> FromSql<'a> for DbOutcome {
     }
 }
 
-/// A job row: the protocol job (chronology not yet attached) plus the fields
-/// of the running attempt, which lives on the row until it ends.
-#[derive(Debug, Clone)]
-pub struct JobRecord {
-    /// The job as answered, `attempts` empty.
-    pub job: Job,
+/// A `jobs` row as the store reads it, with its chronology once attached.
+/// The HTTP layer turns it into the protocol's job (`http::views`); the
+/// store never answers wire types.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobRow {
+    /// The job's id.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: QueueName,
+    /// Its state.
+    pub state: JobState,
+    /// What the producer enqueued.
+    pub payload: Value,
+    /// Smaller runs first.
+    pub priority: i32,
+    /// Attempts charged.
+    pub attempt: i32,
+    /// Attempt budget.
+    pub max_attempts: i32,
+    /// The latest run lease handed out.
+    pub run_lease: RunLease,
+    /// Not claimable before.
+    pub run_at: DateTime<Utc>,
+    /// Enqueued at.
+    pub created_at: DateTime<Utc>,
+    /// Last changed at.
+    pub updated_at: DateTime<Utc>,
+    /// Terminal since.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Attempt timeout the producer set.
+    pub timeout_ms: Option<i64>,
+    /// The producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The last checkpoint.
+    pub progress: Option<Value>,
+    /// The completing worker's result.
+    pub result: Option<Value>,
+    /// The last error recorded.
+    pub error: Option<String>,
+    /// When a cancel was requested of the running job.
+    pub cancel_requested_at: Option<DateTime<Utc>>,
     /// Owner of the latest claim.
     pub owned_by: Option<String>,
     /// Time of the latest claim.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// The chronology, oldest first, the running attempt last; empty until
+    /// attached ([`assemble`]).
+    pub attempts: Vec<AttemptRow>,
+}
+
+/// One attempt of a job: a `job_attempts` row, or the running attempt that
+/// lives on the job row until it ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AttemptRow {
+    /// The lease it ran under.
+    pub run_lease: RunLease,
+    /// Who claimed it.
+    pub worker_id: WorkerId,
+    /// When the claim committed.
+    pub claimed_at: DateTime<Utc>,
+    /// When it ended (`None` while running).
+    pub finished_at: Option<DateTime<Utc>>,
+    /// How it ended (`None` while running).
+    pub outcome: Option<AttemptOutcome>,
+    /// The error recorded.
+    pub error: Option<String>,
 }
 
 fn bad_row(e: impl std::fmt::Display) -> StoreError {
@@ -59,13 +117,12 @@ pub fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, StoreError
     row.try_get(name).map_err(bad_row)
 }
 
-impl JobRecord {
+impl JobRow {
     /// Reads a full `jobs` row.
     pub fn from_row(row: &Row) -> Result<Self, StoreError> {
         let queue: String = col(row, "queue")?;
         let state: DbJobState = col(row, "state")?;
-        let cancel_requested_at: Option<DateTime<Utc>> = col(row, "cancel_requested_at")?;
-        let job = Job {
+        Ok(Self {
             id: JobId(col::<Uuid>(row, "id")?),
             queue: QueueName::new(queue).map_err(bad_row)?,
             state: state.0,
@@ -83,13 +140,10 @@ impl JobRecord {
             progress: col(row, "progress")?,
             result: col(row, "result")?,
             error: col(row, "error")?,
-            cancel_requested: cancel_requested_at.is_some(),
-            attempts: Vec::new(),
-        };
-        Ok(Self {
-            job,
+            cancel_requested_at: col(row, "cancel_requested_at")?,
             owned_by: col(row, "owned_by")?,
             claimed_at: col(row, "claimed_at")?,
+            attempts: Vec::new(),
         })
     }
 
@@ -99,12 +153,12 @@ impl JobRecord {
     }
 
     /// The running attempt, which is on the row and not yet in `job_attempts`.
-    fn running_attempt(&self) -> Option<Attempt> {
-        if self.job.state != JobState::Running {
+    fn running_attempt(&self) -> Option<AttemptRow> {
+        if self.state != JobState::Running {
             return None;
         }
-        Some(Attempt {
-            run_lease: self.job.run_lease,
+        Some(AttemptRow {
+            run_lease: self.run_lease,
             worker_id: WorkerId::new(self.owned_by.clone()?).ok()?,
             claimed_at: self.claimed_at?,
             finished_at: None,
@@ -115,13 +169,13 @@ impl JobRecord {
 }
 
 /// Reads `attempt_list` rows, grouped by job.
-pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<Attempt>>, StoreError> {
-    let mut by_job: HashMap<JobId, Vec<Attempt>> = HashMap::new();
+pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<AttemptRow>>, StoreError> {
+    let mut by_job: HashMap<JobId, Vec<AttemptRow>> = HashMap::new();
     for row in rows {
         let job_id = JobId(col::<Uuid>(row, "job_id")?);
         let worker: String = col(row, "worker_id")?;
         let outcome: DbOutcome = col(row, "outcome")?;
-        by_job.entry(job_id).or_default().push(Attempt {
+        by_job.entry(job_id).or_default().push(AttemptRow {
             run_lease: RunLease(col(row, "run_lease")?),
             worker_id: WorkerId::new(worker).map_err(bad_row)?,
             claimed_at: col(row, "claimed_at")?,
@@ -134,15 +188,11 @@ pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<Attempt>>, Sto
 }
 
 /// Attaches each job's chronology: its ended attempts, then the running one.
-pub fn assemble(records: Vec<JobRecord>, attempts: &HashMap<JobId, Vec<Attempt>>) -> Vec<Job> {
-    records
-        .into_iter()
-        .map(|record| {
-            let running = record.running_attempt();
-            let mut job = record.job;
-            job.attempts = attempts.get(&job.id).cloned().unwrap_or_default();
-            job.attempts.extend(running);
-            job
-        })
-        .collect()
+pub fn assemble(mut rows: Vec<JobRow>, attempts: &HashMap<JobId, Vec<AttemptRow>>) -> Vec<JobRow> {
+    for row in &mut rows {
+        let running = row.running_attempt();
+        row.attempts = attempts.get(&row.id).cloned().unwrap_or_default();
+        row.attempts.extend(running);
+    }
+    rows
 }

@@ -5,9 +5,10 @@ use runlease_protocol::{ErrorCode, routes};
 use runlease_tests::{TestCoordinator, TestDb};
 
 /// Every path the coordinator routes, as `protocol/src/routes.rs` names them.
-const ROUTES: [&str; 16] = [
+const ROUTES: [&str; 18] = [
     routes::JOBS,
     routes::JOBS_BATCH,
+    routes::JOBS_BULK,
     routes::JOB,
     routes::JOB_CANCEL,
     routes::JOB_RETRY,
@@ -18,6 +19,7 @@ const ROUTES: [&str; 16] = [
     routes::RELEASE,
     routes::FINISH,
     routes::QUEUES,
+    routes::QUEUE,
     routes::HEALTHZ,
     routes::READYZ,
     routes::METRICS,

@@ -1,0 +1,42 @@
+//! The store's rows as the protocol answers them: the one place a job row
+//! becomes a wire `Job`.
+
+use runlease_protocol::{Attempt, Job};
+
+use crate::store::rows::{AttemptRow, JobRow};
+
+/// A job row (with its chronology attached) as the protocol's job.
+pub fn job(row: JobRow) -> Job {
+    Job {
+        id: row.id,
+        queue: row.queue,
+        state: row.state,
+        payload: row.payload,
+        priority: row.priority,
+        attempt: row.attempt,
+        max_attempts: row.max_attempts,
+        run_lease: row.run_lease,
+        run_at: row.run_at,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        finished_at: row.finished_at,
+        timeout_ms: row.timeout_ms,
+        idempotency_key: row.idempotency_key,
+        progress: row.progress,
+        result: row.result,
+        error: row.error,
+        cancel_requested: row.cancel_requested_at.is_some(),
+        attempts: row.attempts.into_iter().map(attempt).collect(),
+    }
+}
+
+fn attempt(a: AttemptRow) -> Attempt {
+    Attempt {
+        run_lease: a.run_lease,
+        worker_id: a.worker_id,
+        claimed_at: a.claimed_at,
+        finished_at: a.finished_at,
+        outcome: a.outcome,
+        error: a.error,
+    }
+}
