@@ -124,18 +124,10 @@ pub async fn list_jobs(
                 "cursor was not issued for this listing: pass a next_cursor unchanged, with the same queue and state",
             )
         })?;
-    let limit = i64::from(limit);
-    // One more than the page: whether there is a next page, without a count.
-    let mut records = state.store.list_jobs(&filter, cursor, limit + 1).await?;
-    let next_cursor = if records.len() as i64 > limit {
-        records.truncate(limit as usize);
-        records.last().map(|r| state.tokens.mint_cursor(r.id, &scope))
-    } else {
-        None
-    };
+    let page = state.store.list_jobs(&filter, cursor, i64::from(limit)).await?;
     Ok(Json(ListJobsResponse {
-        jobs: records.into_iter().map(|r| ListedJob(views::job(r))).collect(),
-        next_cursor,
+        jobs: page.rows.into_iter().map(|r| ListedJob(views::job(r))).collect(),
+        next_cursor: page.next.map(|last| state.tokens.mint_cursor(last, &scope)),
     }))
 }
 

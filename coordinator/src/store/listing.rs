@@ -90,6 +90,15 @@ impl JobChange {
     }
 }
 
+/// One page of a listing.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    /// The jobs, newest first, without their chronology.
+    pub rows: Vec<JobRow>,
+    /// Where the next page starts (the last id of this one), if there is one.
+    pub next: Option<JobId>,
+}
+
 /// What a bulk action did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct BulkReport {
@@ -107,16 +116,24 @@ impl Store {
         filter: &JobFilter,
         cursor: Option<JobId>,
         limit: i64,
-    ) -> Result<Vec<JobRow>, StoreError> {
-        let ids = self.list_job_ids(filter, cursor, limit).await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
+    ) -> Result<Page, StoreError> {
+        // One id more than the page tells whether another page follows,
+        // without a count; the page ends at the last id listed, even if a
+        // job was deleted before its row was read.
+        let mut ids = self.list_job_ids(filter, cursor, limit + 1).await?;
+        let more = ids.len() as i64 > limit;
+        ids.truncate(limit.max(0) as usize);
+        let Some(last) = ids.last().copied() else {
+            return Ok(Page::default());
+        };
         let client = self.conn().await?;
         let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let mut records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
-        records.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
-        Ok(records)
+        let mut rows = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
+        Ok(Page {
+            rows,
+            next: more.then_some(JobId(last)),
+        })
     }
 
     async fn list_job_ids(
