@@ -48,6 +48,11 @@ pub const DEFAULT_BATCH_FLUSHERS: usize = 2;
 pub const DEFAULT_SQS_JOBS_PER_WAKEUP: usize = 10;
 /// Default `RUNLEASE_SQS_DISPATCH_INTERVAL_MS`: how often due jobs are looked for.
 pub const DEFAULT_SQS_DISPATCH_INTERVAL_MS: u64 = 1_000;
+/// Default `RUNLEASE_DATABASE_STATEMENT_TIMEOUT_MS`: 5 s.
+pub const DEFAULT_DATABASE_STATEMENT_TIMEOUT_MS: u64 = 5_000;
+/// Default `RUNLEASE_DATABASE_CALL_TIMEOUT_MS`: 6 s (a little longer than the
+/// statement timeout, so PostgreSQL's cleaner error usually comes first).
+pub const DEFAULT_DATABASE_CALL_TIMEOUT_MS: u64 = 6_000;
 /// Default `RUNLEASE_RETENTION_DONE_MS`: 7 days.
 pub const DEFAULT_RETENTION_DONE_MS: u64 = 7 * 86_400_000;
 /// Default `RUNLEASE_RETENTION_FAILED_MS` (also for cancelled jobs): 30 days.
@@ -176,6 +181,17 @@ pub struct Config {
     #[arg(long, env = "RUNLEASE_SQS_DISPATCH_INTERVAL_MS", default_value_t = DEFAULT_SQS_DISPATCH_INTERVAL_MS,
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub sqs_dispatch_interval_ms: u64,
+    /// PostgreSQL's `statement_timeout` on the coordinator's connections, ms
+    /// (0: none). Long-polls wait in the coordinator, not in PostgreSQL.
+    #[arg(long, env = "RUNLEASE_DATABASE_STATEMENT_TIMEOUT_MS", default_value_t = DEFAULT_DATABASE_STATEMENT_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(0..=600_000))]
+    pub database_statement_timeout_ms: u64,
+    /// The coordinator's deadline on one database operation (taking a
+    /// connection and running its statements), ms. A connection whose
+    /// operation overran it is thrown away; the request answers 503.
+    #[arg(long, env = "RUNLEASE_DATABASE_CALL_TIMEOUT_MS", default_value_t = DEFAULT_DATABASE_CALL_TIMEOUT_MS,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub database_call_timeout_ms: u64,
     /// How long done jobs are kept once terminal, ms (0: forever). A queue
     /// setting overrides it.
     #[arg(long, env = "RUNLEASE_RETENTION_DONE_MS", default_value_t = DEFAULT_RETENTION_DONE_MS,
@@ -210,6 +226,14 @@ impl Config {
     /// Lease TTL.
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// The deadlines of database work.
+    pub fn database_deadlines(&self) -> crate::store::connect::Deadlines {
+        crate::store::connect::Deadlines {
+            statement: Duration::from_millis(self.database_statement_timeout_ms),
+            call: Duration::from_millis(self.database_call_timeout_ms),
+        }
     }
 
     /// Retention of terminal jobs (0: forever).

@@ -76,7 +76,8 @@ pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
     if target.create_database_if_missing().await? {
         tracing::info!(database = target.dbname(), "created the database");
     }
-    let pool = target.pool(config.database_pool_size)?;
+    let deadlines = config.database_deadlines();
+    let pool = target.pool(config.database_pool_size, deadlines)?;
     let applied = store::migrate::migrate(&pool).await?;
     if !applied.is_empty() {
         tracing::info!(?applied, "applied migrations");
@@ -88,7 +89,7 @@ pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
         backoff_base_ms: millis_i64(DEFAULT_BACKOFF_BASE.as_millis() as u64),
         backoff_cap_ms: millis_i64(DEFAULT_BACKOFF_CAP.as_millis() as u64),
     };
-    Ok(Store::new(pool, policy))
+    Ok(Store::new(pool, policy, deadlines.call))
 }
 
 /// `runlease-coordinator migrate`.
@@ -129,8 +130,10 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         }
     };
 
-    let store = connect_and_migrate(&config).await?;
     let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
+    let store = connect_and_migrate(&config)
+        .await?
+        .count_timeouts_in(metrics.db_timeouts.clone());
     let tracker = TaskTracker::new();
     let wake = if config.redis_url.trim().is_empty() {
         tracing::info!("RUNLEASE_REDIS_URL is empty: wake-ups stay inside this coordinator");

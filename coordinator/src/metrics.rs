@@ -14,6 +14,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use runlease_protocol::JobState;
 
+use crate::store::OperationLabels;
 use crate::store::rows::JobRow;
 
 /// Label set of per-queue metrics.
@@ -115,6 +116,8 @@ pub struct Metrics {
     pub db_unavailable: Counter,
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
+    /// Database operations that ran past their deadline, per operation.
+    pub db_timeouts: Family<OperationLabels, Counter>,
     /// Terminal jobs deleted by retention, per queue and state.
     pub jobs_pruned: Family<DepthLabels, Counter>,
     /// Prune passes (or tally folds) that failed.
@@ -171,6 +174,7 @@ impl Metrics {
             pool_waiting: Gauge::default(),
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
+            db_timeouts: Family::default(),
             jobs_pruned: Family::default(),
             prune_errors: Counter::default(),
             bulk_changed: Family::default(),
@@ -295,6 +299,11 @@ impl Metrics {
             "db_unavailable",
             "Requests answered 503 because PostgreSQL was unavailable",
             m.db_unavailable.clone(),
+        );
+        registry.register(
+            "db_timeouts",
+            "Database operations that ran past their deadline (the connection is thrown away)",
+            m.db_timeouts.clone(),
         );
         registry.register(
             "reaper_errors",

@@ -1,6 +1,7 @@
-//! A TCP proxy between a worker and a coordinator that a test can cut, heal,
-//! or tell to swallow the answer to one request: a network partition and a
-//! lost response, on demand.
+//! A TCP proxy (between a worker and a coordinator, or a coordinator and
+//! PostgreSQL) that a test can cut, heal, freeze, blackhole, or tell to
+//! swallow the answer to one request: a network partition, a connection that
+//! dies without closing, and a lost response, on demand.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -13,6 +14,12 @@ use tokio::task::AbortHandle;
 #[derive(Default)]
 struct State {
     cut: AtomicBool,
+    /// New connections are accepted and then held: nothing is forwarded.
+    blackhole: AtomicBool,
+    /// One flag per open connection; a set flag holds its bytes.
+    frozen: Mutex<Vec<Arc<AtomicBool>>>,
+    /// Connections held by the blackhole, kept open.
+    held: Mutex<Vec<TcpStream>>,
     /// Swallow the answer to the next request whose bytes contain this.
     swallow_next: Mutex<Option<String>>,
     swallowed: AtomicUsize,
@@ -43,6 +50,10 @@ impl Proxy {
                     drop(client);
                     continue;
                 }
+                if st.blackhole.load(Ordering::SeqCst) {
+                    st.held.lock().unwrap().push(client);
+                    continue;
+                }
                 let Ok(server) = TcpStream::connect(upstream).await else {
                     continue;
                 };
@@ -71,6 +82,22 @@ impl Proxy {
         self.state.cut.store(false, Ordering::SeqCst);
     }
 
+    /// Freeze every connection open now: bytes in both directions are held
+    /// from here on and nothing is closed, as when a failover or a dropped
+    /// NAT entry leaves a connection dead without telling either end.
+    /// Connections opened later work normally.
+    pub fn freeze(&self) {
+        for flag in self.state.frozen.lock().unwrap().iter() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// While on, new connections are accepted and then held: their bytes go
+    /// nowhere and they are never closed.
+    pub fn blackhole(&self, on: bool) {
+        self.state.blackhole.store(on, Ordering::SeqCst);
+    }
+
     /// Forward the next request containing `marker` (e.g. `POST /v1/complete`)
     /// but swallow its answer and close the connection.
     pub fn swallow_next_answer_to(&self, marker: &str) {
@@ -92,10 +119,20 @@ impl Drop for Proxy {
     }
 }
 
+/// Holds the pump forever once its connection is frozen.
+async fn hold_if_frozen(frozen: &AtomicBool) {
+    if frozen.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+}
+
 fn connect(state: Arc<State>, client: TcpStream, server: TcpStream) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
     let swallow = Arc::new(AtomicBool::new(false));
+    let frozen = Arc::new(AtomicBool::new(false));
+    state.frozen.lock().unwrap().push(frozen.clone());
+    let frozen_up = frozen.clone();
 
     let st = state.clone();
     let flag = swallow.clone();
@@ -106,6 +143,7 @@ fn connect(state: Arc<State>, client: TcpStream, server: TcpStream) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            hold_if_frozen(&frozen_up).await;
             {
                 let mut armed = st.swallow_next.lock().unwrap();
                 if let Some(marker) = armed.as_deref()
@@ -128,6 +166,7 @@ fn connect(state: Arc<State>, client: TcpStream, server: TcpStream) {
                 Ok(0) | Err(_) => return,
                 Ok(n) => n,
             };
+            hold_if_frozen(&frozen).await;
             if swallow.load(Ordering::SeqCst) {
                 // The request reached the coordinator; its answer never returns.
                 st.swallowed.fetch_add(1, Ordering::SeqCst);

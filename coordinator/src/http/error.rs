@@ -78,6 +78,23 @@ impl From<StoreError> for ApiError {
                     )
                 }
             }
+            StoreError::Timeout(operation) => {
+                tracing::warn!(operation, "database operation timed out");
+                Self {
+                    db_unavailable: true,
+                    ..Self::new(
+                        ErrorCode::Overloaded,
+                        "the database did not answer in time; retry after the Retry-After delay (a repeated finish is safe)",
+                    )
+                }
+            }
+            StoreError::Retry(detail) => {
+                tracing::warn!(%detail, "transient conflict in the database");
+                Self::new(
+                    ErrorCode::Overloaded,
+                    "a transient conflict in the database; retry after the Retry-After delay",
+                )
+            }
             StoreError::Rejected(detail) => Self::invalid(format!(
                 "PostgreSQL cannot store a value of this request: {detail}"
             )),

@@ -28,9 +28,13 @@ pub async fn openapi() -> impl IntoResponse {
     ([(header::CONTENT_TYPE, "application/yaml")], OPENAPI_YAML)
 }
 
-/// `GET /readyz`: PostgreSQL reachable and migrations current (503 otherwise).
+/// How long `/readyz` waits for PostgreSQL before answering 503.
+pub const READY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `GET /readyz`: PostgreSQL reachable and migrations current (503 otherwise,
+/// within [`READY_DEADLINE`]).
 pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
-    match state.store.ready().await {
+    match state.store.ready(READY_DEADLINE).await {
         Ok(true) => Ok(Json(json!({
             "status": "ready",
             "postgres": "ok",

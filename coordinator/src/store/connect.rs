@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool::managed::{Metrics, RecycleError, RecycleResult};
+use deadpool_postgres::{ClientWrapper, Manager, ManagerConfig, RecyclingMethod, Runtime};
 use postgres_native_tls::MakeTlsConnector;
 use tokio_postgres::config::SslMode;
 
@@ -137,15 +138,42 @@ impl DatabaseTarget {
     }
 
     /// A pool of at most `size` connections. Waiting for a free connection is
-    /// bounded so an overloaded coordinator answers 503 instead of hanging.
-    pub fn pool(&self, size: usize) -> Result<Pool, StoreError> {
-        let manager = Manager::from_config(
-            self.pg.clone(),
-            self.tls_connector()?,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
+    /// bounded so an overloaded coordinator answers 503 instead of hanging;
+    /// every connection has TCP keepalives and the server-side timeouts of
+    /// `deadlines`, and one that sat idle is checked before it is reused.
+    pub fn pool(&self, size: usize, deadlines: Deadlines) -> Result<Pool, StoreError> {
+        let mut pg = self.pg.clone();
+        // A peer that vanished (a failover, a dropped NAT entry) is noticed
+        // by the kernel within about 10 + 3 × 5 s, and unacknowledged writes
+        // fail after the user timeout, instead of waiting for hours.
+        pg.keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(deadlines.call.max(Duration::from_secs(1)) * 2);
+        let mut options = pg.get_options().map(str::to_owned).unwrap_or_default();
+        if !deadlines.statement.is_zero() {
+            // PostgreSQL ends a statement that runs longer; a transaction
+            // left idle by a client that stopped answering is ended too,
+            // so its row locks do not hold up the retry on another connection.
+            options.push_str(&format!(
+                " -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
+                deadlines.statement.as_millis(),
+                (deadlines.call * 2).as_millis()
+            ));
+        }
+        pg.options(options.trim());
+        let manager = CheckedManager {
+            inner: Manager::from_config(
+                pg,
+                self.tls_connector()?,
+                ManagerConfig {
+                    recycling_method: RecyclingMethod::Fast,
+                },
+            ),
+            idle_check_after: IDLE_CHECK_AFTER,
+            check_timeout: deadlines.check(),
+        };
         Pool::builder(manager)
             .max_size(size)
             // The connection returned last is handed out first: a busy
@@ -154,8 +182,8 @@ impl DatabaseTarget {
             // the work (and the planning) over the whole pool.
             .queue_mode(deadpool::managed::QueueMode::Lifo)
             .wait_timeout(Some(Duration::from_secs(5)))
-            .create_timeout(Some(Duration::from_secs(10)))
-            .recycle_timeout(Some(Duration::from_secs(5)))
+            .create_timeout(Some(deadlines.call))
+            .recycle_timeout(Some(deadlines.check() + Duration::from_millis(100)))
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| StoreError::Config(format!("cannot build the connection pool: {e}")))
@@ -190,6 +218,76 @@ impl DatabaseTarget {
         drop(client);
         let _ = driver.await;
         Ok(created)
+    }
+}
+
+/// A connection idle (not handed out) for this long is checked with an
+/// empty query before it is handed out again.
+pub const IDLE_CHECK_AFTER: Duration = Duration::from_secs(2);
+
+/// The time limits of database work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// PostgreSQL's `statement_timeout` (zero: none).
+    pub statement: Duration,
+    /// The coordinator's own limit on one store operation (a checkout and
+    /// its statements); the connection of an operation that overran it is
+    /// thrown away.
+    pub call: Duration,
+}
+
+impl Deadlines {
+    /// How long the check of an idle connection may take.
+    fn check(self) -> Duration {
+        (self.call / 4).clamp(Duration::from_millis(100), Duration::from_secs(1))
+    }
+}
+
+/// The pool of PostgreSQL connections.
+pub type Pool = deadpool::managed::Pool<CheckedManager>;
+/// A connection taken from the [`Pool`].
+pub type Object = deadpool::managed::Object<CheckedManager>;
+
+/// deadpool-postgres's manager, plus a check of connections that sat idle:
+/// a connection frozen by the network (bytes held, nothing closed) answers
+/// nothing, so it fails its check in bounded time and is replaced, instead
+/// of hanging the request that would have used it.
+#[derive(Debug)]
+pub struct CheckedManager {
+    inner: Manager,
+    idle_check_after: Duration,
+    check_timeout: Duration,
+}
+
+impl deadpool::managed::Manager for CheckedManager {
+    type Type = ClientWrapper;
+    type Error = tokio_postgres::Error;
+
+    async fn create(&self) -> Result<ClientWrapper, tokio_postgres::Error> {
+        self.inner.create().await
+    }
+
+    async fn recycle(
+        &self,
+        client: &mut ClientWrapper,
+        metrics: &Metrics,
+    ) -> RecycleResult<tokio_postgres::Error> {
+        self.inner.recycle(client, metrics).await?;
+        if metrics.last_used() < self.idle_check_after {
+            return Ok(());
+        }
+        match tokio::time::timeout(self.check_timeout, client.simple_query("")).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(RecycleError::Backend(e)),
+            Err(_) => {
+                tracing::warn!("an idle PostgreSQL connection did not answer its check in time: replaced");
+                Err(RecycleError::message("idle connection did not answer its check"))
+            }
+        }
+    }
+
+    fn detach(&self, client: &mut ClientWrapper) {
+        self.inner.detach(client);
     }
 }
 

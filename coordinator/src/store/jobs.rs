@@ -70,92 +70,98 @@ impl Store {
     /// Enqueues jobs in one transaction (one statement), answering them in
     /// request order. Jobs whose idempotency key exists answer the original.
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
-        let mut client = self.conn().await?;
-        let tx = client.transaction().await?;
-        let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
-        let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
-        let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
-        let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
-        let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
-        let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
-        let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
-        let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
-        let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
-        let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
-        let rows = tx
-            .query(
-                &stmt,
-                &[
-                    &ids,
-                    &queues,
-                    &payloads,
-                    &priorities,
-                    &run_at,
-                    &delays,
-                    &max_attempts,
-                    &timeouts,
-                    &keys,
-                ],
-            )
-            .await?;
-        let mut inserted: HashMap<JobId, JobRow> =
-            JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
+        self.timed("enqueue", async {
+            let mut client = self.conn().await?;
+            let tx = client.transaction().await?;
+            let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
+            let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
+            let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
+            let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
+            let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
+            let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
+            let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
+            let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
+            let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+            let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
+            let rows = tx
+                .query(
+                    &stmt,
+                    &[
+                        &ids,
+                        &queues,
+                        &payloads,
+                        &priorities,
+                        &run_at,
+                        &delays,
+                        &max_attempts,
+                        &timeouts,
+                        &keys,
+                    ],
+                )
+                .await?;
+            let mut inserted: HashMap<JobId, JobRow> =
+                JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
 
-        // Jobs skipped for an existing idempotency key: read the originals.
-        let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
-        let mut originals: HashMap<(String, String), JobRow> = HashMap::new();
-        if !skipped.is_empty() {
-            let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
-            let k: Vec<&str> = skipped
-                .iter()
-                .filter_map(|j| j.idempotency_key.as_deref())
-                .collect();
-            let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
-            let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
-            let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
-            let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
-            let attempts = attempts_by_job(&tx.query(&stmt, &[&ids]).await?)?;
-            for job in assemble(records, &attempts) {
-                let key = job.idempotency_key.clone().unwrap_or_default();
-                originals.insert((job.queue.to_string(), key), job);
-            }
-        }
-        tx.commit().await?;
-
-        jobs.iter()
-            .map(|j| {
-                if let Some(job) = inserted.remove(&j.id) {
-                    return Ok(Enqueued { job, created: true });
+            // Jobs skipped for an existing idempotency key: read the originals.
+            let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
+            let mut originals: HashMap<(String, String), JobRow> = HashMap::new();
+            if !skipped.is_empty() {
+                let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
+                let k: Vec<&str> = skipped
+                    .iter()
+                    .filter_map(|j| j.idempotency_key.as_deref())
+                    .collect();
+                let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
+                let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
+                let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
+                let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
+                let attempts = attempts_by_job(&tx.query(&stmt, &[&ids]).await?)?;
+                for job in assemble(records, &attempts) {
+                    let key = job.idempotency_key.clone().unwrap_or_default();
+                    originals.insert((job.queue.to_string(), key), job);
                 }
-                let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
-                originals
-                    .get(&key)
-                    .cloned()
-                    .map(|job| Enqueued { job, created: false })
-                    .ok_or_else(|| {
-                        StoreError::Database(format!(
-                            "job {} was neither inserted nor found by its key",
-                            j.id
-                        ))
-                    })
-            })
-            .collect()
+            }
+            tx.commit().await?;
+
+            jobs.iter()
+                .map(|j| {
+                    if let Some(job) = inserted.remove(&j.id) {
+                        return Ok(Enqueued { job, created: true });
+                    }
+                    let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
+                    originals
+                        .get(&key)
+                        .cloned()
+                        .map(|job| Enqueued { job, created: false })
+                        .ok_or_else(|| {
+                            StoreError::Database(format!(
+                                "job {} was neither inserted nor found by its key",
+                                j.id
+                            ))
+                        })
+                })
+                .collect()
+        })
+        .await
     }
 
     /// Marks jobs `enqueue_failed` (their wake-up did not go out); returns
     /// those still `queued` that were marked.
     pub async fn mark_enqueue_failed(&self, ids: &[JobId]) -> Result<Vec<(JobId, QueueName)>, StoreError> {
-        let client = self.conn().await?;
-        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
-        let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
-        let rows = client.query(&stmt, &[&ids]).await?;
-        rows.iter()
-            .map(|r| {
-                let queue: String = col(r, "queue")?;
-                let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
-                Ok((JobId(col(r, "id")?), queue))
-            })
-            .collect()
+        self.timed("mark_enqueue_failed", async {
+            let client = self.conn().await?;
+            let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+            let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
+            let rows = client.query(&stmt, &[&ids]).await?;
+            rows.iter()
+                .map(|r| {
+                    let queue: String = col(r, "queue")?;
+                    let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
+                    Ok((JobId(col(r, "id")?), queue))
+                })
+                .collect()
+        })
+        .await
     }
 
     /// One repair pass over up to `limit` `enqueue_failed` jobs: locks them,
@@ -171,36 +177,41 @@ impl Store {
         F: FnOnce(Vec<QueueName>) -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let mut client = self.conn().await?;
-        let tx = client.transaction().await?;
-        let stmt = tx.prepare_cached(sql::JOB_REPAIR_PICK).await?;
-        let rows = tx.query(&stmt, &[&limit]).await?;
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut queues: Vec<QueueName> = Vec::new();
-        for row in &rows {
-            ids.push(col::<Uuid>(row, "id")?);
-            let queue = QueueName::new(col::<String>(row, "queue")?)
-                .map_err(|e| StoreError::Database(e.to_string()))?;
-            if !queues.contains(&queue) {
-                queues.push(queue);
+        // The publish runs inside (bounded by its own Redis timeout).
+        self.timed("repair", async {
+            let mut client = self.conn().await?;
+            let tx = client.transaction().await?;
+            let stmt = tx.prepare_cached(sql::JOB_REPAIR_PICK).await?;
+            let rows = tx.query(&stmt, &[&limit]).await?;
+            if rows.is_empty() {
+                return Ok(Vec::new());
             }
-        }
-        if !publish(queues).await {
-            // Dropping the transaction rolls back and frees the rows.
-            return Ok(Vec::new());
-        }
-        let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
-        let repaired = tx.query(&stmt, &[&ids]).await?;
-        tx.commit().await?;
-        repaired
-            .iter()
-            .map(|r| {
-                QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string()))
-            })
-            .collect()
+            let mut ids = Vec::with_capacity(rows.len());
+            let mut queues: Vec<QueueName> = Vec::new();
+            for row in &rows {
+                ids.push(col::<Uuid>(row, "id")?);
+                let queue = QueueName::new(col::<String>(row, "queue")?)
+                    .map_err(|e| StoreError::Database(e.to_string()))?;
+                if !queues.contains(&queue) {
+                    queues.push(queue);
+                }
+            }
+            if !publish(queues).await {
+                // Dropping the transaction rolls back and frees the rows.
+                return Ok(Vec::new());
+            }
+            let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
+            let repaired = tx.query(&stmt, &[&ids]).await?;
+            tx.commit().await?;
+            repaired
+                .iter()
+                .map(|r| {
+                    QueueName::new(col::<String>(r, "queue")?)
+                        .map_err(|e| StoreError::Database(e.to_string()))
+                })
+                .collect()
+        })
+        .await
     }
 
     /// One dispatch pass over `queue`: marks up to `limit` due jobs whose due
@@ -218,9 +229,15 @@ impl Store {
         F: FnOnce(usize) -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_DISPATCH_PICK).await?;
-        let rows = client.query(&stmt, &[&queue.as_str(), &limit]).await?;
+        // Only the statements are under the deadline, not the send: a send
+        // cut short would leave jobs marked but never signalled.
+        let rows = self
+            .timed("dispatch", async {
+                let client = self.conn().await?;
+                let stmt = client.prepare_cached(sql::JOB_DISPATCH_PICK).await?;
+                Ok(client.query(&stmt, &[&queue.as_str(), &limit]).await?)
+            })
+            .await?;
         if rows.is_empty() {
             return Ok(0);
         }
@@ -229,20 +246,27 @@ impl Store {
         if send(ids.len()).await {
             return Ok(ids.len());
         }
-        let stmt = client.prepare_cached(sql::JOB_DISPATCH_UNMARK).await?;
-        client.execute(&stmt, &[&ids, &due]).await?;
-        Ok(0)
+        self.timed("dispatch", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::JOB_DISPATCH_UNMARK).await?;
+            client.execute(&stmt, &[&ids, &due]).await?;
+            Ok(0)
+        })
+        .await
     }
 
     /// Reads jobs with their chronology, in no particular order; missing ids are absent.
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, StoreError> {
-        let client = self.conn().await?;
-        let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
-        let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
-        let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
-        let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
-        Ok(assemble(records, &attempts))
+        self.timed("get_jobs", async {
+            let client = self.conn().await?;
+            let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
+            let stmt = client.prepare_cached(sql::JOB_GET).await?;
+            let records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+            let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
+            let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
+            Ok(assemble(records, &attempts))
+        })
+        .await
     }
 
     /// Reads one job with its chronology.
@@ -252,11 +276,14 @@ impl Store {
 
     /// Attaches the chronology to job rows a write returned.
     pub(crate) async fn with_attempts(&self, records: Vec<JobRow>) -> Result<Vec<JobRow>, StoreError> {
-        let client = self.conn().await?;
-        let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
-        let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
-        let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
-        Ok(assemble(records, &attempts))
+        self.timed("get_jobs", async {
+            let client = self.conn().await?;
+            let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
+            let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
+            let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
+            Ok(assemble(records, &attempts))
+        })
+        .await
     }
 
     /// Cancels a job (see `sql/job_cancel.sql`).

@@ -153,78 +153,84 @@ impl Store {
         slots: &[&WorkerId],
         time_left_ms: Option<u64>,
     ) -> Result<Vec<(usize, JobRow)>, StoreError> {
-        let client = self.conn().await?;
-        let queues: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-        let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
-        let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-        let policy = self.policy();
-        let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &queues,
-                    &workers,
-                    &policy.lease_ttl_ms,
-                    &policy.default_timeout_ms,
-                    &time_left,
-                ],
-            )
-            .await?;
-        let mut claimed = rows
-            .iter()
-            .map(|row| {
-                let slot: i64 = col(row, "slot")?;
-                Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
-            })
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        claimed.sort_by_key(|(slot, _)| *slot);
-        Ok(claimed)
+        self.timed("claim", async {
+            let client = self.conn().await?;
+            let queues: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+            let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+            let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+            let policy = self.policy();
+            let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &queues,
+                        &workers,
+                        &policy.lease_ttl_ms,
+                        &policy.default_timeout_ms,
+                        &time_left,
+                    ],
+                )
+                .await?;
+            let mut claimed = rows
+                .iter()
+                .map(|row| {
+                    let slot: i64 = col(row, "slot")?;
+                    Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            claimed.sort_by_key(|(slot, _)| *slot);
+            Ok(claimed)
+        })
+        .await
     }
 
     /// Renews leases in one statement; answers each renewal in order.
     pub async fn heartbeat(&self, renewals: &[&Renewal]) -> Result<Vec<HeartbeatStatus>, StoreError> {
-        let client = self.conn().await?;
-        let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
-        let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
-        let progress: Vec<Option<&Value>> = renewals.iter().map(|r| r.progress.as_ref()).collect();
-        let policy = self.policy();
-        let stmt = client.prepare_cached(sql::LEASE_HEARTBEAT).await?;
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &ids,
-                    &leases,
-                    &progress,
-                    &policy.lease_ttl_ms,
-                    &policy.default_timeout_ms,
-                ],
-            )
-            .await?;
-        let mut matched: HashMap<(Uuid, i64), HeartbeatStatus> = HashMap::with_capacity(rows.len());
-        for row in &rows {
-            let id: Uuid = col(row, "id")?;
-            let lease: i64 = col(row, "run_lease")?;
-            let cancel: bool = col(row, "cancel_requested")?;
-            let live: bool = col(row, "live")?;
-            let status = match (live, cancel) {
-                // Past its timeout the lease is no longer renewed: the reaper takes it.
-                (false, _) => HeartbeatStatus::LeaseLost,
-                (true, true) => HeartbeatStatus::CancelRequested,
-                (true, false) => HeartbeatStatus::Renewed,
-            };
-            matched.insert((id, lease), status);
-        }
-        Ok(renewals
-            .iter()
-            .map(|r| {
-                matched
-                    .get(&(r.job_id.0, r.run_lease.0))
-                    .copied()
-                    .unwrap_or(HeartbeatStatus::LeaseLost)
-            })
-            .collect())
+        self.timed("heartbeat", async {
+            let client = self.conn().await?;
+            let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
+            let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
+            let progress: Vec<Option<&Value>> = renewals.iter().map(|r| r.progress.as_ref()).collect();
+            let policy = self.policy();
+            let stmt = client.prepare_cached(sql::LEASE_HEARTBEAT).await?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &ids,
+                        &leases,
+                        &progress,
+                        &policy.lease_ttl_ms,
+                        &policy.default_timeout_ms,
+                    ],
+                )
+                .await?;
+            let mut matched: HashMap<(Uuid, i64), HeartbeatStatus> = HashMap::with_capacity(rows.len());
+            for row in &rows {
+                let id: Uuid = col(row, "id")?;
+                let lease: i64 = col(row, "run_lease")?;
+                let cancel: bool = col(row, "cancel_requested")?;
+                let live: bool = col(row, "live")?;
+                let status = match (live, cancel) {
+                    // Past its timeout the lease is no longer renewed: the reaper takes it.
+                    (false, _) => HeartbeatStatus::LeaseLost,
+                    (true, true) => HeartbeatStatus::CancelRequested,
+                    (true, false) => HeartbeatStatus::Renewed,
+                };
+                matched.insert((id, lease), status);
+            }
+            Ok(renewals
+                .iter()
+                .map(|r| {
+                    matched
+                        .get(&(r.job_id.0, r.run_lease.0))
+                        .copied()
+                        .unwrap_or(HeartbeatStatus::LeaseLost)
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Ends attempts: one guarded statement per kind of outcome, all in one
@@ -233,153 +239,159 @@ impl Store {
     /// repeats an outcome that already took effect under the same lease and
     /// worker) or `Stale`.
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Guarded<Finished>>, StoreError> {
-        let mut client = self.conn().await?;
-        let policy = *self.policy();
-        let tx = client.transaction().await?;
-        // (job, lease) → (the outcome that took effect, the row it left).
-        let mut applied: Applied = HashMap::with_capacity(items.len());
+        self.timed("finish", async {
+            let mut client = self.conn().await?;
+            let policy = *self.policy();
+            let tx = client.transaction().await?;
+            // (job, lease) → (the outcome that took effect, the row it left).
+            let mut applied: Applied = HashMap::with_capacity(items.len());
 
-        let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
-        let ids_leases = |want: fn(&Outcome) -> bool| {
-            let ids: Vec<Uuid> = pick(want).map(|(l, _)| l.job_id.0).collect();
-            let leases: Vec<i64> = pick(want).map(|(l, _)| l.run_lease.0).collect();
-            (ids, leases)
-        };
+            let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
+            let ids_leases = |want: fn(&Outcome) -> bool| {
+                let ids: Vec<Uuid> = pick(want).map(|(l, _)| l.job_id.0).collect();
+                let leases: Vec<i64> = pick(want).map(|(l, _)| l.run_lease.0).collect();
+                (ids, leases)
+            };
 
-        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Complete { .. }));
-        if !ids.is_empty() {
-            let results: Vec<&Value> = pick(|o| matches!(o, Outcome::Complete { .. }))
-                .map(|(_, o)| match o {
-                    Outcome::Complete { result } => result,
-                    _ => unreachable!("filtered to completes"),
-                })
-                .collect();
-            let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
-            note_applied(
-                &mut applied,
-                OutcomeKind::Complete,
-                &tx.query(&stmt, &[&ids, &leases, &results]).await?,
-            )?;
-        }
+            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Complete { .. }));
+            if !ids.is_empty() {
+                let results: Vec<&Value> = pick(|o| matches!(o, Outcome::Complete { .. }))
+                    .map(|(_, o)| match o {
+                        Outcome::Complete { result } => result,
+                        _ => unreachable!("filtered to completes"),
+                    })
+                    .collect();
+                let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
+                note_applied(
+                    &mut applied,
+                    OutcomeKind::Complete,
+                    &tx.query(&stmt, &[&ids, &leases, &results]).await?,
+                )?;
+            }
 
-        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Fail { .. }));
-        if !ids.is_empty() {
-            let mut errors: Vec<&str> = Vec::new();
-            let mut retryables: Vec<bool> = Vec::new();
-            let mut delays: Vec<Option<i64>> = Vec::new();
-            for (_, o) in pick(|o| matches!(o, Outcome::Fail { .. })) {
-                if let Outcome::Fail {
-                    error,
-                    retryable,
-                    retry_after_ms,
-                } = o
-                {
-                    errors.push(error);
-                    retryables.push(*retryable);
-                    delays.push(*retry_after_ms);
+            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Fail { .. }));
+            if !ids.is_empty() {
+                let mut errors: Vec<&str> = Vec::new();
+                let mut retryables: Vec<bool> = Vec::new();
+                let mut delays: Vec<Option<i64>> = Vec::new();
+                for (_, o) in pick(|o| matches!(o, Outcome::Fail { .. })) {
+                    if let Outcome::Fail {
+                        error,
+                        retryable,
+                        retry_after_ms,
+                    } = o
+                    {
+                        errors.push(error);
+                        retryables.push(*retryable);
+                        delays.push(*retry_after_ms);
+                    }
                 }
+                let stmt = tx.prepare_cached(sql::LEASE_FAIL).await?;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                    &ids,
+                    &leases,
+                    &errors,
+                    &retryables,
+                    &delays,
+                    &policy.backoff_base_ms,
+                    &policy.backoff_cap_ms,
+                ];
+                note_applied(&mut applied, OutcomeKind::Fail, &tx.query(&stmt, &params).await?)?;
             }
-            let stmt = tx.prepare_cached(sql::LEASE_FAIL).await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-                &ids,
-                &leases,
-                &errors,
-                &retryables,
-                &delays,
-                &policy.backoff_base_ms,
-                &policy.backoff_cap_ms,
-            ];
-            note_applied(&mut applied, OutcomeKind::Fail, &tx.query(&stmt, &params).await?)?;
-        }
 
-        let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Release { .. }));
-        if !ids.is_empty() {
-            let progress: Vec<Option<&Value>> = pick(|o| matches!(o, Outcome::Release { .. }))
-                .map(|(_, o)| match o {
-                    Outcome::Release { progress } => progress.as_ref(),
-                    _ => unreachable!("filtered to releases"),
-                })
-                .collect();
-            let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
-            note_applied(
-                &mut applied,
-                OutcomeKind::Release,
-                &tx.query(&stmt, &[&ids, &leases, &progress]).await?,
-            )?;
-        }
-        tx.commit().await?;
-
-        // Items no guard matched: repeats of an applied outcome, or stale.
-        let missed: Vec<&(LeaseRef, Outcome)> = items
-            .iter()
-            .copied()
-            .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
-            .collect();
-        let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
-        let mut current: HashMap<Uuid, Arc<JobRow>> = HashMap::new();
-        if !missed.is_empty() {
-            let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
-            let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
-            let stmt = client.prepare_cached(sql::ATTEMPT_GET).await?;
-            for row in client.query(&stmt, &[&ids, &leases]).await? {
-                let outcome: DbOutcome = col(&row, "outcome")?;
-                recorded.insert(
-                    (col(&row, "job_id")?, col(&row, "run_lease")?),
-                    (outcome.0, col(&row, "worker_id")?),
-                );
+            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Release { .. }));
+            if !ids.is_empty() {
+                let progress: Vec<Option<&Value>> = pick(|o| matches!(o, Outcome::Release { .. }))
+                    .map(|(_, o)| match o {
+                        Outcome::Release { progress } => progress.as_ref(),
+                        _ => unreachable!("filtered to releases"),
+                    })
+                    .collect();
+                let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
+                note_applied(
+                    &mut applied,
+                    OutcomeKind::Release,
+                    &tx.query(&stmt, &[&ids, &leases, &progress]).await?,
+                )?;
             }
-            let repeats: Vec<Uuid> = missed
+            tx.commit().await?;
+
+            // Items no guard matched: repeats of an applied outcome, or stale.
+            let missed: Vec<&(LeaseRef, Outcome)> = items
                 .iter()
-                .filter(|(l, o)| is_repeat(recorded.get(&(l.job_id.0, l.run_lease.0)), l, o))
-                .map(|(l, _)| l.job_id.0)
+                .copied()
+                .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
                 .collect();
-            if !repeats.is_empty() {
-                let stmt = client.prepare_cached(sql::JOB_GET).await?;
-                for row in client.query(&stmt, &[&repeats]).await? {
-                    let record = JobRow::from_row(&row)?;
-                    current.insert(record.id.0, Arc::new(record));
+            let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
+            let mut current: HashMap<Uuid, Arc<JobRow>> = HashMap::new();
+            if !missed.is_empty() {
+                let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
+                let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
+                let stmt = client.prepare_cached(sql::ATTEMPT_GET).await?;
+                for row in client.query(&stmt, &[&ids, &leases]).await? {
+                    let outcome: DbOutcome = col(&row, "outcome")?;
+                    recorded.insert(
+                        (col(&row, "job_id")?, col(&row, "run_lease")?),
+                        (outcome.0, col(&row, "worker_id")?),
+                    );
+                }
+                let repeats: Vec<Uuid> = missed
+                    .iter()
+                    .filter(|(l, o)| is_repeat(recorded.get(&(l.job_id.0, l.run_lease.0)), l, o))
+                    .map(|(l, _)| l.job_id.0)
+                    .collect();
+                if !repeats.is_empty() {
+                    let stmt = client.prepare_cached(sql::JOB_GET).await?;
+                    for row in client.query(&stmt, &[&repeats]).await? {
+                        let record = JobRow::from_row(&row)?;
+                        current.insert(record.id.0, Arc::new(record));
+                    }
                 }
             }
-        }
 
-        // Each (job, lease) is applied by at most one item: the first of the
-        // kind that took effect. A repeat of that kind in the same batch is a
-        // repeat (200, not counted twice); another kind is stale.
-        let mut answered_first: std::collections::HashSet<(Uuid, i64)> = std::collections::HashSet::new();
-        Ok(items
-            .iter()
-            .map(|(lease, outcome)| {
-                let key = (lease.job_id.0, lease.run_lease.0);
-                if let Some((kind, record)) = applied.get(&key) {
-                    if *kind != outcome.kind() {
-                        return Guarded::Stale;
-                    }
-                    let first = answered_first.insert(key);
-                    return Guarded::Applied(Finished {
-                        record: record.clone(),
-                        first,
-                    });
-                }
-                match current.get(&key.0) {
-                    Some(record) if is_repeat(recorded.get(&key), lease, outcome) => {
-                        Guarded::Applied(Finished {
+            // Each (job, lease) is applied by at most one item: the first of the
+            // kind that took effect. A repeat of that kind in the same batch is a
+            // repeat (200, not counted twice); another kind is stale.
+            let mut answered_first: std::collections::HashSet<(Uuid, i64)> = std::collections::HashSet::new();
+            Ok(items
+                .iter()
+                .map(|(lease, outcome)| {
+                    let key = (lease.job_id.0, lease.run_lease.0);
+                    if let Some((kind, record)) = applied.get(&key) {
+                        if *kind != outcome.kind() {
+                            return Guarded::Stale;
+                        }
+                        let first = answered_first.insert(key);
+                        return Guarded::Applied(Finished {
                             record: record.clone(),
-                            first: false,
-                        })
+                            first,
+                        });
                     }
-                    _ => Guarded::Stale,
-                }
-            })
-            .collect())
+                    match current.get(&key.0) {
+                        Some(record) if is_repeat(recorded.get(&key), lease, outcome) => {
+                            Guarded::Applied(Finished {
+                                record: record.clone(),
+                                first: false,
+                            })
+                        }
+                        _ => Guarded::Stale,
+                    }
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.
     pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
-        let rows = client
-            .query(&stmt, &[&limit, &self.policy().default_timeout_ms])
-            .await?;
-        JobRow::from_rows(&rows)
+        self.timed("reap", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
+            let rows = client
+                .query(&stmt, &[&limit, &self.policy().default_timeout_ms])
+                .await?;
+            JobRow::from_rows(&rows)
+        })
+        .await
     }
 }

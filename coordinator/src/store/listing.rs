@@ -126,9 +126,13 @@ impl Store {
         let Some(last) = ids.last().copied() else {
             return Ok(Page::default());
         };
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_GET).await?;
-        let mut rows = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
+        let mut rows = self
+            .timed("list_jobs", async {
+                let client = self.conn().await?;
+                let stmt = client.prepare_cached(sql::JOB_GET).await?;
+                JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)
+            })
+            .await?;
         rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
         Ok(Page {
             rows,
@@ -142,21 +146,24 @@ impl Store {
         cursor: Option<JobId>,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_LIST).await?;
-        let rows = client
-            .query(
-                &stmt,
-                &[
-                    &filter.queue.as_str(),
-                    &filter.state_names(),
-                    &cursor.map(|c| c.0),
-                    &limit,
-                    &filter.created_before,
-                ],
-            )
-            .await?;
-        rows.iter().map(|r| col(r, "id")).collect()
+        self.timed("list_jobs", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::JOB_LIST).await?;
+            let rows = client
+                .query(
+                    &stmt,
+                    &[
+                        &filter.queue.as_str(),
+                        &filter.state_names(),
+                        &cursor.map(|c| c.0),
+                        &limit,
+                        &filter.created_before,
+                    ],
+                )
+                .await?;
+            rows.iter().map(|r| col(r, "id")).collect()
+        })
+        .await
     }
 
     /// Applies `action` to every job `filter` matches (only to those of
@@ -172,20 +179,28 @@ impl Store {
         let mut report = BulkReport::default();
         match ids {
             Some(ids) => {
-                let client = self.conn().await?;
-                let stmt = client.prepare_cached(sql::JOB_MATCH).await?;
+                // Each job once, however often it is named (across chunks too).
+                let mut ids = ids.to_vec();
+                ids.sort_unstable_by_key(|id| std::cmp::Reverse(id.0));
+                ids.dedup();
                 for chunk in ids.chunks(BULK_CHUNK as usize) {
                     let chunk: Vec<Uuid> = chunk.iter().map(|id| id.0).collect();
-                    let rows = client
-                        .query(
-                            &stmt,
-                            &[
-                                &chunk,
-                                &filter.queue.as_str(),
-                                &filter.state_names(),
-                                &filter.created_before,
-                            ],
-                        )
+                    let rows = self
+                        .timed("bulk", async {
+                            let client = self.conn().await?;
+                            let stmt = client.prepare_cached(sql::JOB_MATCH).await?;
+                            Ok(client
+                                .query(
+                                    &stmt,
+                                    &[
+                                        &chunk,
+                                        &filter.queue.as_str(),
+                                        &filter.state_names(),
+                                        &filter.created_before,
+                                    ],
+                                )
+                                .await?)
+                        })
                         .await?;
                     let matched: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
                     report.matched += matched.len() as u64;
@@ -216,17 +231,20 @@ impl Store {
     /// Runs `action`'s statement over `ids` (one transaction); answers the
     /// jobs it changed.
     pub(crate) async fn apply(&self, action: BulkAction, ids: &[Uuid]) -> Result<Vec<JobChange>, StoreError> {
-        if ids.is_empty() {
-            return Ok(Vec::new());
-        }
-        let client = self.conn().await?;
-        let (text, with_times) = match action {
-            BulkAction::Retry => (sql::JOB_RETRY, true),
-            BulkAction::Cancel => (sql::JOB_CANCEL, true),
-            BulkAction::Delete => (sql::JOB_DELETE, false),
-        };
-        let stmt = client.prepare_cached(text).await?;
-        let rows = client.query(&stmt, &[&ids]).await?;
-        rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
+        self.timed("bulk", async {
+            if ids.is_empty() {
+                return Ok(Vec::new());
+            }
+            let client = self.conn().await?;
+            let (text, with_times) = match action {
+                BulkAction::Retry => (sql::JOB_RETRY, true),
+                BulkAction::Cancel => (sql::JOB_CANCEL, true),
+                BulkAction::Delete => (sql::JOB_DELETE, false),
+            };
+            let stmt = client.prepare_cached(text).await?;
+            let rows = client.query(&stmt, &[&ids]).await?;
+            rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
+        })
+        .await
     }
 }

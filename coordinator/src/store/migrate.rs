@@ -2,7 +2,7 @@
 //! binary. All pending ones apply in one transaction under an advisory lock,
 //! so replicas that start together neither race nor half-apply.
 
-use deadpool_postgres::Pool;
+use crate::store::connect::Pool;
 
 use crate::store::StoreError;
 
@@ -72,6 +72,10 @@ pub async fn migrate(pool: &Pool) -> Result<Vec<i32>, StoreError> {
 pub async fn migrate_to(pool: &Pool, target: i32) -> Result<Vec<i32>, StoreError> {
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
+    // A migration may build an index over a large table: no statement
+    // timeout for it (the pool's connections carry one).
+    tx.batch_execute("SET LOCAL statement_timeout = 0; SET LOCAL idle_in_transaction_session_timeout = 0")
+        .await?;
     tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
         .await?;
     tx.batch_execute(CREATE_HISTORY).await?;

@@ -21,10 +21,17 @@ pub mod queues;
 pub mod rows;
 pub mod sql;
 
+use std::cell::Cell;
+use std::future::Future;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool, PoolError};
+use deadpool_postgres::PoolError;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio_postgres::error::SqlState;
+
+use crate::store::connect::{Object, Pool};
 
 /// Errors of the store. A caller branches on `Unavailable` (answer 503 and
 /// retry later); everything else is a fault to log.
@@ -40,6 +47,11 @@ pub enum StoreError {
     /// A deadlock or serialization failure: the whole transaction may be retried.
     #[error("transient conflict: {0}")]
     Retry(String),
+    /// A store operation ran past its deadline (the coordinator's, or
+    /// PostgreSQL's `statement_timeout`); what it wrote, if anything, is
+    /// settled by the idempotent retry.
+    #[error("database operation {0} timed out")]
+    Timeout(&'static str),
     /// A statement failed; a bug or a broken database.
     #[error("database error: {0}")]
     Database(String),
@@ -74,7 +86,10 @@ impl From<tokio_postgres::Error> for StoreError {
                 // No SQLSTATE: an I/O or protocol failure on the connection.
                 None => true,
             };
-        if unavailable {
+        if e.code() == Some(&SqlState::QUERY_CANCELED) {
+            // statement_timeout (57014): the server ended the statement.
+            StoreError::Timeout("statement")
+        } else if unavailable {
             StoreError::Unavailable(db_error_text(&e))
         } else if e.code().is_some_and(|c| {
             *c == SqlState::T_R_DEADLOCK_DETECTED || *c == SqlState::T_R_SERIALIZATION_FAILURE
@@ -117,17 +132,114 @@ pub const DEFAULT_BACKOFF_BASE: Duration = Duration::from_secs(1);
 /// Default backoff cap: 5 min.
 pub const DEFAULT_BACKOFF_CAP: Duration = Duration::from_secs(300);
 
+/// Label set of database timeouts.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    /// The store operation, e.g. `finish`, `claim`, `reap`.
+    pub operation: &'static str,
+}
+
+thread_local! {
+    /// Set while [`Store::timed`] drops an operation that overran its
+    /// deadline: the connections it held are dropped with it, and are
+    /// thrown away instead of going back to the pool.
+    static ABANDONING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// A connection taken for one store operation. Dropped normally it goes back
+/// to the pool; dropped because its operation timed out it is detached and
+/// closed, since it may be frozen mid-answer.
+pub struct Db(Option<Object>);
+
+impl std::ops::Deref for Db {
+    type Target = Object;
+    fn deref(&self) -> &Object {
+        self.0
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("a Db holds its connection until dropped"))
+    }
+}
+
+impl std::ops::DerefMut for Db {
+    fn deref_mut(&mut self) -> &mut Object {
+        self.0
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("a Db holds its connection until dropped"))
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        if ABANDONING.with(Cell::get)
+            && let Some(object) = self.0.take()
+        {
+            drop(deadpool::managed::Object::take(object));
+        }
+    }
+}
+
 /// The job store over a connection pool.
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
     policy: Policy,
+    call_timeout: Duration,
+    timeouts: Family<OperationLabels, Counter>,
 }
 
 impl Store {
-    /// A store over `pool`.
-    pub fn new(pool: Pool, policy: Policy) -> Self {
-        Self { pool, policy }
+    /// A store over `pool`; each operation may take `call_timeout`.
+    pub fn new(pool: Pool, policy: Policy, call_timeout: Duration) -> Self {
+        Self {
+            pool,
+            policy,
+            call_timeout,
+            timeouts: Family::default(),
+        }
+    }
+
+    /// Counts timed-out operations in `family` (the coordinator's
+    /// `runlease_db_timeouts_total`).
+    pub fn count_timeouts_in(mut self, family: Family<OperationLabels, Counter>) -> Self {
+        self.timeouts = family;
+        self
+    }
+
+    /// Runs one store operation under the call deadline. An operation that
+    /// overruns it is dropped (its connections are thrown away, never handed
+    /// out again), counted, logged, and answered [`StoreError::Timeout`].
+    pub(crate) async fn timed<T>(
+        &self,
+        operation: &'static str,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let mut work = Box::pin(work);
+        match tokio::time::timeout(self.call_timeout, &mut work).await {
+            Ok(Err(StoreError::Timeout(_))) => {
+                self.timeouts.get_or_create(&OperationLabels { operation }).inc();
+                tracing::warn!(operation, "a database statement ran past statement_timeout");
+                Err(StoreError::Timeout(operation))
+            }
+            Ok(done) => done,
+            Err(_) => {
+                ABANDONING.with(|a| a.set(true));
+                drop(work);
+                ABANDONING.with(|a| a.set(false));
+                // No answer at all, not even PostgreSQL's statement timeout:
+                // the network path is likely gone (a failover, a partition),
+                // and the idle connections opened over it with it. They are
+                // dropped too; new ones are opened as needed.
+                let dropped = self.pool.retain(|_, _| false).removed.len();
+                self.timeouts.get_or_create(&OperationLabels { operation }).inc();
+                tracing::warn!(
+                    operation,
+                    timeout_ms = self.call_timeout.as_millis() as u64,
+                    idle_connections_dropped = dropped,
+                    "database operation timed out; its connection is thrown away"
+                );
+                Err(StoreError::Timeout(operation))
+            }
+        }
     }
 
     /// The pool, for readiness checks and metrics.
@@ -140,13 +252,21 @@ impl Store {
         &self.policy
     }
 
-    async fn conn(&self) -> Result<Object, StoreError> {
-        Ok(self.pool.get().await?)
+    async fn conn(&self) -> Result<Db, StoreError> {
+        Ok(Db(Some(self.pool.get().await?)))
     }
 
-    /// Whether PostgreSQL answers and the schema is current.
-    pub async fn ready(&self) -> Result<bool, StoreError> {
-        migrate::is_current(&self.pool).await
+    /// Whether PostgreSQL answers and the schema is current, within `deadline`.
+    pub async fn ready(&self, deadline: Duration) -> Result<bool, StoreError> {
+        match tokio::time::timeout(deadline, migrate::is_current(&self.pool)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.timeouts
+                    .get_or_create(&OperationLabels { operation: "ready" })
+                    .inc();
+                Err(StoreError::Timeout("ready"))
+            }
+        }
     }
 }
 

@@ -31,57 +31,67 @@ impl Store {
         keep_ms: i64,
         limit: i64,
     ) -> Result<Pruned, StoreError> {
-        let mut client = self.conn().await?;
-        let tx = client.transaction().await?;
-        let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-        let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
-        if !locked {
-            return Ok(Pruned::Busy);
-        }
-        let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
-        let rows = tx
-            .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
-            .await?;
-        tx.commit().await?;
-        let deleted = rows
-            .iter()
-            .map(|r| {
-                let queue: String = col(r, "queue")?;
-                let state: DbJobState = col(r, "state")?;
-                let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
-                Ok((queue, state.0))
-            })
-            .collect::<Result<_, StoreError>>()?;
-        Ok(Pruned::Deleted(deleted))
+        self.timed("prune", async {
+            let mut client = self.conn().await?;
+            let tx = client.transaction().await?;
+            let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+            let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+            if !locked {
+                return Ok(Pruned::Busy);
+            }
+            let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
+            let rows = tx
+                .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
+                .await?;
+            tx.commit().await?;
+            let deleted = rows
+                .iter()
+                .map(|r| {
+                    let queue: String = col(r, "queue")?;
+                    let state: DbJobState = col(r, "state")?;
+                    let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
+                    Ok((queue, state.0))
+                })
+                .collect::<Result<_, StoreError>>()?;
+            Ok(Pruned::Deleted(deleted))
+        })
+        .await
     }
 
     /// The queues that hold terminal jobs.
     pub async fn queues_with_terminal_jobs(&self) -> Result<Vec<QueueName>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::JOB_PRUNE_QUEUES).await?;
-        client
-            .query(&stmt, &[])
-            .await?
-            .iter()
-            .map(|r| {
-                QueueName::new(col::<String>(r, "queue")?).map_err(|e| StoreError::Database(e.to_string()))
-            })
-            .collect()
+        self.timed("prune", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::JOB_PRUNE_QUEUES).await?;
+            client
+                .query(&stmt, &[])
+                .await?
+                .iter()
+                .map(|r| {
+                    QueueName::new(col::<String>(r, "queue")?)
+                        .map_err(|e| StoreError::Database(e.to_string()))
+                })
+                .collect()
+        })
+        .await
     }
 
     /// Folds the tally deltas into one row per (queue, tally), unless
     /// another replica is pruning (it folds then). Answers whether it ran.
     pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
-        let mut client = self.conn().await?;
-        let tx = client.transaction().await?;
-        let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-        let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
-        if !locked {
-            return Ok(false);
-        }
-        let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
-        tx.execute(&stmt, &[]).await?;
-        tx.commit().await?;
-        Ok(true)
+        self.timed("fold_tallies", async {
+            let mut client = self.conn().await?;
+            let tx = client.transaction().await?;
+            let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+            let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+            if !locked {
+                return Ok(false);
+            }
+            let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
+            tx.execute(&stmt, &[]).await?;
+            tx.commit().await?;
+            Ok(true)
+        })
+        .await
     }
 }

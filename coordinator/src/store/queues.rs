@@ -134,74 +134,80 @@ impl Store {
     /// Figures of every queue that holds jobs, has tallies or has settings;
     /// with `only`, of that queue alone (always answered, empty or not).
     pub async fn queue_figures(&self, only: Option<&QueueName>) -> Result<Vec<QueueFigures>, StoreError> {
-        let client = self.conn().await?;
-        let live = client.prepare_cached(sql::QUEUE_LIVE_COUNTS).await?;
-        let tallies = client.prepare_cached(sql::QUEUE_TALLIES).await?;
-        let settings = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
-        let filter: Option<Vec<&str>> = only.map(|q| vec![q.as_str()]);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&filter];
-        let (live, tallies, settings) = tokio::try_join!(
-            client.query(&live, &[]),
-            client.query(&tallies, &[]),
-            client.query(&settings, &params),
-        )?;
-        let mut by_queue: BTreeMap<String, QueueFigures> = BTreeMap::new();
-        if let Some(q) = only {
-            by_queue.insert(q.to_string(), QueueFigures::empty(q.clone()));
-        }
-        for row in &live {
-            let state: String = col(row, "state")?;
-            let state: JobState = state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
-            let jobs: i64 = col(row, "jobs")?;
-            let age: Option<i64> = col(row, "oldest_due_age_ms")?;
-            if let Some(f) = entry(&mut by_queue, only, col(row, "queue")?)? {
-                f.counts.insert(state, jobs);
-                if let Some(age) = age {
-                    f.oldest_queued_age_ms = Some(f.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
-                }
+        self.timed("queue_figures", async {
+            let client = self.conn().await?;
+            let live = client.prepare_cached(sql::QUEUE_LIVE_COUNTS).await?;
+            let tallies = client.prepare_cached(sql::QUEUE_TALLIES).await?;
+            let settings = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+            let filter: Option<Vec<&str>> = only.map(|q| vec![q.as_str()]);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&filter];
+            let (live, tallies, settings) = tokio::try_join!(
+                client.query(&live, &[]),
+                client.query(&tallies, &[]),
+                client.query(&settings, &params),
+            )?;
+            let mut by_queue: BTreeMap<String, QueueFigures> = BTreeMap::new();
+            if let Some(q) = only {
+                by_queue.insert(q.to_string(), QueueFigures::empty(q.clone()));
             }
-        }
-        for row in &tallies {
-            let tally: String = col(row, "tally")?;
-            let n: i64 = col(row, "n")?;
-            let queue: String = col(row, "queue")?;
-            // A queue whose tallies net to zero and that has nothing else
-            // is not listed.
-            if n == 0 && !by_queue.contains_key(&queue) {
-                continue;
-            }
-            if let Some(f) = entry(&mut by_queue, only, queue)? {
-                match tally.as_str() {
-                    "lease_expiries" => f.lease_expiries = n,
-                    "retries" => f.retries = n,
-                    state => {
-                        let state: JobState =
-                            state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
-                        f.counts.insert(state, n);
+            for row in &live {
+                let state: String = col(row, "state")?;
+                let state: JobState = state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+                let jobs: i64 = col(row, "jobs")?;
+                let age: Option<i64> = col(row, "oldest_due_age_ms")?;
+                if let Some(f) = entry(&mut by_queue, only, col(row, "queue")?)? {
+                    f.counts.insert(state, jobs);
+                    if let Some(age) = age {
+                        f.oldest_queued_age_ms = Some(f.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
                     }
                 }
             }
-        }
-        for row in &settings {
-            let (queue, s) = settings_from_row(row)?;
-            if let Some(f) = entry(&mut by_queue, only, queue.to_string())? {
-                f.settings = s;
+            for row in &tallies {
+                let tally: String = col(row, "tally")?;
+                let n: i64 = col(row, "n")?;
+                let queue: String = col(row, "queue")?;
+                // A queue whose tallies net to zero and that has nothing else
+                // is not listed.
+                if n == 0 && !by_queue.contains_key(&queue) {
+                    continue;
+                }
+                if let Some(f) = entry(&mut by_queue, only, queue)? {
+                    match tally.as_str() {
+                        "lease_expiries" => f.lease_expiries = n,
+                        "retries" => f.retries = n,
+                        state => {
+                            let state: JobState =
+                                state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+                            f.counts.insert(state, n);
+                        }
+                    }
+                }
             }
-        }
-        Ok(by_queue.into_values().collect())
+            for row in &settings {
+                let (queue, s) = settings_from_row(row)?;
+                if let Some(f) = entry(&mut by_queue, only, queue.to_string())? {
+                    f.settings = s;
+                }
+            }
+            Ok(by_queue.into_values().collect())
+        })
+        .await
     }
 
     /// Settings of every queue that has any.
     pub async fn queue_settings(&self) -> Result<Vec<(QueueName, QueueSettings)>, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
-        let none: Option<Vec<&str>> = None;
-        client
-            .query(&stmt, &[&none])
-            .await?
-            .iter()
-            .map(settings_from_row)
-            .collect()
+        self.timed("queue_settings", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+            let none: Option<Vec<&str>> = None;
+            client
+                .query(&stmt, &[&none])
+                .await?
+                .iter()
+                .map(settings_from_row)
+                .collect()
+        })
+        .await
     }
 
     /// Applies `change` to `queue`'s settings (creating them); answers the result.
@@ -210,29 +216,32 @@ impl Store {
         queue: &QueueName,
         change: &SettingsChange,
     ) -> Result<QueueSettings, StoreError> {
-        let client = self.conn().await?;
-        let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_UPDATE).await?;
-        let rate = change.rate_limit.flatten();
-        let row = client
-            .query_one(
-                &stmt,
-                &[
-                    &queue.as_str(),
-                    &change.paused,
-                    &change.max_running.is_some(),
-                    &change.max_running.flatten(),
-                    &change.max_running_per_key.is_some(),
-                    &change.max_running_per_key.flatten(),
-                    &change.rate_limit.is_some(),
-                    &rate.map(|r| r.per_s),
-                    &rate.map(|r| r.burst),
-                    &change.retention_done_ms.is_some(),
-                    &change.retention_done_ms.flatten(),
-                    &change.retention_failed_ms.is_some(),
-                    &change.retention_failed_ms.flatten(),
-                ],
-            )
-            .await?;
-        Ok(settings_from_row(&row)?.1)
+        self.timed("update_queue_settings", async {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_UPDATE).await?;
+            let rate = change.rate_limit.flatten();
+            let row = client
+                .query_one(
+                    &stmt,
+                    &[
+                        &queue.as_str(),
+                        &change.paused,
+                        &change.max_running.is_some(),
+                        &change.max_running.flatten(),
+                        &change.max_running_per_key.is_some(),
+                        &change.max_running_per_key.flatten(),
+                        &change.rate_limit.is_some(),
+                        &rate.map(|r| r.per_s),
+                        &rate.map(|r| r.burst),
+                        &change.retention_done_ms.is_some(),
+                        &change.retention_done_ms.flatten(),
+                        &change.retention_failed_ms.is_some(),
+                        &change.retention_failed_ms.flatten(),
+                    ],
+                )
+                .await?;
+            Ok(settings_from_row(&row)?.1)
+        })
+        .await
     }
 }

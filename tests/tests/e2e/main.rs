@@ -9,6 +9,7 @@ mod batching;
 mod bulk;
 mod cli;
 mod cli_operations;
+mod database_faults;
 mod dispatch;
 mod fencing;
 mod json_values;

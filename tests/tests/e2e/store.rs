@@ -287,7 +287,7 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     let url = runlease_tests::url_for(&name);
     let target = DatabaseTarget::parse(&url).unwrap();
     target.create_database_if_missing().await.unwrap();
-    let pool = target.pool(2).unwrap();
+    let pool = target.pool(2, test_config(&url).database_deadlines()).unwrap();
     assert_eq!(migrate_to(&pool, 2).await.unwrap(), vec![1, 2]);
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
