@@ -1,5 +1,6 @@
 //! Every setting of the coordinator, as a flag and an environment variable.
-//! Names and defaults are the contract of DESIGN.md "Configuration".
+//! Names and defaults are a contract: README's "Configuration" table and
+//! docs/protocol.md document them, and operators rely on them.
 
 use std::net::SocketAddr;
 use std::time::Duration;

@@ -7,6 +7,7 @@
 //! - [`config`]: settings (flags and `RUNLEASE_*` variables).
 //! - [`store`]: PostgreSQL: connection, migrations, the SQL statements.
 //! - [`dispatch`]: SQS wake-ups that start Lambda workers.
+//! - [`flow`]: which queues have flow-control limits (the claim path they take).
 //! - [`http`]: the v1 protocol on axum.
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
@@ -20,6 +21,7 @@ pub mod auth;
 pub mod batch;
 pub mod config;
 pub mod dispatch;
+pub mod flow;
 pub mod http;
 pub mod metrics;
 pub mod prune;
@@ -40,6 +42,7 @@ use crate::batch::claims::ClaimBatcher;
 use crate::batch::{BatchSettings, Batcher};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
+use crate::flow::FlowControl;
 use crate::http::{Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
@@ -198,8 +201,14 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         claim_shards: (config.batch_flushers / 2).max(1),
     };
     tracing::info!(?settings, "batching");
+    let flow = FlowControl::new(store.clone(), wake.clone(), metrics.clone());
+    if let Err(e) = flow.refresh().await {
+        tracing::warn!(error = %e, "cannot read queue settings yet; retrying every second");
+    }
+    tracker.spawn(flow.clone().run(shutdown.child_token()));
     let claims = ClaimBatcher::spawn(
         store.clone(),
+        flow.clone(),
         wake.clone(),
         metrics.clone(),
         settings,
@@ -259,6 +268,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
             default_timeout: Duration::from_millis(config.default_timeout_ms),
         },
         shutdown: shutdown.clone(),
+        flow,
         claims,
         finisher,
         renewer,

@@ -33,6 +33,15 @@ pub struct DepthLabels {
     pub state: String,
 }
 
+/// Label set of claims held back by a limit.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// Queue name.
+    pub queue: String,
+    /// `max_running`, `max_running_per_key` or `rate_limit`.
+    pub limit: String,
+}
+
 /// Label set of refused finishing calls.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabels {
@@ -116,6 +125,10 @@ pub struct Metrics {
     pub db_unavailable: Counter,
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
+    /// Claim passes in which a limit held back at least one slot.
+    pub claims_held_back: Family<LimitLabels, Counter>,
+    /// Refreshes of the flow-control view that failed.
+    pub flow_refresh_errors: Counter,
     /// Database operations that ran past their deadline, per operation.
     pub db_timeouts: Family<OperationLabels, Counter>,
     /// Terminal jobs deleted by retention, per queue and state.
@@ -175,6 +188,8 @@ impl Metrics {
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
             db_timeouts: Family::default(),
+            claims_held_back: Family::default(),
+            flow_refresh_errors: Counter::default(),
             jobs_pruned: Family::default(),
             prune_errors: Counter::default(),
             bulk_changed: Family::default(),
@@ -299,6 +314,16 @@ impl Metrics {
             "db_unavailable",
             "Requests answered 503 because PostgreSQL was unavailable",
             m.db_unavailable.clone(),
+        );
+        registry.register(
+            "claims_held_back",
+            "Claim passes in which a flow-control limit held back at least one slot",
+            m.claims_held_back.clone(),
+        );
+        registry.register(
+            "flow_refresh_errors",
+            "Refreshes of the flow-control view (queue settings) that failed",
+            m.flow_refresh_errors.clone(),
         );
         registry.register(
             "db_timeouts",

@@ -71,10 +71,13 @@ impl Reaper {
                     JobState::Failed => {
                         report.failed += 1;
                         self.wake.terminal(job.id);
+                        // Its slot is free, should the queue have a limit.
+                        self.wake.ready(&job.queue);
                     }
                     _ => {
                         report.cancelled += 1;
                         self.wake.terminal(job.id);
+                        self.wake.ready(&job.queue);
                     }
                 }
             }

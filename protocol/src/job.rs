@@ -179,6 +179,9 @@ pub struct Job {
     pub timeout_ms: Option<i64>,
     /// The producer's idempotency key, if any.
     pub idempotency_key: Option<String>,
+    /// The job's concurrency key, if any.
+    #[serde(default)]
+    pub concurrency_key: Option<String>,
     /// The last checkpoint a worker saved.
     pub progress: Option<Value>,
     /// What the completing worker returned.

@@ -6,6 +6,8 @@ pub const MAX_QUEUE_NAME_LEN: usize = 128;
 pub const MAX_WORKER_ID_LEN: usize = 128;
 /// Longest idempotency key, in bytes.
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Longest concurrency key, in bytes.
+pub const MAX_CONCURRENCY_KEY_LEN: usize = 255;
 /// Most jobs in one `POST /v1/jobs/batch`.
 pub const MAX_BATCH_JOBS: usize = 1000;
 /// Most leases one claim may ask for (`max_jobs`).

@@ -36,6 +36,11 @@ pub struct EnqueueJobRequest {
     /// A repeat with the same key on the same queue answers the original job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The job's concurrency key (a tenant, a customer): the queue's
+    /// `max_running_per_key` limits how many jobs of one key run at once.
+    /// 1 to 255 bytes, no NUL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
 }
 
 impl EnqueueJobRequest {
@@ -50,6 +55,7 @@ impl EnqueueJobRequest {
             max_attempts: None,
             timeout_ms: None,
             idempotency_key: None,
+            concurrency_key: None,
         }
     }
 }

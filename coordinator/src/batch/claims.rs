@@ -17,8 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::BatchSettings;
-use crate::metrics::Metrics;
-use crate::store::leases::{LeaseRef, Outcome};
+use crate::flow::FlowControl;
+use crate::metrics::{LimitLabels, Metrics};
+use crate::store::leases::{Claimed, LeaseRef, Outcome};
 use crate::store::rows::JobRow;
 use crate::store::{Store, StoreError};
 use crate::wake::{Wake, jittered, next_queue_wake};
@@ -64,6 +65,7 @@ pub struct ClaimBatcher {
     shards: Arc<Vec<mpsc::UnboundedSender<Parked>>>,
     next_shard: Arc<AtomicUsize>,
     store: Store,
+    flow: Arc<FlowControl>,
     wake: Wake,
     metrics: Arc<Metrics>,
     recheck: Duration,
@@ -75,8 +77,10 @@ impl ClaimBatcher {
     /// A claim batcher over `store`; with batching on, its loop runs on `tracker`
     /// until every handle is dropped. At `shutdown` parked claims are
     /// answered with empty lists and new ones are answered at once.
+    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
         store: Store,
+        flow: Arc<FlowControl>,
         wake: Wake,
         metrics: Arc<Metrics>,
         settings: BatchSettings,
@@ -88,6 +92,7 @@ impl ClaimBatcher {
             shards: Arc::default(),
             next_shard: Arc::default(),
             store,
+            flow,
             wake,
             metrics,
             recheck,
@@ -130,16 +135,23 @@ impl ClaimBatcher {
         let mut waiting = None;
         loop {
             self.metrics.batch("claim", slots.len());
-            let claimed = self.store.claim(&ask.queues, &slots, ask.time_left_ms).await?;
-            if !claimed.is_empty() {
-                return Ok(claimed.into_iter().map(|(_, r)| r).collect());
+            let limited = self.flow.limited(&ask.queues);
+            let claimed = self
+                .store
+                .claim(&ask.queues, &slots, ask.time_left_ms, &limited)
+                .await?;
+            self.count_held_back(&claimed);
+            if !claimed.rows.is_empty() {
+                return Ok(claimed.rows.into_iter().map(|(_, r)| r).collect());
             }
             let now = Instant::now();
             if now >= deadline || self.shutdown.is_cancelled() {
                 return Ok(Vec::new());
             }
             waiting.get_or_insert_with(|| crate::metrics::WaiterGauge::new(&self.metrics.claim_waiters));
-            let nap = jittered(self.recheck).min(deadline - now);
+            let nap = jittered(self.recheck)
+                .min(claimed.retry_in.unwrap_or(Duration::MAX))
+                .min(deadline - now);
             tokio::select! {
                 () = next_queue_wake(&mut wakes, &ask.queues) => {}
                 () = tokio::time::sleep(nap) => {}
@@ -295,7 +307,12 @@ impl ClaimBatcher {
             }
             let wanted = slots.len();
             self.metrics.batch("claim", wanted);
-            let claimed = match self.store.claim(&key.queues, &slots, key.time_left_ms).await {
+            let limited = self.flow.limited(&key.queues);
+            let claimed = match self
+                .store
+                .claim(&key.queues, &slots, key.time_left_ms, &limited)
+                .await
+            {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     for parked in group.parked.drain(..) {
@@ -304,9 +321,11 @@ impl ClaimBatcher {
                     return;
                 }
             };
-            let got = claimed.len();
+            self.count_held_back(&claimed);
+            let retry_in = claimed.retry_in;
+            let got = claimed.rows.len();
             let mut per_parked: HashMap<usize, Vec<JobRow>> = HashMap::new();
-            for (slot, record) in claimed {
+            for (slot, record) in claimed.rows {
                 if let Some(&owner) = owners.get(slot) {
                     per_parked.entry(owner).or_default().push(record);
                 }
@@ -326,7 +345,9 @@ impl ClaimBatcher {
             if got < wanted {
                 // Nothing more is claimable now: wait for a wake-up or the timer.
                 group.dirty = false;
-                group.next_check = Instant::now() + jittered(self.recheck);
+                // A rate-limited queue looks again when its next token is due.
+                group.next_check =
+                    Instant::now() + jittered(self.recheck).min(retry_in.unwrap_or(Duration::MAX));
                 let now = Instant::now();
                 let mut kept = VecDeque::with_capacity(group.parked.len());
                 for parked in group.parked.drain(..) {
@@ -339,6 +360,18 @@ impl ClaimBatcher {
                 group.parked = kept;
                 return;
             }
+        }
+    }
+
+    fn count_held_back(&self, claimed: &Claimed) {
+        for (queue, kind, _) in &claimed.held_back {
+            self.metrics
+                .claims_held_back
+                .get_or_create(&LimitLabels {
+                    queue: queue.to_string(),
+                    limit: kind.as_str().to_owned(),
+                })
+                .inc();
         }
     }
 

@@ -317,6 +317,7 @@ pub async fn update_queue(
         return figures_of(&state, &queue).await.map(Json);
     }
     let settings = state.store.update_queue_settings(&queue, &change).await?;
+    state.flow.note(&queue, &settings);
     state
         .metrics
         .settings_changes

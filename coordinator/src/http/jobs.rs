@@ -6,7 +6,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use runlease_protocol::limits::{
-    MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
+    MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN,
+    MAX_TIMEOUT_MS, MAX_WAIT_MS,
 };
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery,
@@ -73,6 +74,13 @@ fn validate_enqueue(req: EnqueueJobRequest, policy: &Policy) -> Result<NewJob, S
             "idempotency_key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes long"
         ));
     }
+    if let Some(key) = &req.concurrency_key
+        && (key.is_empty() || key.len() > MAX_CONCURRENCY_KEY_LEN || key.contains('\0'))
+    {
+        return Err(format!(
+            "concurrency_key must be 1 to {MAX_CONCURRENCY_KEY_LEN} bytes long, without NUL"
+        ));
+    }
     Ok(NewJob {
         id: JobId::new(),
         queue: req.queue,
@@ -83,6 +91,7 @@ fn validate_enqueue(req: EnqueueJobRequest, policy: &Policy) -> Result<NewJob, S
         max_attempts,
         timeout_ms: req.timeout_ms,
         idempotency_key: req.idempotency_key,
+        concurrency_key: req.concurrency_key,
     })
 }
 

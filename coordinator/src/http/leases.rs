@@ -239,6 +239,10 @@ fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, fi
     tracing::info!(job_id = %job.id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
     if job.state.is_terminal() {
         state.wake.terminal(job.id);
+        if state.flow.is_limited(&job.queue) {
+            // The lease's slot is free: a parked claim of the queue may start a job.
+            state.wake.ready(&job.queue);
+        }
     } else if job.state == JobState::Queued {
         state.wake.ready(&job.queue);
     }

@@ -73,6 +73,8 @@ pub struct Shared {
     pub terms: LeaseTerms,
     /// Cancelled at shutdown: parked long-polls answer at once.
     pub shutdown: CancellationToken,
+    /// Which queues have flow-control limits.
+    pub flow: Arc<crate::flow::FlowControl>,
     /// Serves claims (one statement for a queue's parked claimers).
     pub claims: ClaimBatcher,
     /// Writes complete, fail and release outcomes in shared statements.

@@ -22,6 +22,7 @@ pub fn job(row: JobRow) -> Job {
         finished_at: row.finished_at,
         timeout_ms: row.timeout_ms,
         idempotency_key: row.idempotency_key,
+        concurrency_key: row.concurrency_key,
         progress: row.progress,
         result: row.result,
         error: row.error,

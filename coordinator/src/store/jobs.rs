@@ -33,6 +33,8 @@ pub struct NewJob {
     pub timeout_ms: Option<i64>,
     /// Idempotency key.
     pub idempotency_key: Option<String>,
+    /// Concurrency key.
+    pub concurrency_key: Option<String>,
 }
 
 /// A job answered by an enqueue: new, or the original of a repeated key.
@@ -82,6 +84,7 @@ impl Store {
             let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
             let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
             let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+            let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
             let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
             let rows = tx
                 .query(
@@ -96,6 +99,7 @@ impl Store {
                         &max_attempts,
                         &timeouts,
                         &keys,
+                        &concurrency,
                     ],
                 )
                 .await?;

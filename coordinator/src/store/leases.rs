@@ -4,6 +4,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 
 use runlease_protocol::worker::HeartbeatStatus;
 use runlease_protocol::{AttemptOutcome, JobId, QueueName, RunLease, WorkerId};
@@ -12,6 +15,86 @@ use uuid::Uuid;
 
 use crate::store::rows::{DbOutcome, JobRow, col};
 use crate::store::{Guarded, Store, StoreError, sql};
+
+/// What a claim handed out, and what held it back.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// Each lease with the slot (0-based) it filled, in slot order.
+    pub rows: Vec<(usize, JobRow)>,
+    /// Slots a queue's limits held back, by queue and kind of limit.
+    pub held_back: Vec<(QueueName, LimitKind, usize)>,
+    /// When a rate-limited queue has its next token: a parked claim should
+    /// look again then, not only at its re-check timer.
+    pub retry_in: Option<Duration>,
+}
+
+/// The flow-control limits a claim can be held back by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    /// The queue's `max_running`.
+    MaxRunning,
+    /// The queue's `max_running_per_key`.
+    PerKey,
+    /// The queue's rate limit.
+    Rate,
+}
+
+impl LimitKind {
+    /// The name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::MaxRunning => "max_running",
+            LimitKind::PerKey => "max_running_per_key",
+            LimitKind::Rate => "rate_limit",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct LimitedClaim {
+    rows: Vec<(usize, JobRow)>,
+    held_back: Vec<(LimitKind, usize)>,
+    retry_in: Option<Duration>,
+}
+
+/// Reads claim rows: each job with the slot (0-based) it filled.
+fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, JobRow)>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let slot: i64 = col(row, "slot")?;
+            Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
+        })
+        .collect()
+}
+
+/// Runs `lease_claim.sql` (`stmt`, prepared on `client`) on `client`, a
+/// connection or a transaction.
+async fn claim_rows(
+    client: &impl tokio_postgres::GenericClient,
+    stmt: &tokio_postgres::Statement,
+    queues: &[&str],
+    slots: &[&WorkerId],
+    time_left_ms: Option<u64>,
+    policy: &crate::store::Policy,
+    limited: bool,
+) -> Result<Vec<(usize, JobRow)>, StoreError> {
+    let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+    let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+    let rows = client
+        .query(
+            stmt,
+            &[
+                &queues,
+                &workers,
+                &policy.lease_ttl_ms,
+                &policy.default_timeout_ms,
+                &time_left,
+                &limited,
+            ],
+        )
+        .await?;
+    slotted(&rows)
+}
 
 /// One way an attempt ends by its worker's hand; each maps to one guarded statement.
 #[derive(Debug, Clone)]
@@ -144,45 +227,172 @@ pub struct Finished {
 }
 
 impl Store {
-    /// Claims due jobs of `queues` for `slots` (one worker id per lease
-    /// wanted, in hand-out order). Answers `(slot index, job)` pairs, sorted
-    /// by slot: the best jobs go to the first slots.
+    /// Claims up to one lease per slot (each slot names its worker) from
+    /// `queues`, answering each lease with the slot (0-based) it filled,
+    /// in slot order. Queues without limits share one statement; each of
+    /// `limited` (queues this coordinator knows to have flow-control limits)
+    /// is then served, with the slots left, by the limited path.
     pub async fn claim(
         &self,
         queues: &[QueueName],
         slots: &[&WorkerId],
         time_left_ms: Option<u64>,
-    ) -> Result<Vec<(usize, JobRow)>, StoreError> {
-        self.timed("claim", async {
-            let client = self.conn().await?;
-            let queues: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-            let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
-            let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-            let policy = self.policy();
-            let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
-            let rows = client
-                .query(
-                    &stmt,
-                    &[
-                        &queues,
-                        &workers,
-                        &policy.lease_ttl_ms,
-                        &policy.default_timeout_ms,
-                        &time_left,
-                    ],
-                )
+        limited: &[QueueName],
+    ) -> Result<Claimed, StoreError> {
+        let mut claimed = self
+            .timed("claim", async {
+                let client = self.conn().await?;
+                let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+                let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
+                let pg: &tokio_postgres::Client = &client;
+                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), false).await
+            })
+            .await?;
+        let mut answer = Claimed::default();
+        for queue in limited.iter().filter(|q| queues.contains(q)) {
+            let taken: Vec<usize> = claimed.iter().map(|(slot, _)| *slot).collect();
+            let free: Vec<usize> = (0..slots.len()).filter(|i| !taken.contains(i)).collect();
+            if free.is_empty() {
+                break;
+            }
+            let free_slots: Vec<&WorkerId> = free.iter().map(|&i| slots[i]).collect();
+            let limited = self
+                .timed("claim", self.claim_limited(queue, &free_slots, time_left_ms))
                 .await?;
-            let mut claimed = rows
-                .iter()
-                .map(|row| {
-                    let slot: i64 = col(row, "slot")?;
-                    Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
-                })
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            claimed.sort_by_key(|(slot, _)| *slot);
-            Ok(claimed)
-        })
-        .await
+            for (slot, row) in limited.rows {
+                claimed.push((free[slot], row));
+            }
+            answer.held_back.extend(
+                limited
+                    .held_back
+                    .into_iter()
+                    .map(|(kind, n)| (queue.clone(), kind, n)),
+            );
+            answer.retry_in = match (answer.retry_in, limited.retry_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        claimed.sort_by_key(|(slot, _)| *slot);
+        answer.rows = claimed;
+        Ok(answer)
+    }
+
+    /// The limited path: one queue, its settings row locked for the whole
+    /// transaction (claims of a limited queue run one at a time, on every
+    /// coordinator), the running jobs counted after the lock, at most what
+    /// `max_running` and the rate limit's tokens allow started, per-key
+    /// limits applied by the keyed statement, the bucket charged.
+    async fn claim_limited(
+        &self,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+    ) -> Result<LimitedClaim, StoreError> {
+        let mut client = self.conn().await?;
+        let tx = client.transaction().await?;
+        let mut outcome = LimitedClaim::default();
+        let stmt = tx.prepare_cached(sql::QUEUE_LIMITS_LOCK).await?;
+        let Some(limits) = tx.query_opt(&stmt, &[&queue.as_str()]).await? else {
+            // No settings (any more): no limits; the shared statement serves it.
+            return Ok(outcome);
+        };
+        let paused: bool = col(&limits, "paused")?;
+        let max_running: Option<i32> = col(&limits, "max_running")?;
+        let per_key: Option<i32> = col(&limits, "max_running_per_key")?;
+        let per_s: Option<f64> = col(&limits, "rate_per_s")?;
+        let burst: Option<i32> = col(&limits, "rate_burst")?;
+        let bucket: Option<f64> = col(&limits, "rate_tokens")?;
+        let refilled_at: Option<DateTime<Utc>> = col(&limits, "rate_refilled_at")?;
+        if paused {
+            return Ok(outcome);
+        }
+        let stmt = tx.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
+        let count = tx.query_one(&stmt, &[&queue.as_str()]).await?;
+        let running: i64 = col(&count, "running")?;
+        let at: DateTime<Utc> = col(&count, "at")?;
+        // The bucket refilled up to `at` (full before the first claim).
+        let tokens = match (per_s, burst) {
+            (Some(per_s), Some(burst)) => {
+                let elapsed = refilled_at.map_or(0.0, |r| {
+                    ((at - r).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
+                });
+                Some((bucket.unwrap_or(f64::from(burst)) + per_s * elapsed).min(f64::from(burst)))
+            }
+            _ => None,
+        };
+        let wanted = slots.len() as i64;
+        let mut allowed = wanted;
+        if let Some(max) = max_running {
+            let room = (i64::from(max) - running).max(0);
+            if room < allowed {
+                outcome
+                    .held_back
+                    .push((LimitKind::MaxRunning, (allowed - room) as usize));
+                allowed = room;
+            }
+        }
+        if let (Some(tokens), Some(per_s)) = (tokens, per_s) {
+            let whole = tokens.floor().max(0.0) as i64;
+            if whole < allowed {
+                outcome
+                    .held_back
+                    .push((LimitKind::Rate, (allowed - whole) as usize));
+                allowed = whole;
+                // The next token is due when the bucket reaches its next whole number.
+                let missing = (whole as f64 + 1.0 - tokens).max(0.0);
+                outcome.retry_in = Some(Duration::from_secs_f64(missing / per_s.max(f64::MIN_POSITIVE)));
+            }
+        }
+        if allowed <= 0 {
+            tx.commit().await?;
+            return Ok(outcome);
+        }
+        let names = [queue.as_str()];
+        let rows = match per_key {
+            None => {
+                let slots = &slots[..allowed as usize];
+                let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
+                let pg: &tokio_postgres::Transaction<'_> = &tx;
+                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), true).await?
+            }
+            Some(per_key) => {
+                let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+                let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+                let policy = self.policy();
+                let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
+                let allowed32 = i32::try_from(allowed).unwrap_or(i32::MAX);
+                let rows = tx
+                    .query(
+                        &stmt,
+                        &[
+                            &queue.as_str(),
+                            &workers,
+                            &policy.lease_ttl_ms,
+                            &policy.default_timeout_ms,
+                            &time_left,
+                            &per_key,
+                            &allowed32,
+                        ],
+                    )
+                    .await?;
+                let rows = slotted(&rows)?;
+                if (rows.len() as i64) < allowed {
+                    // Fewer than the other limits allow: keys at their limit
+                    // (or simply no more due jobs).
+                    outcome.held_back.push((LimitKind::PerKey, 0));
+                }
+                rows
+            }
+        };
+        if let Some(tokens) = tokens {
+            let left = (tokens - rows.len() as f64).max(0.0);
+            let stmt = tx.prepare_cached(sql::QUEUE_RATE_TAKE).await?;
+            tx.execute(&stmt, &[&queue.as_str(), &left, &at]).await?;
+        }
+        tx.commit().await?;
+        outcome.rows = rows;
+        Ok(outcome)
     }
 
     /// Renews leases in one statement; answers each renewal in order.

@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operations",
         sql: include_str!("../../../migrations/0003_operations.sql"),
     },
+    Migration {
+        version: 4,
+        name: "flow_control",
+        sql: include_str!("../../../migrations/0004_flow_control.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -73,6 +73,8 @@ pub struct JobRow {
     pub timeout_ms: Option<i64>,
     /// The producer's idempotency key.
     pub idempotency_key: Option<String>,
+    /// The job's concurrency key.
+    pub concurrency_key: Option<String>,
     /// The last checkpoint.
     pub progress: Option<Value>,
     /// The completing worker's result.
@@ -137,6 +139,7 @@ impl JobRow {
             finished_at: col(row, "finished_at")?,
             timeout_ms: col(row, "timeout_ms")?,
             idempotency_key: col(row, "idempotency_key")?,
+            concurrency_key: col(row, "concurrency_key")?,
             progress: col(row, "progress")?,
             result: col(row, "result")?,
             error: col(row, "error")?,

@@ -26,6 +26,14 @@ pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 pub const ATTEMPT_GET: &str = include_str!("sql/attempt_get.sql");
 /// Claim leases.
 pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
+/// Claim leases of a queue limited per concurrency key.
+pub const LEASE_CLAIM_KEYED: &str = include_str!("sql/lease_claim_keyed.sql");
+/// Lock a queue's limits for a claim.
+pub const QUEUE_LIMITS_LOCK: &str = include_str!("sql/queue_limits_lock.sql");
+/// Running jobs of a queue.
+pub const QUEUE_RUNNING_COUNT: &str = include_str!("sql/queue_running_count.sql");
+/// Take tokens from a queue's rate-limit bucket.
+pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
 /// Complete a lease.
@@ -74,6 +82,10 @@ pub const ALL: &[(&str, &str)] = &[
     ("attempt_list", ATTEMPT_LIST),
     ("attempt_get", ATTEMPT_GET),
     ("lease_claim", LEASE_CLAIM),
+    ("lease_claim_keyed", LEASE_CLAIM_KEYED),
+    ("queue_limits_lock", QUEUE_LIMITS_LOCK),
+    ("queue_running_count", QUEUE_RUNNING_COUNT),
+    ("queue_rate_take", QUEUE_RATE_TAKE),
     ("lease_heartbeat", LEASE_HEARTBEAT),
     ("lease_complete", LEASE_COMPLETE),
     ("lease_fail", LEASE_FAIL),

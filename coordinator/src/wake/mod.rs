@@ -182,6 +182,12 @@ impl Wake {
         self.send(Signal::Queue(queue.clone()));
     }
 
+    /// Wakes the claims of `queue` parked on this coordinator only (each
+    /// coordinator notices a settings change itself).
+    pub fn ready_here(&self, queue: &QueueName) {
+        self.local.queue_ready(queue);
+    }
+
     /// `job` reached a terminal state: local wake-up now, Redis best effort.
     pub fn terminal(&self, job: JobId) {
         self.local.job_terminal(job);

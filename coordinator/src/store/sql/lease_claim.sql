@@ -7,7 +7,11 @@
 -- parked claimers.
 -- $1 text[] queues, $2 text[] slot workers, $3 bigint lease TTL ms,
 -- $4 bigint default timeout ms, $5 bigint time left ms (NULL: no limit; only
--- jobs whose timeout fits are taken).
+-- jobs whose timeout fits are taken), $6 bool whether queues with flow-control
+-- limits are served (true only on the limited path, which holds the queue's
+-- settings row locked and passes one queue and the slots its limits allow;
+-- false skips them, so a coordinator whose view of the settings is a moment
+-- old can never start a job past a limit).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog;
 -- queue_settings_pkey for the pause check.
@@ -28,11 +32,17 @@ WITH picked AS (
           AND state IN ('queued', 'enqueue_failed')
           AND run_at <= now()
           AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
-          -- A paused queue hands out nothing. This names no column of jobs,
-          -- so it is checked once per queue before the scan (no row of a
-          -- paused queue is even locked).
+          -- A paused queue hands out nothing, and a limited one only on the
+          -- limited path. This names no column of jobs, so it is checked
+          -- once per queue before the scan (no row of such a queue is even
+          -- locked).
           AND NOT EXISTS (SELECT 1 FROM queue_settings s
-                          WHERE s.queue = q.queue AND s.paused)
+                          WHERE s.queue = q.queue
+                            AND (s.paused
+                                 OR (NOT $6::bool
+                                     AND (s.max_running IS NOT NULL
+                                          OR s.max_running_per_key IS NOT NULL
+                                          OR s.rate_per_s IS NOT NULL))))
         ORDER BY priority, run_at, id
         LIMIT cardinality($2::text[])
         FOR UPDATE SKIP LOCKED
@@ -49,10 +59,12 @@ UPDATE jobs j SET
     -- The slot's worker by subscript: a join of the rows to the slots would
     -- be planned as a nested loop (quadratic) under some statistics.
     owned_by = ($2::text[])[n.ord::int],
-    claimed_at = now(),
-    lease_expires_at = now() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
+    -- The statement's own time, not its transaction's: on the limited path
+    -- the transaction started before it waited for the queue's lock.
+    claimed_at = statement_timestamp(),
+    lease_expires_at = statement_timestamp() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
                                * interval '1 millisecond',
-    updated_at = now()
+    updated_at = statement_timestamp()
 FROM numbered n
 -- The rows were locked by the scan above (which re-checked their state as it
 -- locked them); no state predicate here, so the planner cannot pick the

@@ -1,0 +1,79 @@
+-- Claim up to $7 due jobs of one queue limited per concurrency key: at most
+-- $6 running jobs share a key. Runs on the limited path only, in the
+-- transaction that holds the queue's settings row (queue_limits_lock.sql),
+-- so no other claim of this queue runs meanwhile and the counts below are
+-- exact. Keys at their limit are skipped without reading their jobs (no
+-- head-of-line blocking); within what the limits allow, jobs go out in
+-- (priority, run_at, id) order, to the slots in order. Jobs without a key
+-- are limited only by the queue's other limits.
+-- $1 text queue, $2 text[] slot workers, $3 bigint lease TTL ms, $4 bigint
+-- default timeout ms, $5 bigint time left ms (NULL: no limit), $6 int
+-- max_running_per_key, $7 int most jobs to start.
+-- Index: jobs_claim_key_idx (queue, concurrency_key, priority, run_at, id)
+-- WHERE claimable: a loose scan finds the keys that have claimable jobs (one
+-- probe per key), then each key with room reads only its first jobs;
+-- jobs_running_idx counts the running jobs per key.
+-- Locking: the updated rows; the state is re-checked by the UPDATE itself.
+WITH RECURSIVE keys(key) AS (
+    (SELECT concurrency_key FROM jobs
+     WHERE queue = $1 AND state IN ('queued', 'enqueue_failed') AND concurrency_key IS NOT NULL
+     ORDER BY concurrency_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.concurrency_key FROM jobs j
+            WHERE j.queue = $1 AND j.state IN ('queued', 'enqueue_failed')
+              AND j.concurrency_key > keys.key
+            ORDER BY j.concurrency_key LIMIT 1)
+    FROM keys
+    WHERE keys.key IS NOT NULL
+), running AS (
+    SELECT concurrency_key AS key, count(*) AS n
+    FROM jobs
+    WHERE queue = $1 AND state = 'running' AND concurrency_key IS NOT NULL
+    GROUP BY concurrency_key
+), room AS (
+    SELECT k.key, $6::int - coalesce(r.n, 0) AS room
+    FROM keys k
+    LEFT JOIN running r ON r.key = k.key
+    WHERE k.key IS NOT NULL AND $6::int - coalesce(r.n, 0) > 0
+), candidates AS (
+    SELECT c.id, c.priority, c.run_at
+    FROM room
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at
+        FROM jobs
+        WHERE jobs.queue = $1 AND jobs.concurrency_key = room.key
+          AND state IN ('queued', 'enqueue_failed')
+          AND run_at <= now()
+          AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
+        ORDER BY priority, run_at, id
+        LIMIT least(room.room, $7::int)
+    ) c
+    UNION ALL
+    (SELECT id, priority, run_at
+     FROM jobs
+     WHERE queue = $1 AND concurrency_key IS NULL
+       AND state IN ('queued', 'enqueue_failed')
+       AND run_at <= now()
+       AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
+     ORDER BY priority, run_at, id
+     LIMIT $7::int)
+), picked AS (
+    SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord
+    FROM candidates
+    ORDER BY priority, run_at, id
+    LIMIT least($7::int, cardinality($2::text[]))
+)
+UPDATE jobs j SET
+    state = 'running',
+    run_lease = j.run_lease + 1,
+    attempt = j.attempt + 1,
+    owned_by = ($2::text[])[p.ord::int],
+    -- The statement's own time, not its transaction's: on the limited path
+    -- the transaction started before it waited for the queue's lock.
+    claimed_at = statement_timestamp(),
+    lease_expires_at = statement_timestamp() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
+                               * interval '1 millisecond',
+    updated_at = statement_timestamp()
+FROM picked p
+WHERE j.id = p.id AND j.state IN ('queued', 'enqueue_failed')
+RETURNING j.*, p.ord AS slot
