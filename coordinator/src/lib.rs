@@ -5,6 +5,7 @@
 //!
 //! Layout:
 //! - [`config`]: settings (flags and `RUNLEASE_*` variables).
+//! - [`cron`]: cron expressions of schedules, in a time zone.
 //! - [`store`]: PostgreSQL: connection, migrations, the SQL statements.
 //! - [`dispatch`]: SQS wake-ups that start Lambda workers.
 //! - [`flow`]: which queues have flow-control limits (the claim path they take).
@@ -13,6 +14,7 @@
 //! - [`auth`]: API keys and roles.
 //! - [`reaper`]: takes back expired leases.
 //! - [`prune`]: retention: deletes terminal jobs past their queue's retention.
+//! - [`scheduler`]: the schedule loop: one job per fire time.
 //! - [`batch`]: gathering claims, heartbeats and finishes into shared statements.
 //! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
 //! - [`metrics`]: Prometheus metrics.
@@ -20,12 +22,14 @@
 pub mod auth;
 pub mod batch;
 pub mod config;
+pub mod cron;
 pub mod dispatch;
 pub mod flow;
 pub mod http;
 pub mod metrics;
 pub mod prune;
 pub mod reaper;
+pub mod scheduler;
 pub mod store;
 pub mod token;
 pub mod wake;
@@ -47,6 +51,7 @@ use crate::http::{Finisher, LeaseTerms, Renewer};
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
 use crate::reaper::Reaper;
+use crate::scheduler::Scheduler;
 use crate::store::connect::DatabaseTarget;
 use crate::store::leases::{LeaseRef, Outcome, Renewal};
 use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
@@ -174,6 +179,8 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         shutdown.child_token(),
     );
     tracker.spawn(pruner.run());
+    let scheduler = Scheduler::new(store.clone(), wake.clone(), metrics.clone(), config.max_attempts);
+    tracker.spawn(scheduler.run(shutdown.child_token()));
 
     let bindings =
         dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default()).map_err(Error::Config)?;

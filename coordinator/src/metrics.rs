@@ -125,6 +125,10 @@ pub struct Metrics {
     pub db_unavailable: Counter,
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
+    /// Jobs enqueued by schedules, per queue.
+    pub schedule_fires: Family<QueueLabels, Counter>,
+    /// Schedule passes that failed.
+    pub schedule_errors: Counter,
     /// Claim passes in which a limit held back at least one slot.
     pub claims_held_back: Family<LimitLabels, Counter>,
     /// Refreshes of the flow-control view that failed.
@@ -189,6 +193,8 @@ impl Metrics {
             reaper_errors: Counter::default(),
             db_timeouts: Family::default(),
             claims_held_back: Family::default(),
+            schedule_fires: Family::default(),
+            schedule_errors: Counter::default(),
             flow_refresh_errors: Counter::default(),
             jobs_pruned: Family::default(),
             prune_errors: Counter::default(),
@@ -314,6 +320,16 @@ impl Metrics {
             "db_unavailable",
             "Requests answered 503 because PostgreSQL was unavailable",
             m.db_unavailable.clone(),
+        );
+        registry.register(
+            "schedule_fires",
+            "Jobs enqueued by schedules (one per fire time)",
+            m.schedule_fires.clone(),
+        );
+        registry.register(
+            "schedule_errors",
+            "Schedule passes that failed (retried)",
+            m.schedule_errors.clone(),
         );
         registry.register(
             "claims_held_back",

@@ -9,6 +9,7 @@
 //! - [`job`]: `JobState`, the `Job` answer and its `Attempt` chronology.
 //! - [`producer`]: enqueue, batch enqueue, queue listing.
 //! - [`admin`]: job listing, bulk actions, queue settings.
+//! - [`schedules`]: cron schedules.
 //! - [`worker`]: claim, heartbeat, complete, fail, release, finish.
 //! - [`error`]: the error body and its codes.
 //! - [`routes`]: the HTTP paths.
@@ -21,6 +22,7 @@ pub mod job;
 pub mod limits;
 pub mod producer;
 pub mod routes;
+pub mod schedules;
 pub mod worker;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};

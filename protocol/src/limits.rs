@@ -40,6 +40,8 @@ pub fn storable_json(value: &serde_json::Value) -> bool {
     }
 }
 
+/// Longest schedule name, in bytes.
+pub const MAX_SCHEDULE_NAME_LEN: usize = 128;
 /// Default page size of `GET /v1/jobs`.
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 /// Largest page of `GET /v1/jobs`.

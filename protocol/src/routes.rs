@@ -28,6 +28,10 @@ pub const FINISH: &str = "/v1/finish";
 pub const QUEUES: &str = "/v1/queues";
 /// `GET`: one queue's figures and settings; `PATCH`: change its settings.
 pub const QUEUE: &str = "/v1/queues/{queue}";
+/// `GET`: every schedule.
+pub const SCHEDULES: &str = "/v1/schedules";
+/// `PUT`: create or replace a schedule; `GET`: read it; `DELETE`: delete it.
+pub const SCHEDULE: &str = "/v1/schedules/{name}";
 /// `GET`: the process is up.
 pub const HEALTHZ: &str = "/healthz";
 /// `GET`: PostgreSQL reachable and migrations current.
@@ -48,6 +52,12 @@ pub fn queue_path(queue: &str) -> String {
         }
     }
     QUEUE.replace("{queue}", &encoded)
+}
+
+/// [`SCHEDULE`] for `name`, for clients (the name percent-encoded).
+pub fn schedule_path(name: &str) -> String {
+    let queue = queue_path(name);
+    SCHEDULE.replace("{name}", queue.trim_start_matches("/v1/queues/"))
 }
 
 /// `path` with its `{id}` replaced, for clients.

@@ -103,6 +103,25 @@ impl Api {
             .expect("PATCH failed at the transport level")
     }
 
+    /// PUT a JSON body.
+    pub async fn put(&self, path: &str, body: &Value) -> (u16, Value) {
+        let rb = self
+            .http
+            .put(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(body).unwrap());
+        Self::finish(self.auth(rb))
+            .await
+            .expect("PUT failed at the transport level")
+    }
+
+    /// DELETE.
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        Self::finish(self.auth(self.http.delete(format!("{}{path}", self.base))))
+            .await
+            .expect("DELETE failed at the transport level")
+    }
+
     /// The value of one sample of `/metrics`, named with its labels as the
     /// exposition prints them (`runlease_claim_waiters`,
     /// `runlease_jobs_pruned_total{queue="q",state="done"}`); 0 when absent.

@@ -6,6 +6,7 @@
 //! - [`leases`]: worker endpoints.
 //! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
 //! - [`admin`]: job listing, bulk actions, one queue's figures and settings.
+//! - [`schedules`]: cron schedules.
 //! - [`views`]: the store's rows as protocol answers.
 
 pub mod admin;
@@ -14,6 +15,7 @@ pub mod extract;
 pub mod jobs;
 pub mod leases;
 pub mod ops;
+pub mod schedules;
 pub mod views;
 
 use std::sync::Arc;
@@ -105,6 +107,11 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::FINISH, post(leases::finish))
         .route(routes::QUEUES, get(ops::queues))
         .route(routes::QUEUE, get(admin::get_queue).patch(admin::update_queue))
+        .route(routes::SCHEDULES, get(schedules::list))
+        .route(
+            routes::SCHEDULE,
+            get(schedules::get).put(schedules::put).delete(schedules::delete),
+        )
         .route(routes::HEALTHZ, get(ops::healthz))
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))

@@ -64,6 +64,10 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     m.pool_waiting.set(pool.waiting as i64);
     match state.store.queue_figures(None).await {
         Ok(queues) => {
+            // Queues that are gone (their jobs deleted or pruned) must not
+            // keep their last figures.
+            m.depth.clear();
+            m.oldest_queued_age.clear();
             for q in queues {
                 for (s, n) in &q.counts {
                     m.depth

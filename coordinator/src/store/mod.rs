@@ -10,6 +10,7 @@
 //! - [`queues`]: queue figures (live indexes and tallies) and settings.
 //! - [`listing`]: listing a queue's jobs, bulk actions.
 //! - [`prune`]: retention and the folding of tallies.
+//! - [`schedules`]: cron schedules and their fire pass.
 
 pub mod connect;
 pub mod jobs;
@@ -19,6 +20,7 @@ pub mod migrate;
 pub mod prune;
 pub mod queues;
 pub mod rows;
+pub mod schedules;
 pub mod sql;
 
 use std::cell::Cell;

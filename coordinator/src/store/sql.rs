@@ -67,6 +67,19 @@ pub const JOB_PRUNE_QUEUES: &str = include_str!("sql/job_prune_queues.sql");
 /// The lock that keeps pruning on one replica at a time.
 pub const PRUNE_LOCK: &str = include_str!("sql/prune_lock.sql");
 
+/// Create or replace a schedule.
+pub const SCHEDULE_PUT: &str = include_str!("sql/schedule_put.sql");
+/// Read schedules.
+pub const SCHEDULE_LIST: &str = include_str!("sql/schedule_list.sql");
+/// Delete a schedule.
+pub const SCHEDULE_DELETE: &str = include_str!("sql/schedule_delete.sql");
+/// Lock due schedules.
+pub const SCHEDULE_DUE: &str = include_str!("sql/schedule_due.sql");
+/// Move a schedule to its next fire time.
+pub const SCHEDULE_FIRED: &str = include_str!("sql/schedule_fired.sql");
+/// PostgreSQL's clock.
+pub const CLOCK_NOW: &str = include_str!("sql/clock_now.sql");
+
 /// Every statement with its name, for the test that prepares them all.
 pub const ALL: &[(&str, &str)] = &[
     ("job_enqueue", JOB_ENQUEUE),
@@ -102,4 +115,10 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_prune", JOB_PRUNE),
     ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),
+    ("schedule_put", SCHEDULE_PUT),
+    ("schedule_list", SCHEDULE_LIST),
+    ("schedule_delete", SCHEDULE_DELETE),
+    ("schedule_due", SCHEDULE_DUE),
+    ("schedule_fired", SCHEDULE_FIRED),
+    ("clock_now", CLOCK_NOW),
 ];

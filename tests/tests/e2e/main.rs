@@ -12,6 +12,7 @@ mod cli_operations;
 mod database_faults;
 mod dispatch;
 mod fencing;
+mod flow_control;
 mod json_values;
 mod lambda_emulator;
 mod lambda_worker;
@@ -24,8 +25,10 @@ mod queue_settings;
 mod reaping;
 mod restart;
 mod retention;
+mod schedules;
 mod signals;
 mod store;
+mod typescript_worker;
 mod worker;
 
 use runlease_tests::TestDb;
