@@ -36,8 +36,9 @@ impl CronSpec {
             .with_seconds_optional()
             .parse()
             .map_err(|e| format!("cron {expression:?} does not parse: {e}"))?;
-        let tz = Tz::from_str(timezone)
-            .map_err(|_| format!("timezone {timezone:?} is not an IANA time zone name (e.g. Europe/Paris, UTC)"))?;
+        let tz = Tz::from_str(timezone).map_err(|_| {
+            format!("timezone {timezone:?} is not an IANA time zone name (e.g. Europe/Paris, UTC)")
+        })?;
         let spec = Self { cron, tz };
         // An expression that never fires (e.g. February 30) is refused too.
         spec.next_after(Utc::now())
@@ -88,9 +89,21 @@ mod tests {
     fn five_and_six_fields_parse_and_others_are_refused() {
         assert!(CronSpec::parse("*/5 * * * *", "UTC").is_ok());
         assert!(CronSpec::parse("* * * * * *", "Europe/Paris").is_ok());
-        assert!(CronSpec::parse("* * * *", "UTC").unwrap_err().contains("5 fields"));
-        assert!(CronSpec::parse("61 * * * *", "UTC").unwrap_err().contains("does not parse"));
-        assert!(CronSpec::parse("* * * * *", "Mars/Olympus").unwrap_err().contains("IANA"));
+        assert!(
+            CronSpec::parse("* * * *", "UTC")
+                .unwrap_err()
+                .contains("5 fields")
+        );
+        assert!(
+            CronSpec::parse("61 * * * *", "UTC")
+                .unwrap_err()
+                .contains("does not parse")
+        );
+        assert!(
+            CronSpec::parse("* * * * *", "Mars/Olympus")
+                .unwrap_err()
+                .contains("IANA")
+        );
     }
 
     #[test]
@@ -109,12 +122,24 @@ mod tests {
         let spring = CronSpec::parse("30 2 * * *", "Europe/Paris").unwrap();
         let before = Utc.with_ymd_and_hms(2026, 3, 28, 12, 0, 0).unwrap();
         let fire = spring.next_after(before).unwrap();
-        assert_eq!(fire, Utc.with_ymd_and_hms(2026, 3, 29, 1, 0, 0).unwrap(), "03:00 CEST, right after the gap");
+        assert_eq!(
+            fire,
+            Utc.with_ymd_and_hms(2026, 3, 29, 1, 0, 0).unwrap(),
+            "03:00 CEST, right after the gap"
+        );
         let autumn = CronSpec::parse("30 2 * * *", "Europe/Paris").unwrap();
         let before = Utc.with_ymd_and_hms(2026, 10, 24, 12, 0, 0).unwrap();
         let first = autumn.next_after(before).unwrap();
-        assert_eq!(first, Utc.with_ymd_and_hms(2026, 10, 25, 0, 30, 0).unwrap(), "02:30 CEST");
+        assert_eq!(
+            first,
+            Utc.with_ymd_and_hms(2026, 10, 25, 0, 30, 0).unwrap(),
+            "02:30 CEST"
+        );
         let second = autumn.next_after(first).unwrap();
-        assert_eq!(second, Utc.with_ymd_and_hms(2026, 10, 26, 1, 30, 0).unwrap(), "the next day, once");
+        assert_eq!(
+            second,
+            Utc.with_ymd_and_hms(2026, 10, 26, 1, 30, 0).unwrap(),
+            "the next day, once"
+        );
     }
 }

@@ -42,7 +42,10 @@ impl Scheduler {
     pub async fn run_once(&self) -> Result<usize, StoreError> {
         let mut created = 0;
         loop {
-            let fired = self.store.fire_schedules(BATCH, self.default_max_attempts).await?;
+            let fired = self
+                .store
+                .fire_schedules(BATCH, self.default_max_attempts)
+                .await?;
             let full = fired.len() as i64 >= BATCH;
             for f in fired.iter().filter(|f| f.job.created) {
                 created += 1;

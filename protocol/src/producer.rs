@@ -103,6 +103,11 @@ pub struct QueueSummary {
     pub lease_expiries: i64,
     /// Attempts that failed and were queued again.
     pub retries: i64,
+    /// Due jobs that the queue's pause or limits keep from starting now
+    /// (all of them while it is paused, at `max_running` or out of rate
+    /// tokens; else those whose key is at `max_running_per_key`).
+    #[serde(default)]
+    pub held_by_limits: i64,
     /// Its settings (pause, limits, retention overrides).
     #[serde(default)]
     pub settings: QueueSettings,

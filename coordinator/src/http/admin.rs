@@ -33,6 +33,7 @@ pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
         oldest_queued_age_ms: figures.oldest_queued_age_ms,
         lease_expiries: figures.lease_expiries,
         retries: figures.retries,
+        held_by_limits: figures.held_by_limits,
         settings: wire_settings(&figures.settings),
     }
 }

@@ -78,17 +78,23 @@ pub async fn put(
     let timezone = req.timezone.unwrap_or_else(|| "UTC".to_owned());
     let spec = CronSpec::parse(&req.cron, &timezone).map_err(ApiError::invalid)?;
     if !storable_json(&req.payload) {
-        return Err(ApiError::invalid("payload must not contain a NUL character (\\u0000)"));
+        return Err(ApiError::invalid(
+            "payload must not contain a NUL character (\\u0000)",
+        ));
     }
     if let Some(n) = req.max_attempts
         && !(1..=MAX_ATTEMPTS_LIMIT).contains(&n)
     {
-        return Err(ApiError::invalid(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}")));
+        return Err(ApiError::invalid(format!(
+            "max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"
+        )));
     }
     if let Some(t) = req.timeout_ms
         && !(1..=MAX_TIMEOUT_MS).contains(&t)
     {
-        return Err(ApiError::invalid(format!("timeout_ms must be between 1 and {MAX_TIMEOUT_MS}")));
+        return Err(ApiError::invalid(format!(
+            "timeout_ms must be between 1 and {MAX_TIMEOUT_MS}"
+        )));
     }
     let schedule = NewSchedule {
         name,
@@ -104,12 +110,19 @@ pub async fn put(
     };
     let (row, created) = state.store.put_schedule(&schedule).await?;
     tracing::info!(schedule = %row.name, cron = %row.cron, timezone = %row.timezone, created, "schedule set");
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(view(row))))
 }
 
 /// `GET /v1/schedules`: every schedule the key may see, by name.
-pub async fn list(State(state): State<AppState>, caller: Caller) -> Result<Json<ListSchedulesResponse>, ApiError> {
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<ListSchedulesResponse>, ApiError> {
     require(&caller, Action::Read)?;
     let rows = state.store.schedules(None).await?;
     Ok(Json(ListSchedulesResponse {

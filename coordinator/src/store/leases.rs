@@ -68,7 +68,8 @@ fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, JobRow)>, StoreEr
 }
 
 /// Runs `lease_claim.sql` (`stmt`, prepared on `client`) on `client`, a
-/// connection or a transaction.
+/// connection or a transaction; `limited` is the claim time of the limited
+/// path (which serves limited queues), `None` for the shared statement.
 async fn claim_rows(
     client: &impl tokio_postgres::GenericClient,
     stmt: &tokio_postgres::Statement,
@@ -76,8 +77,9 @@ async fn claim_rows(
     slots: &[&WorkerId],
     time_left_ms: Option<u64>,
     policy: &crate::store::Policy,
-    limited: bool,
+    limited: Option<DateTime<Utc>>,
 ) -> Result<Vec<(usize, JobRow)>, StoreError> {
+    let serve_limited = limited.is_some();
     let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
     let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
     let rows = client
@@ -89,6 +91,7 @@ async fn claim_rows(
                 &policy.lease_ttl_ms,
                 &policy.default_timeout_ms,
                 &time_left,
+                &serve_limited,
                 &limited,
             ],
         )
@@ -245,7 +248,7 @@ impl Store {
                 let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
                 let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Client = &client;
-                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), false).await
+                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), None).await
             })
             .await?;
         let mut answer = Claimed::default();
@@ -354,7 +357,7 @@ impl Store {
                 let slots = &slots[..allowed as usize];
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Transaction<'_> = &tx;
-                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), true).await?
+                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), Some(at)).await?
             }
             Some(per_key) => {
                 let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
@@ -373,6 +376,7 @@ impl Store {
                             &time_left,
                             &per_key,
                             &allowed32,
+                            &at,
                         ],
                     )
                     .await?;

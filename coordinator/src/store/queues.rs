@@ -71,6 +71,8 @@ pub struct QueueFigures {
     pub lease_expiries: i64,
     /// Failed or expired attempts after which the job was queued again.
     pub retries: i64,
+    /// Due jobs its settings (pause, limits) keep from starting now.
+    pub held_by_limits: i64,
     /// Its settings.
     pub settings: QueueSettings,
 }
@@ -83,6 +85,7 @@ impl QueueFigures {
             oldest_queued_age_ms: None,
             lease_expiries: 0,
             retries: 0,
+            held_by_limits: 0,
             settings: QueueSettings::default(),
         }
     }

@@ -106,10 +106,9 @@ impl Store {
             let client = self.conn().await?;
             let clock = client.prepare_cached(sql::CLOCK_NOW).await?;
             let now: DateTime<Utc> = col(&client.query_one(&clock, &[]).await?, "now")?;
-            let next = s
-                .spec
-                .next_after(now)
-                .ok_or_else(|| StoreError::Rejected(format!("cron {:?} has no fire time after now", s.cron)))?;
+            let next = s.spec.next_after(now).ok_or_else(|| {
+                StoreError::Rejected(format!("cron {:?} has no fire time after now", s.cron))
+            })?;
             let stmt = client.prepare_cached(sql::SCHEDULE_PUT).await?;
             let row = client
                 .query_one(
@@ -138,7 +137,12 @@ impl Store {
         self.timed("schedules", async {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::SCHEDULE_LIST).await?;
-            client.query(&stmt, &[&name]).await?.iter().map(ScheduleRow::from_row).collect()
+            client
+                .query(&stmt, &[&name])
+                .await?
+                .iter()
+                .map(ScheduleRow::from_row)
+                .collect()
         })
         .await
     }
@@ -148,7 +152,12 @@ impl Store {
         self.timed("schedules", async {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::SCHEDULE_DELETE).await?;
-            client.query_opt(&stmt, &[&name]).await?.as_ref().map(ScheduleRow::from_row).transpose()
+            client
+                .query_opt(&stmt, &[&name])
+                .await?
+                .as_ref()
+                .map(ScheduleRow::from_row)
+                .transpose()
         })
         .await
     }
@@ -157,7 +166,11 @@ impl Store {
     /// of its latest fire time at or before now (idempotency key
     /// `schedule:<name>:<fire time>`) and moves on to its next fire time.
     /// `default_max_attempts` fills a schedule that sets no budget.
-    pub async fn fire_schedules(&self, limit: i64, default_max_attempts: i32) -> Result<Vec<Fired>, StoreError> {
+    pub async fn fire_schedules(
+        &self,
+        limit: i64,
+        default_max_attempts: i32,
+    ) -> Result<Vec<Fired>, StoreError> {
         self.timed("schedules", async {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;

@@ -67,6 +67,8 @@ pub const JOB_PRUNE_QUEUES: &str = include_str!("sql/job_prune_queues.sql");
 /// The lock that keeps pruning on one replica at a time.
 pub const PRUNE_LOCK: &str = include_str!("sql/prune_lock.sql");
 
+/// Due jobs a queue's settings keep from starting.
+pub const QUEUE_HELD_BACK: &str = include_str!("sql/queue_held_back.sql");
 /// Create or replace a schedule.
 pub const SCHEDULE_PUT: &str = include_str!("sql/schedule_put.sql");
 /// Read schedules.
@@ -115,6 +117,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_prune", JOB_PRUNE),
     ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),
+    ("queue_held_back", QUEUE_HELD_BACK),
     ("schedule_put", SCHEDULE_PUT),
     ("schedule_list", SCHEDULE_LIST),
     ("schedule_delete", SCHEDULE_DELETE),

@@ -131,7 +131,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         let claim = generic_plan(
             &client,
             sql::LEASE_CLAIM,
-            "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false",
+            "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
         )
         .await;
         assert!(claim.contains("Index Scan using jobs_claim_idx"), "{claim}");

@@ -11,7 +11,8 @@
 -- limits are served (true only on the limited path, which holds the queue's
 -- settings row locked and passes one queue and the slots its limits allow;
 -- false skips them, so a coordinator whose view of the settings is a moment
--- old can never start a job past a limit).
+-- old can never start a job past a limit), $7 timestamptz claim time (NULL:
+-- now; the limited path passes the time it took the limits at).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog;
 -- queue_settings_pkey for the pause check.
@@ -59,12 +60,12 @@ UPDATE jobs j SET
     -- The slot's worker by subscript: a join of the rows to the slots would
     -- be planned as a nested loop (quadratic) under some statistics.
     owned_by = ($2::text[])[n.ord::int],
-    -- The statement's own time, not its transaction's: on the limited path
-    -- the transaction started before it waited for the queue's lock.
-    claimed_at = statement_timestamp(),
-    lease_expires_at = statement_timestamp() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
+    -- The claim's time: the one the limited path took its limits at (its
+    -- rate tokens were counted up to it), else the statement's own.
+    claimed_at = coalesce($7::timestamptz, statement_timestamp()),
+    lease_expires_at = coalesce($7::timestamptz, statement_timestamp()) + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
                                * interval '1 millisecond',
-    updated_at = statement_timestamp()
+    updated_at = coalesce($7::timestamptz, statement_timestamp())
 FROM numbered n
 -- The rows were locked by the scan above (which re-checked their state as it
 -- locked them); no state predicate here, so the planner cannot pick the

@@ -8,7 +8,8 @@
 -- are limited only by the queue's other limits.
 -- $1 text queue, $2 text[] slot workers, $3 bigint lease TTL ms, $4 bigint
 -- default timeout ms, $5 bigint time left ms (NULL: no limit), $6 int
--- max_running_per_key, $7 int most jobs to start.
+-- max_running_per_key, $7 int most jobs to start, $8 timestamptz claim time
+-- (the time the limits were taken at).
 -- Index: jobs_claim_key_idx (queue, concurrency_key, priority, run_at, id)
 -- WHERE claimable: a loose scan finds the keys that have claimable jobs (one
 -- probe per key), then each key with room reads only its first jobs;
@@ -68,12 +69,12 @@ UPDATE jobs j SET
     run_lease = j.run_lease + 1,
     attempt = j.attempt + 1,
     owned_by = ($2::text[])[p.ord::int],
-    -- The statement's own time, not its transaction's: on the limited path
-    -- the transaction started before it waited for the queue's lock.
-    claimed_at = statement_timestamp(),
-    lease_expires_at = statement_timestamp() + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
+    -- The claim's time: the one the limited path took its limits at (its
+    -- rate tokens were counted up to it), else the statement's own.
+    claimed_at = coalesce($8::timestamptz, statement_timestamp()),
+    lease_expires_at = coalesce($8::timestamptz, statement_timestamp()) + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
                                * interval '1 millisecond',
-    updated_at = statement_timestamp()
+    updated_at = coalesce($8::timestamptz, statement_timestamp())
 FROM picked p
 WHERE j.id = p.id AND j.state IN ('queued', 'enqueue_failed')
 RETURNING j.*, p.ord AS slot
