@@ -212,6 +212,21 @@ impl TestDb {
         }
     }
 
+    /// A new database with nothing in it (not even the schema): for a
+    /// coordinator that migrates it itself, such as another release's.
+    pub async fn empty() -> Self {
+        let admin = admin().await;
+        let name = format!("runlease_t_{}", uuid::Uuid::new_v4().simple());
+        admin
+            .batch_execute(&format!("CREATE DATABASE {}", quote_ident(&name)))
+            .await
+            .unwrap_or_else(|e| panic!("cannot create database {name}: {e}"));
+        Self {
+            url: url_for(&name),
+            name,
+        }
+    }
+
     /// A plain connection to this database, for inspecting and arranging rows.
     pub async fn client(&self) -> tokio_postgres::Client {
         let (client, conn) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();

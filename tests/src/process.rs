@@ -68,8 +68,14 @@ impl CoordinatorProcess {
     /// Starts the binary over `db` with the test secret, a free port, the
     /// given extra `RUNLEASE_*` variables, and waits until it is ready.
     pub async fn start(db: &TestDb, env: &[(&str, String)]) -> Self {
+        Self::start_binary(&coordinator_binary(), db, env).await
+    }
+
+    /// [`CoordinatorProcess::start`] with another build of the coordinator
+    /// (a benchmark comparing releases).
+    pub async fn start_binary(binary: &std::path::Path, db: &TestDb, env: &[(&str, String)]) -> Self {
         let port = free_port();
-        let mut cmd = Command::new(coordinator_binary());
+        let mut cmd = Command::new(binary);
         cmd.env("RUNLEASE_DATABASE_URL", &db.url)
             .env("RUNLEASE_LISTEN", format!("127.0.0.1:{port}"))
             .env("RUNLEASE_SECRET", TEST_SECRET)

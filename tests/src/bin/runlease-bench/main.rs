@@ -21,6 +21,9 @@
 //!   claim answered on B), with Redis and with Redis stopped.
 //! - `--parked N`: N long-poll claims parked on one coordinator process:
 //!   its PostgreSQL connections and resident memory.
+//! - `--flow OLD_BINARY[,...]`: an unlimited queue drained by older builds
+//!   and by this one (interleaved, `--repeat` rounds), and a queue with
+//!   `max_running = 100`, each build over a database it migrated itself.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
@@ -35,6 +38,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod flow;
 mod history;
 mod parked;
 mod raw;
@@ -56,6 +60,7 @@ struct Args {
     wake: Option<usize>,
     parked: Option<usize>,
     history: Option<Vec<usize>>,
+    flow: Option<Vec<std::path::PathBuf>>,
     modes: Option<Vec<throughput::Mode>>,
     lean: bool,
     baseline: bool,
@@ -70,6 +75,7 @@ fn parse_args() -> anyhow::Result<Args> {
         wake: None,
         parked: None,
         history: None,
+        flow: None,
         modes: None,
         lean: false,
         baseline: true,
@@ -108,6 +114,9 @@ fn parse_args() -> anyhow::Result<Args> {
             "--no-baseline" => args.baseline = false,
             "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
+            "--flow" => {
+                args.flow = Some(value()?.split(',').filter(|p| !p.is_empty()).map(Into::into).collect());
+            }
             "--history" => {
                 args.history = Some(
                     value()?
@@ -145,6 +154,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(n) = args.parked {
         return parked::report(n).await;
+    }
+    if let Some(older) = &args.flow {
+        return flow::report(older, args.jobs, args.repeat.max(1)).await;
     }
     if let Some(sizes) = &args.history {
         return history::report(sizes, args.jobs).await;
