@@ -1,16 +1,19 @@
 //! `Client`: typed calls for every endpoint of the v1 protocol over one
 //! reused connection pool. Calls that are safe to repeat (reads, enqueues with
 //! an idempotency key, heartbeats and finishing calls, which are idempotent per
-//! lease, and queue settings changes, which set values) are retried on
-//! transient failures; the others (cancel, retry, bulk actions, claims) are not.
+//! lease, and queue settings changes and schedule puts, which set values) are
+//! retried on transient failures; the others (cancel, retry, bulk actions,
+//! claims, schedule deletes) are not.
 
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use runlease_protocol::admin::{BulkJobsRequest, BulkJobsResponse, ListJobsResponse, UpdateQueueRequest};
+use runlease_protocol::limits::MAX_SCHEDULE_NAME_LEN;
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, ListQueuesResponse, QueueSummary,
 };
+use runlease_protocol::schedules::{ListSchedulesResponse, PutScheduleRequest, Schedule};
 use runlease_protocol::worker::{
     ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishRequest, FinishResponse,
     HeartbeatRequest, HeartbeatResponse, ReleaseRequest,
@@ -406,6 +409,59 @@ impl Client {
         .await
     }
 
+    /// Creates or replaces the schedule `name` (admin key); answers it as
+    /// stored, with its next fire time (the first after now). Retried: a
+    /// repeat sets the same values (its answer says 200 rather than 201,
+    /// which this call does not tell apart anyway).
+    pub async fn put_schedule(&self, name: &str, req: &PutScheduleRequest) -> Result<Schedule> {
+        self.call(
+            Method::PUT,
+            &checked_schedule_path(name)?,
+            Some(req),
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// Every schedule the key may see, by name.
+    pub async fn schedules(&self) -> Result<Vec<Schedule>> {
+        let answer: ListSchedulesResponse = self
+            .call::<(), _>(Method::GET, routes::SCHEDULES, None, Repeat::Safe, Duration::ZERO)
+            .await?;
+        Ok(answer.schedules)
+    }
+
+    /// One schedule; `Err(NotFound)` when there is none of that name.
+    pub async fn schedule(&self, name: &str) -> Result<Schedule> {
+        self.call::<(), _>(
+            Method::GET,
+            &checked_schedule_path(name)?,
+            None,
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// Deletes a schedule (admin key) and answers it as it was; the jobs it
+    /// enqueued stay. Sent once: after a lost answer a repeat would say
+    /// `NotFound` for the schedule this call deleted, or delete one put
+    /// under the same name in the meantime, and no failure (not even a 503,
+    /// which a connection lost mid-statement also gives) proves the first
+    /// try did nothing. After a transient error, [`Client::schedule`] tells
+    /// whether it is gone.
+    pub async fn delete_schedule(&self, name: &str) -> Result<Schedule> {
+        self.call::<(), _>(
+            Method::DELETE,
+            &checked_schedule_path(name)?,
+            None,
+            Repeat::Once,
+            Duration::ZERO,
+        )
+        .await
+    }
+
     /// Claims leases. Not retried: a claim whose answer was lost leaves leases
     /// that only expire; the caller decides when to claim again.
     pub async fn claim(&self, req: &ClaimRequest) -> Result<ClaimResponse> {
@@ -471,6 +527,17 @@ impl Client {
     }
 }
 
+/// The path of schedule `name`, refused here as the coordinator would: 1 to
+/// 128 bytes, no control characters (an empty name would address the list).
+fn checked_schedule_path(name: &str) -> Result<String> {
+    if name.is_empty() || name.len() > MAX_SCHEDULE_NAME_LEN || name.chars().any(char::is_control) {
+        return Err(Error::Config(format!(
+            "{name:?} is not a schedule name: 1 to {MAX_SCHEDULE_NAME_LEN} bytes without control characters"
+        )));
+    }
+    Ok(routes::schedule_path(name))
+}
+
 /// `value` percent-encoded for a query string (all but RFC 3986's unreserved bytes).
 fn encode_query_value(value: &str) -> String {
     let mut encoded = String::with_capacity(value.len());
@@ -534,5 +601,21 @@ mod tests {
         assert_eq!(encode_query_value("mail/eu@x:1"), "mail%2Feu%40x%3A1");
         assert_eq!(encode_query_value("failed,done"), "failed%2Cdone");
         assert_eq!(encode_query_value("AZaz09-_.~"), "AZaz09-_.~");
+    }
+
+    #[test]
+    fn schedule_names_are_checked_and_encoded() {
+        assert_eq!(checked_schedule_path("nightly").unwrap(), "/v1/schedules/nightly");
+        assert_eq!(
+            checked_schedule_path("eu/nightly report").unwrap(),
+            "/v1/schedules/eu%2Fnightly%20report"
+        );
+        assert!(matches!(checked_schedule_path(""), Err(Error::Config(_))));
+        assert!(matches!(checked_schedule_path("a\nb"), Err(Error::Config(_))));
+        assert!(matches!(
+            checked_schedule_path(&"x".repeat(MAX_SCHEDULE_NAME_LEN + 1)),
+            Err(Error::Config(_))
+        ));
+        assert!(checked_schedule_path(&"x".repeat(MAX_SCHEDULE_NAME_LEN)).is_ok());
     }
 }

@@ -1,6 +1,7 @@
 //! `runlease`: enqueue, inspect, wait for, cancel and retry jobs from a shell;
-//! list a queue's jobs and act on many at once (`jobs`); show, pause and
-//! resume a queue (`queues`).
+//! list a queue's jobs and act on many at once (`jobs`); show, pause, resume
+//! and limit a queue (`queues`); list, set, show and delete cron schedules
+//! (`schedules`).
 //! Exit status: 0 on success; 1 on any error (one line on stderr), and for a
 //! bulk action run without `--yes`; for `wait`, 2 when the job ended failed or
 //! cancelled and 124 when the wait timed out.
@@ -13,10 +14,11 @@ use anyhow::Context;
 use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use runlease_client::protocol::admin::{
-    BulkActionName, BulkJobsRequest, ListJobsResponse, ListedJob, UpdateQueueRequest,
+    BulkActionName, BulkJobsRequest, ListJobsResponse, ListedJob, RateLimit, UpdateQueueRequest,
 };
-use runlease_client::protocol::limits::MAX_LIST_LIMIT;
+use runlease_client::protocol::limits::{MAX_LIST_LIMIT, MAX_RATE, MAX_RUNNING_LIMIT};
 use runlease_client::protocol::producer::{EnqueueJobRequest, QueueSummary};
+use runlease_client::protocol::schedules::{ListSchedulesResponse, PutScheduleRequest, Schedule};
 use runlease_client::protocol::{Job, JobId, JobState, QueueName};
 use runlease_client::{Client, Error, RetryPolicy};
 
@@ -74,6 +76,9 @@ enum Command {
         /// A repeat with the same key on the same queue answers the original job.
         #[arg(long)]
         idempotency_key: Option<String>,
+        /// Jobs sharing a key count against the queue's max_running_per_key.
+        #[arg(long, value_name = "KEY")]
+        concurrency_key: Option<String>,
     },
     /// Show a job.
     Get {
@@ -98,11 +103,11 @@ enum Command {
         /// Job id.
         id: String,
     },
-    /// Show per-queue figures, or show, pause or resume one queue.
+    /// Show per-queue figures, or show, pause, resume or limit one queue.
     ///
     /// With no sub-verb, `runlease queues` lists every queue, as `queues list`.
     #[command(
-        after_help = "Examples:\n  runlease queues\n  runlease queues show emails\n  runlease queues pause emails\n  runlease queues resume emails"
+        after_help = "Examples:\n  runlease queues\n  runlease queues show emails\n  runlease queues pause emails\n  runlease queues resume emails\n  runlease queues limit emails --max-running 10 --rate 5/20\n  runlease queues limit emails --max-running none"
     )]
     Queues {
         #[command(subcommand)]
@@ -120,6 +125,73 @@ enum Command {
         #[command(subcommand)]
         command: JobsCommand,
     },
+    /// List, set, show or delete cron schedules.
+    ///
+    /// A schedule enqueues one job on its queue at each fire time of its
+    /// cron expression, read in its time zone. With no sub-verb, `runlease
+    /// schedules` lists them, as `schedules list`.
+    #[command(
+        after_help = "Examples:\n  runlease schedules\n  runlease schedules set nightly-report --queue reports --cron '0 3 * * *' --timezone Europe/Paris --payload '{\"kind\": \"daily\"}'\n  echo '{\"ping\": true}' | runlease schedules set heartbeat --queue pings --cron '*/5 * * * *'\n  runlease schedules show nightly-report\n  runlease schedules delete nightly-report"
+    )]
+    Schedules {
+        #[command(subcommand)]
+        command: Option<SchedulesCommand>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum SchedulesCommand {
+    /// List every schedule: name, queue, cron, time zone, paused, next and last fire.
+    List,
+    /// Create or replace a schedule (admin key).
+    ///
+    /// The JSON payload of its jobs is --payload, or standard input when
+    /// omitted. A replace sets the whole schedule: an option left out takes
+    /// its default (so a paused schedule set again without --paused runs).
+    /// Its next fire time is the first after now.
+    Set(ScheduleArgs),
+    /// Show one schedule.
+    Show {
+        /// Schedule name.
+        name: String,
+    },
+    /// Delete a schedule (admin key); the jobs it already enqueued stay.
+    Delete {
+        /// Schedule name.
+        name: String,
+    },
+}
+
+/// The definition of a schedule.
+#[derive(Debug, Args)]
+struct ScheduleArgs {
+    /// Schedule name (1 to 128 bytes).
+    name: String,
+    /// The queue its jobs go to.
+    #[arg(long)]
+    queue: String,
+    /// `minute hour day month weekday`, or six fields with seconds first
+    /// (quote it).
+    #[arg(long, value_name = "EXPR")]
+    cron: String,
+    /// IANA time zone the expression is read in (default UTC).
+    #[arg(long, value_name = "TZ")]
+    timezone: Option<String>,
+    /// JSON payload of every job it enqueues (default: read standard input).
+    #[arg(long, value_name = "JSON")]
+    payload: Option<String>,
+    /// Priority of its jobs; smaller runs first (default 0).
+    #[arg(long)]
+    priority: Option<i32>,
+    /// Attempt budget of its jobs (default: the coordinator's).
+    #[arg(long)]
+    max_attempts: Option<i32>,
+    /// Run-time limit of one attempt of its jobs, ms.
+    #[arg(long)]
+    timeout_ms: Option<i64>,
+    /// Create it paused: it enqueues nothing until set again without --paused.
+    #[arg(long)]
+    paused: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -150,6 +222,64 @@ enum QueuesCommand {
         /// Queue name.
         queue: String,
     },
+    /// Set or clear a queue's flow-control limits (admin key).
+    ///
+    /// Each flag takes a value, or `none` to remove that limit; limits not
+    /// named stay as they are. Prints the queue's limits after the change.
+    #[command(
+        after_help = "Examples:\n  runlease queues limit emails --max-running 10\n  runlease queues limit emails --max-running-per-key 1 --rate 2.5/5\n  runlease queues limit emails --max-running none --rate none"
+    )]
+    Limit {
+        /// Queue name.
+        queue: String,
+        /// Most jobs of the queue running at once (1 to 1,000,000), or none.
+        #[arg(long, value_name = "N|none", value_parser = parse_running_limit)]
+        max_running: Option<OrNone<i32>>,
+        /// Most running jobs sharing one concurrency key (1 to 1,000,000), or none.
+        #[arg(long, value_name = "N|none", value_parser = parse_running_limit)]
+        max_running_per_key: Option<OrNone<i32>>,
+        /// Starts per second on average and most starts at once, e.g. 5/20
+        /// or 0.5/1, or none.
+        #[arg(long, value_name = "PER_S/BURST|none", value_parser = parse_rate)]
+        rate: Option<OrNone<RateLimit>>,
+    },
+}
+
+/// A limit's new value, or `none` (`OrNone(None)`) to clear it.
+#[derive(Debug, Clone, Copy)]
+struct OrNone<T>(Option<T>);
+
+fn parse_running_limit(s: &str) -> Result<OrNone<i32>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(OrNone(None));
+    }
+    match s.parse::<i32>() {
+        Ok(n) if (1..=MAX_RUNNING_LIMIT).contains(&n) => Ok(OrNone(Some(n))),
+        _ => Err(format!(
+            "{s:?} is not a limit; use a number from 1 to {MAX_RUNNING_LIMIT}, or none"
+        )),
+    }
+}
+
+fn parse_rate(s: &str) -> Result<OrNone<RateLimit>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("none") {
+        return Ok(OrNone(None));
+    }
+    let bad = || {
+        format!(
+            "{s:?} is not a rate; use PER_S/BURST (starts per second above 0, burst from 1; both at most {MAX_RATE}), e.g. 5/20, or none"
+        )
+    };
+    let (per_s, burst) = s.split_once('/').ok_or_else(bad)?;
+    let per_s: f64 = per_s.trim().parse().map_err(|_| bad())?;
+    let burst: i32 = burst.trim().parse().map_err(|_| bad())?;
+    let per_s_ok = per_s.is_finite() && per_s > 0.0 && per_s <= f64::from(MAX_RATE);
+    if !per_s_ok || !(1..=MAX_RATE).contains(&burst) {
+        return Err(bad());
+    }
+    Ok(OrNone(Some(RateLimit { per_s, burst })))
 }
 
 #[derive(Debug, Subcommand)]
@@ -242,6 +372,27 @@ fn parse_id(id: &str) -> anyhow::Result<JobId> {
         .map_err(|_| anyhow::anyhow!("{id:?} is not a job id (a UUID)"))
 }
 
+/// The JSON payload given, or else read from standard input.
+fn read_payload(given: Option<String>, how: &str) -> anyhow::Result<serde_json::Value> {
+    let text = match given {
+        Some(p) => p,
+        None => {
+            if std::io::stdin().is_terminal() {
+                eprintln!("reading the JSON payload from standard input (end with Ctrl-D)");
+            }
+            let mut s = String::new();
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("cannot read the payload from standard input")?;
+            if s.trim().is_empty() {
+                anyhow::bail!("no payload: {how}");
+            }
+            s
+        }
+    };
+    serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))
+}
+
 fn print_json(value: &impl serde::Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
@@ -266,6 +417,10 @@ fn print_job(job: &Job) {
         ("run_at", when(Some(job.run_at))),
         ("finished_at", when(job.finished_at)),
         ("cancel_requested", job.cancel_requested.to_string()),
+        (
+            "concurrency_key",
+            job.concurrency_key.clone().unwrap_or_else(|| "-".into()),
+        ),
         ("payload", job.payload.to_string()),
         (
             "progress",
@@ -346,7 +501,6 @@ fn print_queue(q: &QueueSummary) {
         rows.push((s.as_str().into(), n.to_string()));
     }
     let set = &q.settings;
-    let limit = |v: Option<i32>| v.map_or_else(|| "none".to_owned(), |v| v.to_string());
     let retention = |v: Option<i64>| match v {
         None => "default".to_owned(),
         Some(0) => "0 (forever)".to_owned(),
@@ -360,21 +514,152 @@ fn print_queue(q: &QueueSummary) {
         ("lease_expiries".into(), q.lease_expiries.to_string()),
         ("retries".into(), q.retries.to_string()),
         ("paused".into(), set.paused.to_string()),
-        ("max_running".into(), limit(set.max_running)),
-        ("max_running_per_key".into(), limit(set.max_running_per_key)),
-        (
-            "rate_limit".into(),
-            set.rate_limit.map_or_else(
-                || "none".to_owned(),
-                |r| format!("{}/s, burst {}", r.per_s, r.burst),
-            ),
-        ),
+        ("max_running".into(), limit_text(set.max_running)),
+        ("max_running_per_key".into(), limit_text(set.max_running_per_key)),
+        ("rate_limit".into(), rate_text(set.rate_limit)),
         ("retention_done".into(), retention(set.retention_done_ms)),
         ("retention_failed".into(), retention(set.retention_failed_ms)),
     ]);
     for (k, v) in rows {
         println!("{k:<20} {v}");
     }
+}
+
+fn limit_text(v: Option<i32>) -> String {
+    v.map_or_else(|| "none".to_owned(), |v| v.to_string())
+}
+
+fn rate_text(r: Option<RateLimit>) -> String {
+    r.map_or_else(
+        || "none".to_owned(),
+        |r| format!("{}/s, burst {}", r.per_s, r.burst),
+    )
+}
+
+fn print_schedule(s: &Schedule) {
+    let default = |v: Option<String>| v.unwrap_or_else(|| "default".to_owned());
+    let rows: Vec<(&str, String)> = vec![
+        ("name", s.name.clone()),
+        ("queue", s.queue.to_string()),
+        ("cron", s.cron.clone()),
+        ("timezone", s.timezone.clone()),
+        ("paused", s.paused.to_string()),
+        ("next_fire_at", when(s.next_fire_at)),
+        ("last_fired_at", when(s.last_fired_at)),
+        ("payload", s.payload.to_string()),
+        ("priority", s.priority.to_string()),
+        ("max_attempts", default(s.max_attempts.map(|n| n.to_string()))),
+        ("timeout_ms", default(s.timeout_ms.map(|n| n.to_string()))),
+        ("created_at", when(Some(s.created_at))),
+        ("updated_at", when(Some(s.updated_at))),
+    ];
+    for (k, v) in rows {
+        println!("{k:<14} {v}");
+    }
+}
+
+/// A table of schedules, each column as wide as its widest cell.
+fn print_schedules(schedules: &[Schedule]) {
+    let header = [
+        "name",
+        "queue",
+        "cron",
+        "timezone",
+        "paused",
+        "next_fire",
+        "last_fire",
+    ];
+    let rows: Vec<[String; 7]> = schedules
+        .iter()
+        .map(|s| {
+            [
+                s.name.clone(),
+                s.queue.to_string(),
+                s.cron.clone(),
+                s.timezone.clone(),
+                s.paused.to_string(),
+                table_time(s.next_fire_at),
+                table_time(s.last_fired_at),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(|h| h.chars().count());
+    for row in &rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: &[String]| {
+        let mut out = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                out.push_str(&format!("{cell:<w$} "));
+            }
+        }
+        println!("{out}");
+    };
+    line(&header.map(str::to_owned));
+    for row in &rows {
+        line(row);
+    }
+}
+
+async fn run_schedules(client: &Client, command: Option<SchedulesCommand>, json: bool) -> anyhow::Result<()> {
+    match command {
+        None | Some(SchedulesCommand::List) => {
+            let schedules = client.schedules().await?;
+            if json {
+                print_json(&ListSchedulesResponse { schedules })?
+            } else {
+                print_schedules(&schedules);
+                if schedules.is_empty() {
+                    eprintln!("no schedules");
+                }
+            }
+        }
+        Some(SchedulesCommand::Set(args)) => {
+            let queue = QueueName::new(args.queue).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let payload = read_payload(
+                args.payload,
+                "pass --payload JSON or pipe the JSON on standard input",
+            )?;
+            let req = PutScheduleRequest {
+                queue,
+                cron: args.cron,
+                timezone: args.timezone,
+                payload,
+                priority: args.priority,
+                max_attempts: args.max_attempts,
+                timeout_ms: args.timeout_ms,
+                paused: args.paused.then_some(true),
+            };
+            let schedule = client.put_schedule(&args.name, &req).await?;
+            if json {
+                print_json(&schedule)?
+            } else {
+                print_schedule(&schedule)
+            }
+        }
+        Some(SchedulesCommand::Show { name }) => {
+            let schedule = client.schedule(&name).await?;
+            if json {
+                print_json(&schedule)?
+            } else {
+                print_schedule(&schedule)
+            }
+        }
+        Some(SchedulesCommand::Delete { name }) => {
+            let schedule = client.delete_schedule(&name).await?;
+            if json {
+                print_json(&schedule)?
+            } else {
+                println!("schedule {} deleted (the jobs it enqueued stay)", schedule.name);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn action_name(action: BulkActionName) -> &'static str {
@@ -607,22 +892,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             max_attempts,
             timeout_ms,
             idempotency_key,
+            concurrency_key,
         } => {
-            let text = match payload {
-                Some(p) => p,
-                None => {
-                    if std::io::stdin().is_terminal() {
-                        eprintln!("reading the JSON payload from standard input (end with Ctrl-D)");
-                    }
-                    let mut s = String::new();
-                    std::io::stdin()
-                        .read_to_string(&mut s)
-                        .context("cannot read the payload from standard input")?;
-                    s
-                }
-            };
-            let payload =
-                serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("payload is not valid JSON: {e}"))?;
+            let payload = read_payload(payload, "give the JSON as an argument or on standard input")?;
             let queue = QueueName::new(queue).map_err(|e| anyhow::anyhow!("{e}"))?;
             let mut req = EnqueueJobRequest::new(queue, payload);
             req.priority = priority;
@@ -631,6 +903,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             req.max_attempts = max_attempts;
             req.timeout_ms = timeout_ms;
             req.idempotency_key = idempotency_key;
+            req.concurrency_key = concurrency_key;
             let job = client.enqueue_with(req).await?;
             if cli.json {
                 print_json(&job)?
@@ -761,6 +1034,41 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
         }
+        Command::Queues {
+            command:
+                Some(QueuesCommand::Limit {
+                    queue,
+                    max_running,
+                    max_running_per_key,
+                    rate,
+                }),
+        } => {
+            if max_running.is_none() && max_running_per_key.is_none() && rate.is_none() {
+                anyhow::bail!(
+                    "nothing to change: pass --max-running, --max-running-per-key or --rate (a value, or none to clear it)"
+                );
+            }
+            let change = UpdateQueueRequest {
+                max_running: max_running.map(|v| v.0),
+                max_running_per_key: max_running_per_key.map(|v| v.0),
+                rate_limit: rate.map(|v| v.0),
+                ..UpdateQueueRequest::default()
+            };
+            let summary = client.update_queue(&queue, &change).await?;
+            if cli.json {
+                print_json(&summary)?
+            } else {
+                let set = &summary.settings;
+                println!(
+                    "queue {}: max_running {}, max_running_per_key {}, rate_limit {}",
+                    summary.queue,
+                    limit_text(set.max_running),
+                    limit_text(set.max_running_per_key),
+                    rate_text(set.rate_limit)
+                );
+            }
+        }
+        Command::Schedules { command } => run_schedules(&client, command, cli.json).await?,
         Command::Jobs { command } => match command {
             JobsCommand::List {
                 queue,

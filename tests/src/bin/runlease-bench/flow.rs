@@ -11,33 +11,23 @@ use std::time::{Duration, Instant};
 use runlease_client::Client;
 use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_tests::{CoordinatorProcess, TestDb};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use crate::history::enqueue;
 use crate::throughput::lean_worker;
 
 const WORKERS: usize = 256;
 const CLAIM: u32 = 8;
 
-async fn enqueue(http: &reqwest::Client, base: &str, queue: &str, n: usize) {
-    for chunk in 0..n.div_ceil(1000) {
-        let count = (n - chunk * 1000).min(1000);
-        let jobs: Vec<Value> = (0..count).map(|i| json!({"queue": queue, "payload": i})).collect();
-        http.post(format!("{base}/v1/jobs/batch"))
-            .json(&json!({"jobs": jobs}))
-            .send()
-            .await
-            .unwrap()
-            .error_for_status()
-            .unwrap();
-    }
-}
-
 /// Jobs of `queue` done, read from PostgreSQL (older builds have no
 /// per-queue route).
 async fn done(client: &tokio_postgres::Client, queue: &str) -> i64 {
     client
-        .query_one("SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'done'", &[&queue])
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'done'",
+            &[&queue],
+        )
         .await
         .unwrap()
         .get(0)
@@ -56,7 +46,10 @@ async fn drain(binary: &Path, jobs: usize, max_running: Option<i32>) -> f64 {
     let base = process.api.base().to_owned();
     let http = reqwest::Client::new();
     if let Some(max) = max_running {
-        let (status, body) = process.api.patch("/v1/queues/bench", &json!({"max_running": max})).await;
+        let (status, body) = process
+            .api
+            .patch("/v1/queues/bench", &json!({"max_running": max}))
+            .await;
         assert_eq!(status, 200, "{body}");
         // Every coordinator sees the limit within a second.
         tokio::time::sleep(Duration::from_millis(1_100)).await;
@@ -64,7 +57,10 @@ async fn drain(binary: &Path, jobs: usize, max_running: Option<i32>) -> f64 {
     enqueue(&http, &base, "bench", jobs).await;
     let client = db.client().await;
     let stop = CancellationToken::new();
-    let api = Client::builder(&base).timeout(Duration::from_secs(60)).build().unwrap();
+    let api = Client::builder(&base)
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap();
     let started = Instant::now();
     let workers: Vec<_> = (0..WORKERS)
         .map(|w| {
@@ -99,7 +95,13 @@ pub async fn report(older: &[PathBuf], jobs: usize, rounds: usize) -> anyhow::Re
     let this = runlease_tests::process::coordinator_binary();
     let mut builds: Vec<(String, PathBuf)> = older
         .iter()
-        .map(|p| (p.file_name().map_or("older".into(), |n| n.to_string_lossy().into_owned()), p.clone()))
+        .map(|p| {
+            (
+                p.file_name()
+                    .map_or("older".into(), |n| n.to_string_lossy().into_owned()),
+                p.clone(),
+            )
+        })
         .collect();
     builds.push(("this build".to_owned(), this.clone()));
     let mut unlimited: Vec<Vec<f64>> = vec![Vec::new(); builds.len()];
@@ -111,19 +113,32 @@ pub async fn report(older: &[PathBuf], jobs: usize, rounds: usize) -> anyhow::Re
             unlimited[i].push(rate);
         }
         let rate = drain(&this, jobs, Some(100)).await;
-        eprintln!("  round {}: this build, max_running = 100: {rate:.0} jobs/s", round + 1);
+        eprintln!(
+            "  round {}: this build, max_running = 100: {rate:.0} jobs/s",
+            round + 1
+        );
         limited.push(rate);
     }
     let this_median = median(unlimited.last().cloned().unwrap_or_default());
-    println!("{jobs} jobs, {WORKERS} outside HTTP workers claiming up to {CLAIM}, coordinator as its own process; medians of {rounds} interleaved rounds");
+    println!(
+        "{jobs} jobs, {WORKERS} outside HTTP workers claiming up to {CLAIM}, coordinator as its own process; medians of {rounds} interleaved rounds"
+    );
     println!("build | queue | jobs/s | × this build's unlimited | rounds");
     for ((name, _), rates) in builds.iter().zip(&unlimited) {
         let m = median(rates.clone());
         let all: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
-        println!("{name} | unlimited | {m:.0} | {:.3} | {}", m / this_median, all.join(", "));
+        println!(
+            "{name} | unlimited | {m:.0} | {:.3} | {}",
+            m / this_median,
+            all.join(", ")
+        );
     }
     let m = median(limited.clone());
     let all: Vec<String> = limited.iter().map(|r| format!("{r:.0}")).collect();
-    println!("this build | max_running = 100 | {m:.0} | {:.3} | {}", m / this_median, all.join(", "));
+    println!(
+        "this build | max_running = 100 | {m:.0} | {:.3} | {}",
+        m / this_median,
+        all.join(", ")
+    );
     Ok(())
 }

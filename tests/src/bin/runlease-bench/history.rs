@@ -101,7 +101,8 @@ async fn probe(http: &reqwest::Client, base: &str, path: &str) -> (f64, f64) {
     (percentile(&ms, 0.5), percentile(&ms, 0.99))
 }
 
-async fn enqueue(http: &reqwest::Client, base: &str, queue: &str, n: usize) {
+/// Enqueues `n` jobs on `queue` through `POST /v1/jobs/batch`, 1,000 at a time.
+pub(crate) async fn enqueue(http: &reqwest::Client, base: &str, queue: &str, n: usize) {
     for chunk in 0..n.div_ceil(1000) {
         let count = (n - chunk * 1000).min(1000);
         let jobs: Vec<Value> = (0..count)

@@ -115,7 +115,13 @@ fn parse_args() -> anyhow::Result<Args> {
             "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
             "--flow" => {
-                args.flow = Some(value()?.split(',').filter(|p| !p.is_empty()).map(Into::into).collect());
+                args.flow = Some(
+                    value()?
+                        .split(',')
+                        .filter(|p| !p.is_empty())
+                        .map(Into::into)
+                        .collect(),
+                );
             }
             "--history" => {
                 args.history = Some(
