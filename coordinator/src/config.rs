@@ -113,6 +113,18 @@ pub struct Config {
     /// Key for lease-token MACs; share it between replicas. Generated when absent.
     #[arg(long, env = "RUNLEASE_SECRET", hide_env_values = true)]
     pub secret: Option<String>,
+    /// A file holding `RUNLEASE_SECRET` (a container secret), instead of the value.
+    #[arg(long, env = "RUNLEASE_SECRET_FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
+    /// A file holding `RUNLEASE_API_KEYS`.
+    #[arg(long, env = "RUNLEASE_API_KEYS_FILE")]
+    pub api_keys_file: Option<std::path::PathBuf>,
+    /// A file holding `RUNLEASE_DATABASE_URL` (it carries the password).
+    #[arg(long, env = "RUNLEASE_DATABASE_URL_FILE")]
+    pub database_url_file: Option<std::path::PathBuf>,
+    /// A file holding `RUNLEASE_REDIS_URL`.
+    #[arg(long, env = "RUNLEASE_REDIS_URL_FILE")]
+    pub redis_url_file: Option<std::path::PathBuf>,
     /// API keys: comma-separated `role:key[:queue|queue...]`, role one of producer, worker, admin.
     #[arg(long, env = "RUNLEASE_API_KEYS", hide_env_values = true)]
     pub api_keys: Option<String>,
@@ -227,6 +239,55 @@ impl Config {
     /// Lease TTL.
     pub fn lease_ttl(&self) -> Duration {
         Duration::from_millis(self.lease_ttl_ms)
+    }
+
+    /// Reads the `*_FILE` settings into the values they stand for (the
+    /// file's content without its trailing newline). A setting given both
+    /// ways is an error, so a forgotten variable cannot silently win.
+    pub fn load_secret_files(&mut self) -> Result<(), String> {
+        fn read(path: &std::path::Path, name: &str) -> Result<String, String> {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read {name}_FILE {}: {e}", path.display()))?;
+            Ok(text.trim_end_matches(['\n', '\r']).to_owned())
+        }
+        if let Some(path) = self.secret_file.take() {
+            if self.secret.as_deref().is_some_and(|v| !v.is_empty()) {
+                return Err("set RUNLEASE_SECRET or RUNLEASE_SECRET_FILE, not both".into());
+            }
+            self.secret = Some(read(&path, "RUNLEASE_SECRET")?);
+        }
+        if let Some(path) = self.api_keys_file.take() {
+            if self.api_keys.as_deref().is_some_and(|v| !v.is_empty()) {
+                return Err("set RUNLEASE_API_KEYS or RUNLEASE_API_KEYS_FILE, not both".into());
+            }
+            self.api_keys = Some(read(&path, "RUNLEASE_API_KEYS")?);
+        }
+        if let Some(path) = self.database_url_file.take() {
+            if self.database_url != DEFAULT_DATABASE_URL {
+                return Err("set RUNLEASE_DATABASE_URL or RUNLEASE_DATABASE_URL_FILE, not both".into());
+            }
+            self.database_url = read(&path, "RUNLEASE_DATABASE_URL")?;
+        }
+        if let Some(path) = self.redis_url_file.take() {
+            if self.redis_url != DEFAULT_REDIS_URL {
+                return Err("set RUNLEASE_REDIS_URL or RUNLEASE_REDIS_URL_FILE, not both".into());
+            }
+            self.redis_url = read(&path, "RUNLEASE_REDIS_URL")?;
+        }
+        Ok(())
+    }
+
+    /// The lease-token secrets: `RUNLEASE_SECRET` may list several,
+    /// comma-separated; the first signs new tokens, every one verifies.
+    pub fn secrets(&self) -> Vec<Vec<u8>> {
+        self.secret
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| s.as_bytes().to_vec())
+            .collect()
     }
 
     /// The deadlines of database work.

@@ -102,7 +102,9 @@ pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
 
 /// `runlease-coordinator migrate`.
 pub async fn migrate(config: &Config) -> Result<(), Error> {
-    connect_and_migrate(config).await.map(drop)
+    let mut config = config.clone();
+    config.load_secret_files().map_err(Error::Config)?;
+    connect_and_migrate(&config).await.map(drop)
 }
 
 /// Binds `RUNLEASE_LISTEN` and serves until `shutdown` fires.
@@ -114,7 +116,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Erro
 /// Serves the protocol on `listener` until `shutdown` fires, then stops
 /// accepting, answers parked long-polls, finishes in-flight requests and
 /// stops the background loops.
-pub async fn serve(config: Config, listener: TcpListener, shutdown: CancellationToken) -> Result<(), Error> {
+pub async fn serve(
+    mut config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), Error> {
+    config.load_secret_files().map_err(Error::Config)?;
     config.validate().map_err(Error::Config)?;
     let addr = listener.local_addr()?;
     let keys = ApiKeys::parse(config.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
@@ -126,18 +133,20 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
         }
         tracing::warn!(%addr, "no RUNLEASE_API_KEYS configured: serving unauthenticated requests on loopback only");
     }
-    let secret = match &config.secret {
-        Some(s) if !s.is_empty() => s.as_bytes().to_vec(),
-        _ => {
-            let mut bytes = [0u8; 32];
-            rand::fill(&mut bytes);
-            tracing::warn!(
-                "RUNLEASE_SECRET is not set: generated a random one; leases handed out by this process will not verify after a restart or on other replicas"
-            );
-            bytes.to_vec()
-        }
-    };
-
+    let mut secrets = config.secrets();
+    if secrets.is_empty() {
+        let mut bytes = [0u8; 32];
+        rand::fill(&mut bytes);
+        tracing::warn!(
+            "RUNLEASE_SECRET is not set: generated a random one; leases handed out by this process will not verify after a restart or on other replicas"
+        );
+        secrets.push(bytes.to_vec());
+    } else if secrets.len() > 1 {
+        tracing::info!(
+            keys = secrets.len(),
+            "lease tokens are signed with the first RUNLEASE_SECRET key and verified with every one"
+        );
+    }
     let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
     let store = connect_and_migrate(&config)
         .await?
@@ -264,7 +273,7 @@ pub async fn serve(config: Config, listener: TcpListener, shutdown: Cancellation
 
     let state = Arc::new(http::Shared {
         store,
-        tokens: TokenKey::new(&secret),
+        tokens: TokenKey::rotating(&secrets.iter().map(Vec::as_slice).collect::<Vec<_>>()),
         keys: Arc::new(keys),
         metrics,
         wake,

@@ -33,10 +33,14 @@ pub enum TokenError {
     Forged,
 }
 
-/// Mints and verifies lease tokens.
+/// Mints and verifies lease tokens. It may hold several keys: the first
+/// signs, every one verifies, so a key is rotated (new key first, old one
+/// kept until the leases it signed are over) without refusing running leases.
 #[derive(Clone)]
 pub struct TokenKey {
     mac: Hmac<Sha256>,
+    /// Every key, the signing one first.
+    verifiers: Vec<Hmac<Sha256>>,
 }
 
 impl std::fmt::Debug for TokenKey {
@@ -48,10 +52,25 @@ impl std::fmt::Debug for TokenKey {
 impl TokenKey {
     /// A key from the secret's bytes.
     pub fn new(secret: &[u8]) -> Self {
+        Self::rotating(&[secret])
+    }
+
+    /// Keys from several secrets: the first signs, every one verifies.
+    /// `secrets` must not be empty.
+    pub fn rotating(secrets: &[&[u8]]) -> Self {
         // HMAC accepts keys of any length.
-        let mac = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
-            .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
-        Self { mac }
+        let verifiers: Vec<Hmac<Sha256>> = secrets
+            .iter()
+            .map(|s| {
+                <Hmac<Sha256> as KeyInit>::new_from_slice(s)
+                    .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"))
+            })
+            .collect();
+        let mac = verifiers
+            .first()
+            .cloned()
+            .unwrap_or_else(|| unreachable!("TokenKey::rotating needs at least one secret"));
+        Self { mac, verifiers }
     }
 
     fn tag(&self, payload: &[u8]) -> Hmac<Sha256> {
@@ -88,11 +107,16 @@ impl TokenKey {
             return Err(TokenError::Malformed);
         }
         let (id, tag) = raw.split_at(16);
-        let mut mac = self.mac.clone();
-        mac.update(CURSOR_DOMAIN);
-        mac.update(id);
-        mac.update(scope.as_bytes());
-        mac.verify_truncated_left(tag).map_err(|_| TokenError::Forged)?;
+        let verified = self.verifiers.iter().any(|key| {
+            let mut mac = key.clone();
+            mac.update(CURSOR_DOMAIN);
+            mac.update(id);
+            mac.update(scope.as_bytes());
+            mac.verify_truncated_left(tag).is_ok()
+        });
+        if !verified {
+            return Err(TokenError::Forged);
+        }
         let id = Uuid::from_slice(id).map_err(|_| TokenError::Malformed)?;
         Ok(JobId(id))
     }
@@ -126,9 +150,15 @@ impl TokenKey {
         if payload.len() <= 24 || mac.len() != 32 {
             return Err(TokenError::Malformed);
         }
-        self.tag(&payload)
-            .verify_slice(&mac)
-            .map_err(|_| TokenError::Forged)?;
+        let verified = self.verifiers.iter().any(|key| {
+            let mut tag = key.clone();
+            tag.update(DOMAIN);
+            tag.update(&payload);
+            tag.verify_slice(&mac).is_ok()
+        });
+        if !verified {
+            return Err(TokenError::Forged);
+        }
         // Verified: the fields are ours, but decode them defensively anyway.
         let job_id = Uuid::from_slice(&payload[..16]).map_err(|_| TokenError::Malformed)?;
         let mut lease = [0u8; 8];

@@ -4,6 +4,8 @@
 //! - [`TestDb`]: one database per test, dropped (forcibly) when the test ends.
 //! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
+//! - [`cli`]: the `runlease` CLI binary as a child process, and checks of
+//!   what it printed and how it exited.
 //! - [`CoordinatorProcess`]: the coordinator binary as a child process.
 //! - [`Proxy`]: a TCP proxy a test can cut, heal, or make lose an answer.
 //! - [`TestSqs`]: moto's SQS server of the test's own.
@@ -18,6 +20,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod api;
+pub mod cli;
 pub mod lambda;
 pub mod process;
 pub mod proxy;

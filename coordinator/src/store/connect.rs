@@ -43,22 +43,36 @@ pub struct DatabaseTarget {
 }
 
 impl DatabaseTarget {
-    /// Parses a `postgres://` URL (or a key=value string). `sslmode` may be
-    /// `disable`, `prefer` (default), `require`, `verify-ca` or `verify-full`;
-    /// `sslrootcert` names a PEM file.
+    /// Parses a `postgres://` / `postgresql://` URL or a libpq key=value
+    /// string (`host=db user=app sslmode=require`). In a URL the user,
+    /// password, hosts, database and query values are percent-decoded; in
+    /// the key=value form a value may be quoted (`password='a b\'c'`).
+    /// `sslmode` may be `disable`, `prefer` (default), `require`, `verify-ca`
+    /// or `verify-full`; `sslrootcert` names a PEM file. Every other
+    /// parameter goes to tokio-postgres as it is. Without a database the
+    /// database is `runlease`, without a user `postgres`.
     pub fn parse(url: &str) -> Result<Self, StoreError> {
-        let (base, query) = match url.split_once('?') {
-            Some((b, q)) => (b, q),
-            None => (url, ""),
-        };
+        let invalid =
+            |e: &dyn std::fmt::Display| StoreError::Config(format!("invalid RUNLEASE_DATABASE_URL: {e}"));
+        let params = if URL_SCHEMES.iter().any(|scheme| url.starts_with(scheme)) {
+            url_params(url)
+        } else if url.split('=').next().is_some_and(|before| before.contains("://")) {
+            Err("use a postgres:// or postgresql:// URL, or key=value settings".to_owned())
+        } else {
+            keyword_params(url).map(|pairs| ConnParams {
+                pairs,
+                url_password: None,
+            })
+        }
+        .map_err(|e| invalid(&e))?;
         let mut kept = Vec::new();
         let mut sslmode = "prefer".to_owned();
         let mut root_path = None;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("sslmode", v)) => sslmode = v.to_owned(),
-                Some(("sslrootcert", v)) => root_path = Some(v.to_owned()),
-                _ => kept.push(pair),
+        for (key, value) in params.pairs {
+            match key.as_str() {
+                "sslmode" => sslmode = value,
+                "sslrootcert" => root_path = Some(value),
+                _ => kept.push((key, value)),
             }
         }
         let root_cert = match root_path {
@@ -81,14 +95,16 @@ impl DatabaseTarget {
                 )));
             }
         };
-        let rebuilt = if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        };
-        let mut pg: tokio_postgres::Config = rebuilt
+        let mut pg: tokio_postgres::Config = conninfo(&kept)
+            .map_err(|e| invalid(&e))?
             .parse()
-            .map_err(|e| StoreError::Config(format!("invalid RUNLEASE_DATABASE_URL: {e}")))?;
+            .map_err(|e| invalid(&e))?;
+        // A `password` query parameter comes after the URL's and wins, as in libpq.
+        if let Some(password) = params.url_password
+            && pg.get_password().is_none()
+        {
+            pg.password(password);
+        }
         pg.ssl_mode(pg_mode);
         if pg.get_dbname().is_none() {
             pg.dbname("runlease");
@@ -296,6 +312,155 @@ pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The URL schemes of a PostgreSQL connection URL.
+const URL_SCHEMES: [&str; 2] = ["postgres://", "postgresql://"];
+
+/// Connection settings read from a URL or a key=value string, decoded.
+struct ConnParams {
+    /// `(keyword, value)` in libpq's keywords, in the order given.
+    pairs: Vec<(String, String)>,
+    /// The URL's password: once percent-decoded it may be any bytes.
+    url_password: Option<Vec<u8>>,
+}
+
+/// Reads a `postgres://user:password@host:port,host:port/database?key=value`
+/// URL with the `url` crate. libpq's list of several hosts is no URL syntax,
+/// so each entry of the list is read as a URL authority of its own.
+fn url_params(url: &str) -> Result<ConnParams, String> {
+    let parse = |text: &str| url::Url::parse(text).map_err(|e| e.to_string());
+    let authority = url.find("://").map_or(0, |i| i + 3);
+    // A `/`, `?` or `#` ends the authority; the hosts follow the last `@`.
+    let authority_end = url[authority..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| authority + i);
+    let hosts_start = url[authority..authority_end]
+        .rfind('@')
+        .map_or(authority, |i| authority + i + 1);
+    let host_list = &url[hosts_start..authority_end];
+    let first_host = host_list.split(',').next().unwrap_or_default();
+    let parsed = parse(&format!(
+        "{}{first_host}{}",
+        &url[..hosts_start],
+        &url[authority_end..]
+    ))?;
+
+    let mut pairs = Vec::new();
+    if !parsed.username().is_empty() {
+        pairs.push(("user".to_owned(), decode(parsed.username(), "the user")?));
+    }
+    let url_password = parsed
+        .password()
+        .map(|p| percent_encoding::percent_decode_str(p).collect());
+    if !host_list.is_empty() {
+        for entry in host_list.split(',') {
+            if entry.is_empty() {
+                return Err("empty entry in the host list".to_owned());
+            }
+            let entry = parse(&format!("postgres://{entry}"))?;
+            let host = match entry.host() {
+                Some(url::Host::Domain(name)) => decode(name, "the host")?,
+                Some(url::Host::Ipv4(ip)) => ip.to_string(),
+                Some(url::Host::Ipv6(ip)) => ip.to_string(),
+                None => return Err("empty host".to_owned()),
+            };
+            pairs.push(("host".to_owned(), host));
+            pairs.push(("port".to_owned(), entry.port().unwrap_or(5432).to_string()));
+        }
+    }
+    let dbname = parsed.path().strip_prefix('/').unwrap_or(parsed.path());
+    if !dbname.is_empty() {
+        pairs.push(("dbname".to_owned(), decode(dbname, "the database name")?));
+    }
+    // Not `query_pairs`: that reads `+` as a space, which libpq does not.
+    for pair in parsed.query().unwrap_or_default().split('&') {
+        if pair.is_empty() {
+            continue;
+        }
+        let (key, value) = pair.split_once('=').ok_or_else(|| {
+            format!(
+                "query parameter {:?} has no `=value`",
+                percent_encoding::percent_decode_str(pair).decode_utf8_lossy()
+            )
+        })?;
+        let key = decode(key, "a query parameter's name")?;
+        let value = decode(value, &format!("the value of {key}"))?;
+        pairs.push((key, value));
+    }
+    Ok(ConnParams { pairs, url_password })
+}
+
+/// Percent-decodes one part of a URL.
+fn decode(text: &str, what: &str) -> Result<String, String> {
+    percent_encoding::percent_decode_str(text)
+        .decode_utf8()
+        .map(|s| s.into_owned())
+        .map_err(|_| format!("{what} is not UTF-8 once percent-decoded"))
+}
+
+/// Reads libpq's key=value form: `keyword = value` pairs separated by
+/// whitespace; a value is single-quoted to hold whitespace, and a backslash
+/// takes the next character as it is (`\'`, `\\`).
+fn keyword_params(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut pairs = Vec::new();
+    let mut chars = text.chars().peekable();
+    let skip_whitespace = |chars: &mut std::iter::Peekable<std::str::Chars<'_>>| {
+        while chars.next_if(|c| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_whitespace(&mut chars);
+        if chars.peek().is_none() {
+            return Ok(pairs);
+        }
+        let mut key = String::new();
+        while let Some(c) = chars.next_if(|c| !c.is_whitespace() && *c != '=') {
+            key.push(c);
+        }
+        if key.is_empty() {
+            return Err("`=` without a keyword before it".to_owned());
+        }
+        skip_whitespace(&mut chars);
+        if chars.next() != Some('=') {
+            return Err(format!("{key} has no `=` after it"));
+        }
+        skip_whitespace(&mut chars);
+        let quoted = chars.next_if_eq(&'\'').is_some();
+        let mut value = String::new();
+        let mut closed = false;
+        while let Some(c) = chars.next() {
+            match c {
+                '\'' if quoted => {
+                    closed = true;
+                    break;
+                }
+                c if c.is_whitespace() && !quoted => break,
+                '\\' => value.extend(chars.next()),
+                c => value.push(c),
+            }
+        }
+        if quoted && !closed {
+            return Err(format!("the quoted value of {key} has no closing quote"));
+        }
+        if !quoted && value.is_empty() {
+            return Err(format!("{key} has no value"));
+        }
+        pairs.push((key, value));
+    }
+}
+
+/// Writes settings back in the key=value form, each value quoted, for
+/// tokio-postgres to read.
+fn conninfo(pairs: &[(String, String)]) -> Result<String, String> {
+    let mut text = String::new();
+    for (key, value) in pairs {
+        if key.is_empty() || key.contains(|c: char| c.is_whitespace() || c == '=') {
+            return Err(format!("unknown option {key:?}"));
+        }
+        let value = value.replace('\\', "\\\\").replace('\'', "\\'");
+        text.push_str(&format!("{key}='{value}' "));
+    }
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -319,6 +484,200 @@ mod tests {
 
         assert!(DatabaseTarget::parse("postgres://u@h/db?sslmode=bogus").is_err());
         assert!(DatabaseTarget::parse("postgres://u@h/db?sslrootcert=/nonexistent").is_err());
+    }
+
+    use tokio_postgres::config::Host;
+
+    fn error(url: &str) -> String {
+        DatabaseTarget::parse(url).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn url_parts_are_percent_decoded() {
+        // Password `p@ss&w?rd%/x`, database `run@lease&?%/x`, user `app user`.
+        let t = DatabaseTarget::parse(
+            "postgres://app%20user:p%40ss%26w%3Frd%25%2Fx@db.internal:6432/run%40lease%26%3F%25%2Fx",
+        )
+        .unwrap();
+        assert_eq!(t.pg.get_user(), Some("app user"));
+        assert_eq!(t.pg.get_password(), Some(&b"p@ss&w?rd%/x"[..]));
+        assert_eq!(t.dbname(), "run@lease&?%/x");
+        assert_eq!(t.pg.get_hosts(), &[Host::Tcp("db.internal".to_owned())]);
+        assert_eq!(t.pg.get_ports(), &[6432]);
+        assert_eq!(t.tls, TlsPolicy::EncryptOnly { required: false });
+
+        // A password that is not UTF-8 once decoded is kept as bytes.
+        let t = DatabaseTarget::parse("postgresql://u:%FF%00@h/db").unwrap();
+        assert_eq!(t.pg.get_password(), Some(&[0xff, 0][..]));
+
+        // A Unix socket directory as the host; the default port.
+        let t = DatabaseTarget::parse("postgres://u@%2Fvar%2Frun%2Fpostgresql/db").unwrap();
+        assert_eq!(t.pg.get_hosts(), &[Host::Unix("/var/run/postgresql".into())]);
+        assert_eq!(t.pg.get_ports(), &[5432]);
+    }
+
+    #[test]
+    fn query_values_are_percent_decoded_and_passed_on() {
+        let t = DatabaseTarget::parse(
+            "postgres://u@h/db?options=-c%20search_path%3Da%26b&target_session_attrs=read-write&connect_timeout=3",
+        )
+        .unwrap();
+        assert_eq!(t.pg.get_options(), Some("-c search_path=a&b"));
+        assert_eq!(
+            t.pg.get_target_session_attrs(),
+            tokio_postgres::config::TargetSessionAttrs::ReadWrite
+        );
+        assert_eq!(t.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        // libpq reads `+` as itself, not as a space; quotes and backslashes
+        // survive the way to tokio-postgres.
+        let t = DatabaseTarget::parse(r"postgres://u@h/db?options=a+b%27c%5Cd").unwrap();
+        assert_eq!(t.pg.get_options(), Some(r"a+b'c\d"));
+        // A password in the query wins over the URL's, as in libpq.
+        let t = DatabaseTarget::parse("postgres://u:url@h/db?password=q%26p").unwrap();
+        assert_eq!(t.pg.get_password(), Some(&b"q&p"[..]));
+        // The query's user and database win too.
+        let t = DatabaseTarget::parse("postgres://u@h/db?user=v&dbname=d%2Fb").unwrap();
+        assert_eq!((t.pg.get_user(), t.dbname()), (Some("v"), "d/b"));
+
+        let t = DatabaseTarget::parse("postgres://u@h/db?sslmode=verify%2Dfull").unwrap();
+        assert_eq!(t.tls, TlsPolicy::VerifyFull { root_cert: None });
+    }
+
+    #[test]
+    fn sslrootcert_path_is_percent_decoded() {
+        let dir = std::env::temp_dir().join(format!("runlease connect {}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("root 100%.pem");
+        std::fs::write(&path, "PEM").unwrap();
+        let encoded = path.to_str().unwrap().replace('%', "%25").replace(' ', "%20");
+        let t = DatabaseTarget::parse(&format!(
+            "postgres://u@h/db?sslmode=verify-ca&sslrootcert={encoded}"
+        ))
+        .unwrap();
+        assert_eq!(
+            t.tls,
+            TlsPolicy::VerifyCa {
+                root_cert: Some("PEM".to_owned())
+            }
+        );
+        let t = DatabaseTarget::parse(&format!("host=h sslrootcert='{}'", path.display())).unwrap();
+        // `require` with a root certificate verifies the chain, as in libpq.
+        assert_eq!(
+            t.tls,
+            TlsPolicy::EncryptOnly { required: false },
+            "sslmode is still prefer"
+        );
+        let t = DatabaseTarget::parse(&format!(
+            "host=h sslmode=require sslrootcert='{}'",
+            path.display()
+        ))
+        .unwrap();
+        assert_eq!(
+            t.tls,
+            TlsPolicy::VerifyCa {
+                root_cert: Some("PEM".to_owned())
+            }
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn sslmode_is_honoured_in_the_key_value_form() {
+        let t =
+            DatabaseTarget::parse("host=db.internal port=6432 user=app dbname=jobs sslmode=require").unwrap();
+        assert_eq!(t.tls, TlsPolicy::EncryptOnly { required: true });
+        assert_eq!(t.pg.get_ssl_mode(), SslMode::Require);
+        assert_eq!(t.pg.get_hosts(), &[Host::Tcp("db.internal".to_owned())]);
+        assert_eq!(t.pg.get_ports(), &[6432]);
+        assert_eq!((t.pg.get_user(), t.dbname()), (Some("app"), "jobs"));
+
+        let t = DatabaseTarget::parse("host=h sslmode = verify-full").unwrap();
+        assert_eq!(t.tls, TlsPolicy::VerifyFull { root_cert: None });
+        let t = DatabaseTarget::parse("host=h sslmode='verify-ca'").unwrap();
+        assert_eq!(t.tls, TlsPolicy::VerifyCa { root_cert: None });
+        let t = DatabaseTarget::parse("host=h sslmode=disable").unwrap();
+        assert_eq!(t.pg.get_ssl_mode(), SslMode::Disable);
+        let t = DatabaseTarget::parse("host=h").unwrap();
+        assert_eq!(t.tls, TlsPolicy::EncryptOnly { required: false });
+        assert_eq!(t.pg.get_ssl_mode(), SslMode::Prefer);
+
+        // Quoted values hold spaces, quotes and backslashes; other settings
+        // are passed on.
+        let t = DatabaseTarget::parse(r"host=h password='p@ss w\'rd\\' connect_timeout=3 dbname='my db'")
+            .unwrap();
+        assert_eq!(t.pg.get_password(), Some(&br"p@ss w'rd\"[..]));
+        assert_eq!(t.pg.get_connect_timeout(), Some(&Duration::from_secs(3)));
+        assert_eq!(t.dbname(), "my db");
+        assert_eq!(t.pg.get_user(), Some("postgres"));
+        assert_eq!(t.pg.get_application_name(), Some("runlease-coordinator"));
+    }
+
+    #[test]
+    fn an_unknown_sslmode_is_refused_in_both_forms() {
+        let expected = "unknown sslmode \"verify\"; use disable, prefer, require, verify-ca or verify-full";
+        assert_eq!(error("postgres://u@h/db?sslmode=verify"), expected);
+        assert_eq!(error("host=h sslmode=verify"), expected);
+        assert_eq!(error("host=h sslmode=''"), expected.replace("\"verify\"", "\"\""));
+    }
+
+    #[test]
+    fn a_url_without_a_database_uses_runlease() {
+        for url in [
+            "postgres://u@h",
+            "postgres://u@h/",
+            "postgresql://u@h:5433?sslmode=disable",
+            "host=h",
+        ] {
+            let t = DatabaseTarget::parse(url).unwrap();
+            assert_eq!(t.dbname(), "runlease", "{url}");
+            assert_eq!(t.pg.get_dbname(), Some("runlease"), "{url}");
+        }
+        let t = DatabaseTarget::parse("postgres://h/db").unwrap();
+        assert_eq!(t.pg.get_user(), Some("postgres"));
+        assert_eq!(t.pg.get_connect_timeout(), Some(&Duration::from_secs(10)));
+    }
+
+    #[test]
+    fn several_hosts_and_ipv6() {
+        let t =
+            DatabaseTarget::parse("postgres://u:p%2C@h1:5432,[::1]:5433,h3/db?host=h4&port=1,2,3,4").unwrap();
+        assert_eq!(
+            t.pg.get_hosts(),
+            &[
+                Host::Tcp("h1".to_owned()),
+                Host::Tcp("::1".to_owned()),
+                Host::Tcp("h3".to_owned()),
+                Host::Tcp("h4".to_owned()),
+            ]
+        );
+        assert_eq!(t.pg.get_ports(), &[5432, 5433, 5432, 1, 2, 3, 4]);
+        assert_eq!(t.pg.get_password(), Some(&b"p,"[..]));
+        assert!(error("postgres://u@h1,,h2/db").contains("empty entry in the host list"));
+    }
+
+    #[test]
+    fn bad_settings_are_refused_without_showing_the_password() {
+        for (url, message) in [
+            ("postgres://u:secret@h:99999/db", "invalid port number"),
+            ("postgres://u:secret@h/db?bogus=1", "unknown option"),
+            (
+                "postgres://u:secret@h/db?sslcert",
+                "query parameter \"sslcert\" has no `=value`",
+            ),
+            ("postgres://u:secret@h/db?%20x=1", "unknown option \" x\""),
+            ("postgres://u:secret@h/db?application_name=%FF", "not UTF-8"),
+            ("mysql://u:secret@h/db", "use a postgres:// or postgresql:// URL"),
+            ("host=h password='secret", "no closing quote"),
+            ("host=h password", "password has no `=` after it"),
+            ("host=h password=", "password has no value"),
+            ("host=h =secret", "`=` without a keyword"),
+            ("host=h passwd=secret", "unknown option"),
+        ] {
+            let e = error(url);
+            assert!(e.starts_with("invalid RUNLEASE_DATABASE_URL: "), "{url}: {e}");
+            assert!(e.contains(message), "{url}: {e}");
+            assert!(!e.contains("secret"), "{url}: {e}");
+        }
     }
 
     #[test]

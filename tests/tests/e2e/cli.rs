@@ -1,66 +1,8 @@
 //! The `runlease` CLI against a real coordinator: what a shell script sees.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
-
+use runlease_tests::cli::{json_out, refused, runlease};
 use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::{Value, json};
-
-fn cli_binary() -> PathBuf {
-    runlease_tests::process::workspace_binary(
-        "runlease",
-        &["-p", "runlease-client", "--features", "cli", "--bin", "runlease"],
-    )
-}
-
-async fn runlease(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let url = url.to_owned();
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let stdin = stdin.map(str::to_owned);
-    tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(cli_binary())
-            .arg("--url")
-            .arg(&url)
-            .args(&args)
-            .env_remove("RUNLEASE_KEY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(input) = stdin {
-            pipe.write_all(input.as_bytes()).unwrap();
-        }
-        drop(pipe);
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn json_out(out: &Output) -> Value {
-    assert!(
-        out.status.success(),
-        "runlease failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-fn one_line_error(out: &Output) -> String {
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "stdout: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    let err = String::from_utf8_lossy(&out.stderr).trim().to_owned();
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("runlease: "), "{err}");
-    err
-}
 
 #[tokio::test]
 async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
@@ -166,26 +108,24 @@ async fn cli_errors_exit_nonzero_with_one_line() {
     let c = TestCoordinator::start(&db).await;
     let url = c.api.base().to_owned();
     let unknown = uuid::Uuid::now_v7().to_string();
-    assert!(one_line_error(&runlease(&url, &["get", &unknown], None).await).contains("not found"));
-    assert!(one_line_error(&runlease(&url, &["get", "nope"], None).await).contains("not a job id"));
+    assert!(refused(&runlease(&url, &["get", &unknown], None).await).contains("not found"));
+    assert!(refused(&runlease(&url, &["get", "nope"], None).await).contains("not a job id"));
     assert!(
-        one_line_error(&runlease(&url, &["enqueue", "q", "{bad json"], None).await)
+        refused(&runlease(&url, &["enqueue", "q", "{bad json"], None).await)
             .contains("payload is not valid JSON")
     );
-    assert!(one_line_error(&runlease(&url, &["enqueue", "bad queue", "1"], None).await).contains("queue"));
+    assert!(refused(&runlease(&url, &["enqueue", "bad queue", "1"], None).await).contains("queue"));
     let done = c.api.enqueue("q", json!(1)).await;
     runlease(&url, &["cancel", &done.id.to_string()], None).await;
-    assert!(
-        one_line_error(&runlease(&url, &["cancel", &done.id.to_string()], None).await).contains("conflict")
-    );
+    assert!(refused(&runlease(&url, &["cancel", &done.id.to_string()], None).await).contains("conflict"));
     // Usage errors exit 1 with one line, like every other error.
-    assert!(one_line_error(&runlease(&url, &["frobnicate"], None).await).contains("frobnicate"));
+    assert!(refused(&runlease(&url, &["frobnicate"], None).await).contains("frobnicate"));
     // Nobody listens here.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let err = one_line_error(&runlease(&format!("http://127.0.0.1:{port}"), &["queues"], None).await);
+    let err = refused(&runlease(&format!("http://127.0.0.1:{port}"), &["queues"], None).await);
     assert!(err.contains("cannot reach the coordinator"), "{err}");
 }

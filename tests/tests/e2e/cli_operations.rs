@@ -4,71 +4,16 @@
 //! pause|show|resume` gate claims.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use runlease_protocol::admin::{BulkJobsResponse, ListJobsResponse};
 use runlease_protocol::producer::QueueSummary;
 use runlease_protocol::{JobId, JobState};
+use runlease_tests::cli::{ok, refused, runlease, stderr};
 use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::{Value, json};
 
 const HOUR: Duration = Duration::from_secs(3600);
-
-fn cli_binary() -> PathBuf {
-    runlease_tests::process::workspace_binary(
-        "runlease",
-        &["-p", "runlease-client", "--features", "cli", "--bin", "runlease"],
-    )
-}
-
-/// Runs `runlease --url <url> <args>` with no key in its environment.
-async fn runlease(url: &str, args: &[&str]) -> Output {
-    let url = url.to_owned();
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    tokio::task::spawn_blocking(move || {
-        Command::new(cli_binary())
-            .arg("--url")
-            .arg(&url)
-            .args(&args)
-            .env_remove("RUNLEASE_KEY")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The standard output of a run that must succeed.
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "runlease failed ({:?}): {}",
-        out.status.code(),
-        stderr(out)
-    );
-    stdout(out)
-}
-
-/// The single `runlease: ...` line of a run that must exit 1 and print nothing.
-fn refused(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "stdout: {}", stdout(out));
-    assert_eq!(stdout(out), "", "nothing on stdout");
-    let err = stderr(out).trim().to_owned();
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("runlease: "), "{err}");
-    err
-}
 
 /// `n` jobs on `queue` failed by their worker as not retryable, with a
 /// two-line error; answers their ids, oldest first.
@@ -103,7 +48,12 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
     let elsewhere = failed_via_api(&c.api, "other", 1).await;
 
     // The table: every failed job of the queue, none other, the error's first line.
-    let table = ok(&runlease(&url, &["jobs", "list", "--queue", "emails", "--state", "failed"]).await);
+    let table = ok(&runlease(
+        &url,
+        &["jobs", "list", "--queue", "emails", "--state", "failed"],
+        None,
+    )
+    .await);
     let header = table.lines().next().unwrap();
     for column in ["id", "state", "attempt", "created", "finished", "error"] {
         assert!(header.contains(column), "{header}");
@@ -130,6 +80,7 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
     let out = ok(&runlease(
         &url,
         &["--json", "jobs", "list", "--queue", "emails", "--state", "failed"],
+        None,
     )
     .await);
     let listing: ListJobsResponse = serde_json::from_str(&out).unwrap();
@@ -155,6 +106,7 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
             "--limit",
             "2",
         ],
+        None,
     )
     .await;
     let first = ok(&out);
@@ -181,6 +133,7 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
             "--cursor",
             &cursor,
         ],
+        None,
     )
     .await;
     let second = ok(&out);
@@ -208,6 +161,7 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
         &[
             "--json", "jobs", "list", "--queue", "emails", "--limit", "1", "--all",
         ],
+        None,
     )
     .await);
     let all: ListJobsResponse = serde_json::from_str(&out).unwrap();
@@ -217,7 +171,14 @@ async fn cli_jobs_list_shows_a_queues_failed_jobs_a_page_at_a_time() {
     assert_eq!(unique.len(), 4);
 
     // A state that does not exist is refused before any request.
-    let err = refused(&runlease(&url, &["jobs", "list", "--queue", "emails", "--state", "broken"]).await);
+    let err = refused(
+        &runlease(
+            &url,
+            &["jobs", "list", "--queue", "emails", "--state", "broken"],
+            None,
+        )
+        .await,
+    );
     assert!(err.contains("not a job state"), "{err}");
 }
 
@@ -231,7 +192,14 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
     let other = db.insert_terminal_jobs("other", JobState::Failed, 1, HOUR).await;
 
     // Without --yes: says what it would do and how many match, changes nothing.
-    let err = refused(&runlease(&url, &["jobs", "retry", "--queue", "emails", "--state", "failed"]).await);
+    let err = refused(
+        &runlease(
+            &url,
+            &["jobs", "retry", "--queue", "emails", "--state", "failed"],
+            None,
+        )
+        .await,
+    );
     for part in ["would retry", "queue emails", "state failed", "4 match", "--yes"] {
         assert!(err.contains(part), "{part:?} missing: {err}");
     }
@@ -241,6 +209,7 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
             &[
                 "--json", "jobs", "retry", "--queue", "emails", "--state", "failed",
             ],
+            None,
         )
         .await,
     );
@@ -253,6 +222,7 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
             &[
                 "jobs", "retry", "--queue", "emails", "--state", "failed", "--id", &one,
             ],
+            None,
         )
         .await,
     );
@@ -273,6 +243,7 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
                 "--created-before",
                 "2000-01-01T00:00:00Z",
             ],
+            None,
         )
         .await,
     );
@@ -281,7 +252,14 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
         "{err}"
     );
     // States the action never changes are called out.
-    let err = refused(&runlease(&url, &["jobs", "retry", "--queue", "emails", "--state", "done"]).await);
+    let err = refused(
+        &runlease(
+            &url,
+            &["jobs", "retry", "--queue", "emails", "--state", "done"],
+            None,
+        )
+        .await,
+    );
     assert!(
         err.contains("2 match") && err.contains("retry changes only failed and cancelled"),
         "{err}"
@@ -298,6 +276,7 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
     let out = ok(&runlease(
         &url,
         &["jobs", "retry", "--queue", "emails", "--state", "failed", "--yes"],
+        None,
     )
     .await);
     assert_eq!(out.trim(), "matched 4, changed 4");
@@ -324,17 +303,26 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
         &[
             "--json", "jobs", "retry", "--queue", "emails", "--state", "failed", "--yes",
         ],
+        None,
     )
     .await);
     let answer: BulkJobsResponse = serde_json::from_str(&out).unwrap();
     assert_eq!((answer.matched, answer.changed), (0, 0));
 
     // A delete of done jobs with --yes, matched against a refusal first.
-    let err = refused(&runlease(&url, &["jobs", "delete", "--queue", "emails", "--state", "done"]).await);
+    let err = refused(
+        &runlease(
+            &url,
+            &["jobs", "delete", "--queue", "emails", "--state", "done"],
+            None,
+        )
+        .await,
+    );
     assert!(err.contains("would delete") && err.contains("2 match"), "{err}");
     let out = ok(&runlease(
         &url,
         &["jobs", "delete", "--queue", "emails", "--state", "done", "--yes"],
+        None,
     )
     .await);
     assert_eq!(out.trim(), "matched 2, changed 2");
@@ -349,14 +337,14 @@ async fn cli_queues_pause_stops_claims_show_says_paused_and_resume_hands_the_job
     let url = c.api.base().to_owned();
     let job = c.api.enqueue("emails", json!("hello")).await;
 
-    let out = ok(&runlease(&url, &["queues", "pause", "emails"]).await);
+    let out = ok(&runlease(&url, &["queues", "pause", "emails"], None).await);
     assert!(out.contains("emails paused"), "{out}");
     assert!(
         c.api.claim("emails", "w", 5).await.is_empty(),
         "a paused queue hands out nothing"
     );
 
-    let show = ok(&runlease(&url, &["queues", "show", "emails"]).await);
+    let show = ok(&runlease(&url, &["queues", "show", "emails"], None).await);
     let row = |name: &str| -> Vec<String> {
         show.lines()
             .find(|l| l.split_whitespace().next() == Some(name))
@@ -381,26 +369,26 @@ async fn cli_queues_pause_stops_claims_show_says_paused_and_resume_hands_the_job
     ] {
         row(name);
     }
-    let out = ok(&runlease(&url, &["--json", "queues", "show", "emails"]).await);
+    let out = ok(&runlease(&url, &["--json", "queues", "show", "emails"], None).await);
     let summary: QueueSummary = serde_json::from_str(&out).unwrap();
     assert!(summary.settings.paused);
     assert_eq!(summary.counts["queued"], 1);
 
-    let out = ok(&runlease(&url, &["--json", "queues", "resume", "emails"]).await);
+    let out = ok(&runlease(&url, &["--json", "queues", "resume", "emails"], None).await);
     let summary: QueueSummary = serde_json::from_str(&out).unwrap();
     assert!(!summary.settings.paused);
     let leases = c.api.claim_wait("emails", "w", 1, 10_000).await;
     assert_eq!(leases.len(), 1, "a resumed queue hands out its job");
     assert_eq!(leases[0].job_id, job.id);
-    let show = ok(&runlease(&url, &["queues", "show", "emails"]).await);
+    let show = ok(&runlease(&url, &["queues", "show", "emails"], None).await);
     assert!(
         show.lines().any(|l| l.split_whitespace().eq(["paused", "false"])),
         "{show}"
     );
 
     // `queues` with no sub-verb still lists every queue.
-    let list = ok(&runlease(&url, &["queues"]).await);
+    let list = ok(&runlease(&url, &["queues"], None).await);
     assert!(list.lines().any(|l| l.starts_with("emails")), "{list}");
-    let err = refused(&runlease(&url, &["queues", "show", "bad queue"]).await);
+    let err = refused(&runlease(&url, &["queues", "show", "bad queue"], None).await);
     assert!(err.contains("queue"), "{err}");
 }

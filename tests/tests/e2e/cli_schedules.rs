@@ -3,80 +3,14 @@
 //! one line), `enqueue --concurrency-key`, and `queues limit` setting and
 //! clearing a queue's limits, as `queues show` then says.
 
-use std::io::Write;
-use std::path::PathBuf;
-use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use runlease_protocol::producer::QueueSummary;
 use runlease_protocol::schedules::{ListSchedulesResponse, Schedule};
 use runlease_protocol::{Job, JobState};
+use runlease_tests::cli::{ok, refused, runlease, stderr};
 use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::{Value, json};
-
-fn cli_binary() -> PathBuf {
-    runlease_tests::process::workspace_binary(
-        "runlease",
-        &["-p", "runlease-client", "--features", "cli", "--bin", "runlease"],
-    )
-}
-
-/// Runs `runlease --url <url> <args>` with no key in its environment and
-/// `stdin` (or nothing) on its standard input.
-async fn runlease(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
-    let url = url.to_owned();
-    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
-    let stdin = stdin.map(str::to_owned);
-    tokio::task::spawn_blocking(move || {
-        let mut child = Command::new(cli_binary())
-            .arg("--url")
-            .arg(&url)
-            .args(&args)
-            .env_remove("RUNLEASE_KEY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut pipe = child.stdin.take().unwrap();
-        if let Some(input) = stdin {
-            pipe.write_all(input.as_bytes()).unwrap();
-        }
-        drop(pipe);
-        child.wait_with_output().unwrap()
-    })
-    .await
-    .unwrap()
-}
-
-fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// The standard output of a run that must succeed.
-fn ok(out: &Output) -> String {
-    assert!(
-        out.status.success(),
-        "runlease failed ({:?}): {}",
-        out.status.code(),
-        stderr(out)
-    );
-    stdout(out)
-}
-
-/// The single `runlease: ...` line of a run that must exit 1 and print nothing.
-fn refused(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(1), "stdout: {}", stdout(out));
-    assert_eq!(stdout(out), "", "nothing on stdout");
-    let err = stderr(out).trim().to_owned();
-    assert_eq!(err.lines().count(), 1, "one line: {err}");
-    assert!(err.starts_with("runlease: "), "{err}");
-    err
-}
 
 /// The values after `name` on the line of a `key value` listing that starts with it.
 fn row(listing: &str, name: &str) -> String {
