@@ -235,7 +235,7 @@ pub async fn get_queue(
 }
 
 async fn figures_of(state: &AppState, queue: &QueueName) -> Result<QueueSummary, ApiError> {
-    let figures = state.store.queue_figures(Some(queue)).await?;
+    let figures = state.store.queue_figures(Some(queue), true).await?;
     figures
         .into_iter()
         .next()

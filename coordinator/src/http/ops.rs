@@ -62,7 +62,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     m.pool_size.set(pool.size as i64);
     m.pool_available.set(pool.available as i64);
     m.pool_waiting.set(pool.waiting as i64);
-    match state.store.queue_figures(None).await {
+    match state.store.queue_figures(None, false).await {
         Ok(queues) => {
             // Queues that are gone (their jobs deleted or pruned) must not
             // keep their last figures.
@@ -102,7 +102,7 @@ pub async fn queues(
     caller: Caller,
 ) -> Result<Json<ListQueuesResponse>, ApiError> {
     require(&caller, Action::Read)?;
-    let mut queues = state.store.queue_figures(None).await?;
+    let mut queues = state.store.queue_figures(None, true).await?;
     queues.retain(|q| caller.may_use_queue(&q.queue));
     Ok(Json(ListQueuesResponse {
         queues: queues.into_iter().map(admin::queue_summary).collect(),

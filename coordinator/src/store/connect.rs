@@ -98,7 +98,11 @@ impl DatabaseTarget {
         let mut pg: tokio_postgres::Config = conninfo(&kept)
             .map_err(|e| invalid(&e))?
             .parse()
-            .map_err(|e| invalid(&e))?;
+            // Its causes name the setting, never a value.
+            .map_err(|e: tokio_postgres::Error| match std::error::Error::source(&e) {
+                Some(cause) => invalid(&format!("{e}: {cause}")),
+                None => invalid(&e),
+            })?;
         // A `password` query parameter comes after the URL's and wins, as in libpq.
         if let Some(password) = params.url_password
             && pg.get_password().is_none()

@@ -136,7 +136,13 @@ fn entry<'a>(
 impl Store {
     /// Figures of every queue that holds jobs, has tallies or has settings;
     /// with `only`, of that queue alone (always answered, empty or not).
-    pub async fn queue_figures(&self, only: Option<&QueueName>) -> Result<Vec<QueueFigures>, StoreError> {
+    /// `held` also counts the due jobs each paused or limited queue holds
+    /// back (a pass over that queue's backlog; a scrape leaves it out).
+    pub async fn queue_figures(
+        &self,
+        only: Option<&QueueName>,
+        held: bool,
+    ) -> Result<Vec<QueueFigures>, StoreError> {
         self.timed("queue_figures", async {
             let client = self.conn().await?;
             let live = client.prepare_cached(sql::QUEUE_LIVE_COUNTS).await?;
