@@ -564,13 +564,10 @@ mod tests {
                 root_cert: Some("PEM".to_owned())
             }
         );
+        // In the key=value form too; without `sslmode` it is still `prefer`.
         let t = DatabaseTarget::parse(&format!("host=h sslrootcert='{}'", path.display())).unwrap();
+        assert_eq!(t.tls, TlsPolicy::EncryptOnly { required: false });
         // `require` with a root certificate verifies the chain, as in libpq.
-        assert_eq!(
-            t.tls,
-            TlsPolicy::EncryptOnly { required: false },
-            "sslmode is still prefer"
-        );
         let t = DatabaseTarget::parse(&format!(
             "host=h sslmode=require sslrootcert='{}'",
             path.display()

@@ -198,6 +198,22 @@ impl Store {
                     f.settings = s;
                 }
             }
+            if held {
+                let held_stmt = client.prepare_cached(sql::QUEUE_HELD_BACK).await?;
+                for f in by_queue.values_mut() {
+                    let s = &f.settings;
+                    let holds = s.paused
+                        || s.max_running.is_some()
+                        || s.max_running_per_key.is_some()
+                        || s.rate_limit.is_some();
+                    let waiting = f.counts.get(&JobState::Queued).copied().unwrap_or(0)
+                        + f.counts.get(&JobState::EnqueueFailed).copied().unwrap_or(0);
+                    if holds && waiting > 0 {
+                        let row = client.query_one(&held_stmt, &[&f.queue.as_str()]).await?;
+                        f.held_by_limits = col(&row, "held")?;
+                    }
+                }
+            }
             Ok(by_queue.into_values().collect())
         })
         .await

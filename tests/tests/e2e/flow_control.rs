@@ -181,6 +181,12 @@ async fn a_key_at_its_limit_does_not_block_the_other_keys() {
         c.api.claim("q", "w", 10).await.is_empty(),
         "every key is at its limit"
     );
+    let (_, q) = c.api.get("/v1/queues/q").await;
+    assert_eq!(
+        q["held_by_limits"],
+        json!(49),
+        "big's other jobs wait behind its limit: {q}"
+    );
     assert_eq!(c.api.complete(&first[0], json!("ok")).await.0, 200);
     let next = c.api.claim("q", "w", 10).await;
     assert_eq!(next.len(), 1, "the finished lease freed one slot of big");
@@ -203,6 +209,12 @@ async fn a_lowered_limit_starts_nothing_until_the_count_is_under_it() {
     assert!(
         c.api.claim("q", "w", 5).await.is_empty(),
         "5 still run, above the new limit of 3"
+    );
+    let (_, q) = c.api.get("/v1/queues/q").await;
+    assert_eq!(
+        q["held_by_limits"],
+        json!(20),
+        "every due job waits behind max_running: {q}"
     );
     for lease in &held[5..8] {
         assert_eq!(c.api.complete(lease, json!("ok")).await.0, 200);
