@@ -1,6 +1,6 @@
 """Schemathesis hooks for scripts/schemathesis.sh.
 
-Three changes to the generated requests, all so the run reaches more of the
+Four changes to the generated requests, all so the run reaches more of the
 coordinator, not less:
 
 - Real leases and jobs. A lease token schemathesis makes up is malformed (400)
@@ -25,18 +25,32 @@ coordinator, not less:
   delayed, and claimed and left to expire); a listing's `cursor` is then, half
   of the time, a real `next_cursor` of the same listing, and a bulk action's
   `ids` real job ids. Settings are changed on a queue of their own, so a
-  generated pause never stops the hooks' claims (which resume a paused
-  queue of theirs anyway). Done jobs of the ops queue are kept for a second,
-  so the prune loop deletes jobs during the run too.
+  generated pause or limit never stops the hooks' claims (which resume a
+  paused queue of theirs, and clear its flow-control limits, when a claim
+  comes back empty). Done jobs of the ops queue are kept for a second, so
+  the prune loop deletes jobs during the run too.
+- Schedules that parse and exist. A cron expression or time zone
+  schemathesis makes up almost never parses, so in about half of the
+  `PUT /v1/schedules/{name}` cases the body gets a valid cron expression
+  (5 or 6 fields, some on daylight-saving gaps and repeats) and a valid IANA
+  time zone; every generated schedule with a valid queue name goes to a
+  queue of the hooks' own. The valid expressions fire on one day a year at
+  most, and after each call any schedule that would fire within a day is deleted,
+  so a generated per-second schedule never keeps enqueuing jobs through the
+  run. In about half of the cases for `/v1/schedules/{name}`, the name is
+  that of a schedule that exists (the PUT replaces it, the DELETE deletes
+  it).
 
 RUNLEASE_SCHEMATHESIS_URL is the coordinator's base URL.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
+import re
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -51,6 +65,26 @@ HOOK_QUEUE = "schemathesis-hooks"
 OPS_QUEUE = "schemathesis-ops"
 # A queue with jobs whose settings the generated PATCH requests change.
 SETTINGS_QUEUE = "schemathesis-settings"
+# The queue every generated schedule enqueues on.
+SCHEDULE_QUEUE = "schemathesis-schedules"
+# Valid cron expressions that fire on one day a year at most (the 28 March
+# and 31 October ones are on daylight-saving changes in Europe in 2027: a
+# skipped and a repeated local time), and valid time zones.
+VALID_CRONS = [
+    "0 0 1 1 *",
+    "0 0 0 1 1 *",
+    "30 2 28 3 *",
+    "15 1 31 10 *",
+    "*/20 30 2 28 MAR *",
+    "0 12 25 DEC *",
+    "0 0 29 2 *",
+    "59 23 L 12 *",
+]
+VALID_TIMEZONES = ["UTC", "Europe/Paris", "Europe/London", "America/New_York", "Asia/Kolkata", "Australia/Lord_Howe"]
+QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.:/@-]{1,128}$")
+# A schedule whose next fire time is closer than this is deleted after its PUT.
+FIRE_HORIZON = datetime.timedelta(days=1)
+FLOW_LIMITS = ("max_running", "max_running_per_key", "rate_limit")
 WORKER_ENDPOINTS = {"/v1/heartbeat", "/v1/complete", "/v1/fail", "/v1/release", "/v1/finish"}
 JOB_STATES = {"queued", "enqueue_failed", "running", "done", "failed", "cancelled"}
 # Jobs one seeding of the ops queue enqueues (and one more, delayed).
@@ -61,6 +95,8 @@ _used_tokens: list[str] = []
 _job_ids: list[str] = []
 _ops_ids: list[str] = []
 _settings_seeded = False
+# Schedules that exist (and fire a year away at most).
+_schedule_names: list[str] = []
 
 
 def _call(method: str, path: str, body: object = None) -> dict:
@@ -77,11 +113,20 @@ def _post(path: str, body: object) -> dict:
 
 
 def _claim(queue: str, max_jobs: int) -> list[dict]:
-    """Claims from one of the hooks' queues, resuming it first if a generated PATCH paused it."""
+    """Claims from one of the hooks' queues. When that hands out nothing, a
+    pause or a flow-control limit a generated PATCH set on the queue is
+    undone (resumed, limits cleared) and the claim is made again."""
     request = {"queues": [queue], "worker_id": "schemathesis-hooks", "max_jobs": max_jobs}
     leases = _post("/v1/claim", request)["leases"]
-    if not leases and _call("GET", "/v1/queues/" + urllib.parse.quote(queue, safe=""))["settings"]["paused"]:
-        _call("PATCH", "/v1/queues/" + urllib.parse.quote(queue, safe=""), {"paused": False})
+    if leases:
+        return leases
+    path = "/v1/queues/" + urllib.parse.quote(queue, safe="")
+    settings = _call("GET", path)["settings"]
+    change: dict = {limit: None for limit in FLOW_LIMITS if settings.get(limit) is not None}
+    if settings["paused"]:
+        change["paused"] = False
+    if change:
+        _call("PATCH", path, change)
         leases = _post("/v1/claim", request)["leases"]
     return leases
 
@@ -220,6 +265,82 @@ def _map_queue(case) -> None:
         params["queue"] = _rng.choice([_ops_queue(), HOOK_QUEUE, _settings_queue()])
 
 
+def _schedule_path(name: str) -> str:
+    # `.` and `..` percent-encoded too, or they are dot segments.
+    segment = urllib.parse.quote(name, safe="")
+    return "/v1/schedules/" + (segment.replace(".", "%2E") if segment in (".", "..") else segment)
+
+
+def _existing_schedule() -> str:
+    """The name of a schedule that exists, creating one if none does."""
+    if not _schedule_names:
+        name = f"schemathesis-hooks-{_rng.randrange(1_000_000)}"
+        body = {
+            "queue": SCHEDULE_QUEUE,
+            "cron": _rng.choice(VALID_CRONS),
+            "timezone": _rng.choice(VALID_TIMEZONES),
+            "payload": {"from": "schemathesis hooks"},
+        }
+        _call("PUT", _schedule_path(name), body)
+        _schedule_names.append(name)
+    return _rng.choice(_schedule_names)
+
+
+def _map_schedule(case) -> None:
+    method = case.operation.method.upper()
+    params = case.path_parameters
+    if isinstance(params, dict) and isinstance(params.get("name"), str) and _rng.random() < 0.5:
+        params["name"] = _existing_schedule()
+    body = case.body
+    if method != "PUT" or not isinstance(body, dict):
+        return
+    if isinstance(body.get("queue"), str) and QUEUE_NAME.match(body["queue"]):
+        body["queue"] = SCHEDULE_QUEUE
+    if _rng.random() < 0.5:
+        body["cron"] = _rng.choice(VALID_CRONS)
+        if "timezone" in body or _rng.random() < 0.5:
+            body["timezone"] = _rng.choice(VALID_TIMEZONES)
+
+
+def _fires_soon(schedule: dict) -> bool:
+    next_fire = schedule.get("next_fire_at")
+    if not isinstance(next_fire, str):
+        return False  # paused
+    at = datetime.datetime.fromisoformat(next_fire.replace("Z", "+00:00"))
+    return at - datetime.datetime.now(datetime.timezone.utc) < FIRE_HORIZON
+
+
+@schemathesis.hook
+def after_call(context, case, response):
+    """Keeps track of the schedules that exist, and deletes any that a
+    generated PUT made to fire within a day."""
+    if not BASE_URL or case.operation.path != "/v1/schedules/{name}":
+        return
+    method = case.operation.method.upper()
+    if response.status_code not in (200, 201):
+        return
+    try:
+        schedule = response.json()
+    except Exception:  # noqa: BLE001 - not JSON: nothing to track
+        return
+    name = schedule.get("name") if isinstance(schedule, dict) else None
+    if not isinstance(name, str):
+        return
+    if method == "DELETE":
+        while name in _schedule_names:
+            _schedule_names.remove(name)
+    elif method == "PUT":
+        if _fires_soon(schedule):
+            while name in _schedule_names:
+                _schedule_names.remove(name)
+            try:
+                _call("DELETE", _schedule_path(name))
+            except urllib.error.HTTPError:
+                pass  # deleted meanwhile
+        elif name not in _schedule_names:
+            _schedule_names.append(name)
+
+
 @schemathesis.hook
 def map_case(context, case):
     _cap(case.body)
@@ -239,4 +360,6 @@ def map_case(context, case):
         _map_bulk(case)
     elif path == "/v1/queues/{queue}":
         _map_queue(case)
+    elif path.startswith("/v1/schedules/{name}"):
+        _map_schedule(case)
     return case

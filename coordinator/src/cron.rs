@@ -48,10 +48,23 @@ impl CronSpec {
 
     /// The first fire time strictly after `t`.
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.cron
-            .find_next_occurrence(&t.with_timezone(&self.tz), false)
-            .ok()
-            .map(|d| d.with_timezone(&Utc))
+        // croner searches in local time; during the second pass of a
+        // repeated hour it answers that hour's first pass, which is before
+        // `t`. Those times have fired already (a repeated time fires once):
+        // search on from each until the answer is after `t`.
+        let mut from = t;
+        for _ in 0..10_000 {
+            let next = self
+                .cron
+                .find_next_occurrence(&from.with_timezone(&self.tz), false)
+                .ok()?
+                .with_timezone(&Utc);
+            if next > t {
+                return Some(next);
+            }
+            from = from.max(next) + chrono::Duration::seconds(1);
+        }
+        None
     }
 
     /// Given the first fire time not yet enqueued (`due`, at or before

@@ -52,5 +52,7 @@ pub const MAX_BULK_IDS: usize = 10_000;
 pub const MAX_RUNNING_LIMIT: i32 = 1_000_000;
 /// Largest `rate_limit.per_s` and `rate_limit.burst`.
 pub const MAX_RATE: i32 = 1_000_000;
+/// Smallest `rate_limit.per_s`: one start every 1,000 s.
+pub const MIN_RATE_PER_S: f64 = 0.001;
 /// Longest retention a queue may set: ten years, in ms.
 pub const MAX_RETENTION_MS: i64 = 10 * 365 * 86_400_000;

@@ -1,5 +1,13 @@
 //! The example function (`src/bin/bootstrap.rs`): its settings, read from
-//! `RUNLEASE_*` variables, and the handler it registers on every queue.
+//! `RUNLEASE_*` variables, and the handler it registers on the one queue it
+//! is given.
+//!
+//! The handler does no real work: it completes every job it claims with an
+//! echo of the job. So the example serves only the queue named in
+//! `RUNLEASE_EXAMPLE_QUEUE`, which must be set (it refuses to start
+//! without it), and never the queues of `RUNLEASE_QUEUES`, which is how a
+//! function of your own is told its queues: deployed next to real work, it
+//! would otherwise mark real jobs done without doing them.
 //!
 //! The handler echoes its job and can stand in for real work: a payload with
 //! `"work_ms": N` takes N milliseconds, in steps of 100 ms, saving
@@ -22,8 +30,8 @@ use crate::error::{Error, Result};
 pub const ENV_URL: &str = "RUNLEASE_URL";
 /// Its worker key (`RUNLEASE_KEY`, optional: a loopback coordinator without keys).
 pub const ENV_KEY: &str = "RUNLEASE_KEY";
-/// The queues it serves, comma-separated (`RUNLEASE_QUEUES`).
-pub const ENV_QUEUES: &str = "RUNLEASE_QUEUES";
+/// The one queue the example serves (`RUNLEASE_EXAMPLE_QUEUE`, required).
+pub const ENV_EXAMPLE_QUEUE: &str = "RUNLEASE_EXAMPLE_QUEUE";
 /// Jobs run at once by one invocation (`RUNLEASE_CONCURRENCY`, default 8).
 pub const ENV_CONCURRENCY: &str = "RUNLEASE_CONCURRENCY";
 
@@ -39,8 +47,8 @@ pub struct ExampleConfig {
     pub url: String,
     /// The worker key, if the coordinator wants one.
     pub key: Option<String>,
-    /// The queues served.
-    pub queues: Vec<QueueName>,
+    /// The one queue served, named explicitly for the example.
+    pub queue: QueueName,
     /// Jobs run at once.
     pub concurrency: usize,
 }
@@ -52,6 +60,7 @@ impl ExampleConfig {
     }
 
     /// Reads the settings through `get` (a variable's value, if set).
+    /// `RUNLEASE_QUEUES` is never read.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let set = |name: &str| get(name).map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
         let url = set(ENV_URL).ok_or_else(|| {
@@ -59,18 +68,20 @@ impl ExampleConfig {
                 "{ENV_URL} is not set: give the coordinator's URL, e.g. https://runlease.example.com"
             ))
         })?;
-        let queues = set(ENV_QUEUES)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|q| !q.is_empty())
-            .map(|q| QueueName::new(q).map_err(|e| Error::Config(format!("{ENV_QUEUES}: {e}"))))
-            .collect::<Result<Vec<_>>>()?;
-        if queues.is_empty() {
+        let queue = set(ENV_EXAMPLE_QUEUE).ok_or_else(|| {
+            Error::Config(format!(
+                "{ENV_EXAMPLE_QUEUE} is not set: the example handler completes every job it claims \
+                 without doing any work, so it serves only the one queue named there (a queue for \
+                 trying it out, never one with real jobs), and never the queues of RUNLEASE_QUEUES; \
+                 deploy a function of your own for real work"
+            ))
+        })?;
+        if queue.contains(',') {
             return Err(Error::Config(format!(
-                "{ENV_QUEUES} is not set: list the queues to serve, comma-separated"
+                "{ENV_EXAMPLE_QUEUE} names one queue, not a list: {queue:?}"
             )));
         }
+        let queue = QueueName::new(&queue).map_err(|e| Error::Config(format!("{ENV_EXAMPLE_QUEUE}: {e}")))?;
         let concurrency = match set(ENV_CONCURRENCY) {
             None => runlease_client::worker::DEFAULT_CONCURRENCY,
             Some(v) => v.parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
@@ -80,22 +91,20 @@ impl ExampleConfig {
         Ok(Self {
             url,
             key: set(ENV_KEY),
-            queues,
+            queue,
             concurrency,
         })
     }
 
-    /// A worker builder with [`example_handler`] on every queue.
+    /// A worker builder with [`example_handler`] on the example's queue only.
     pub fn builder(&self) -> Result<WorkerBuilder> {
         let mut client = Client::builder(&self.url);
         if let Some(key) = &self.key {
             client = client.key(key);
         }
-        let mut builder = WorkerBuilder::new(client.build()?).concurrency(self.concurrency);
-        for queue in &self.queues {
-            builder = builder.handle(queue.clone(), example_handler);
-        }
-        Ok(builder)
+        Ok(WorkerBuilder::new(client.build()?)
+            .concurrency(self.concurrency)
+            .handle(self.queue.clone(), example_handler))
     }
 }
 
@@ -158,29 +167,55 @@ mod tests {
         let c = config(&[
             (ENV_URL, "http://127.0.0.1:8080"),
             (ENV_KEY, "k"),
-            (ENV_QUEUES, " emails, ,reports "),
+            (ENV_EXAMPLE_QUEUE, " try-lambda "),
             (ENV_CONCURRENCY, "2"),
         ]);
         let c = c.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.url, "http://127.0.0.1:8080");
         assert_eq!(c.key.as_deref(), Some("k"));
-        let queues: Vec<&str> = c.queues.iter().map(QueueName::as_str).collect();
-        assert_eq!(queues, ["emails", "reports"]);
+        assert_eq!(c.queue.as_str(), "try-lambda");
         assert_eq!(c.concurrency, 2);
         assert!(c.builder().is_ok());
     }
 
     #[test]
+    fn the_example_serves_only_its_own_queue() {
+        // A function's queues (what the stack's Queues sets) are not the example's.
+        let c = config(&[
+            (ENV_URL, "http://x"),
+            ("RUNLEASE_QUEUES", "emails,reports"),
+            (ENV_EXAMPLE_QUEUE, "try-lambda"),
+        ]);
+        assert_eq!(c.unwrap_or_else(|e| panic!("{e}")).queue.as_str(), "try-lambda");
+
+        // Without its own queue it refuses to start, whatever RUNLEASE_QUEUES says.
+        for vars in [
+            &[(ENV_URL, "http://x"), ("RUNLEASE_QUEUES", "emails,reports")][..],
+            &[(ENV_URL, "http://x"), (ENV_EXAMPLE_QUEUE, " ")][..],
+        ] {
+            let e = config(vars).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains(ENV_EXAMPLE_QUEUE), "{e}");
+            assert!(e.contains("without doing any work"), "{e}");
+        }
+        let e = config(&[(ENV_URL, "http://x"), (ENV_EXAMPLE_QUEUE, "a,b")]).err();
+        assert!(e.is_some_and(|e| e.to_string().contains("one queue, not a list")));
+    }
+
+    #[test]
     fn missing_or_bad_settings_say_what_to_set() {
         let err = |vars: &[(&str, &str)]| config(vars).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err(&[(ENV_QUEUES, "q")]).contains(ENV_URL));
-        assert!(err(&[(ENV_URL, "http://x")]).contains(ENV_QUEUES));
-        assert!(err(&[(ENV_URL, "http://x"), (ENV_QUEUES, "bad queue")]).contains(ENV_QUEUES));
+        assert!(err(&[(ENV_EXAMPLE_QUEUE, "q")]).contains(ENV_URL));
+        assert!(err(&[(ENV_URL, "http://x")]).contains(ENV_EXAMPLE_QUEUE));
+        assert!(err(&[(ENV_URL, "http://x"), (ENV_EXAMPLE_QUEUE, "bad queue")]).contains(ENV_EXAMPLE_QUEUE));
         assert!(
-            err(&[(ENV_URL, "http://x"), (ENV_QUEUES, "q"), (ENV_CONCURRENCY, "0")])
-                .contains(ENV_CONCURRENCY)
+            err(&[
+                (ENV_URL, "http://x"),
+                (ENV_EXAMPLE_QUEUE, "q"),
+                (ENV_CONCURRENCY, "0")
+            ])
+            .contains(ENV_CONCURRENCY)
         );
-        let no_key = config(&[(ENV_URL, "http://x"), (ENV_QUEUES, "q"), (ENV_KEY, "")]);
+        let no_key = config(&[(ENV_URL, "http://x"), (ENV_EXAMPLE_QUEUE, "q"), (ENV_KEY, "")]);
         assert_eq!(no_key.ok().and_then(|c| c.key), None);
     }
 }

@@ -9,6 +9,7 @@ use runlease_protocol::admin::{
 };
 use runlease_protocol::limits::{
     DEFAULT_LIST_LIMIT, MAX_BULK_IDS, MAX_LIST_LIMIT, MAX_RATE, MAX_RETENTION_MS, MAX_RUNNING_LIMIT,
+    MIN_RATE_PER_S,
 };
 use runlease_protocol::producer::QueueSummary;
 use runlease_protocol::{ErrorCode, JobState, QueueName};
@@ -273,9 +274,9 @@ fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> 
     check_retention("retention_done_ms", req.retention_done_ms)?;
     check_retention("retention_failed_ms", req.retention_failed_ms)?;
     if let Some(Some(rate)) = req.rate_limit {
-        if !(rate.per_s.is_finite() && rate.per_s > 0.0 && rate.per_s <= f64::from(MAX_RATE)) {
+        if !(rate.per_s.is_finite() && rate.per_s >= MIN_RATE_PER_S && rate.per_s <= f64::from(MAX_RATE)) {
             return Err(ApiError::invalid(format!(
-                "rate_limit.per_s must be above 0 and at most {MAX_RATE} (null removes the limit)"
+                "rate_limit.per_s must be between {MIN_RATE_PER_S} and {MAX_RATE} (null removes the limit)"
             )));
         }
         if !(1..=MAX_RATE).contains(&rate.burst) {

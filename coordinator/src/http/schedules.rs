@@ -75,6 +75,14 @@ pub async fn put(
     if !caller.may_use_queue(&req.queue) {
         return Err(forbidden_queue(&req.queue));
     }
+    // A key limited to some queues may not take over (or even learn of) a
+    // schedule of another queue by putting one of the same name.
+    if caller.queues.is_some()
+        && let Some(existing) = state.store.schedules(Some(&name)).await?.pop()
+        && !caller.may_use_queue(&existing.queue)
+    {
+        return Err(not_found());
+    }
     let timezone = req.timezone.unwrap_or_else(|| "UTC".to_owned());
     let spec = CronSpec::parse(&req.cron, &timezone).map_err(ApiError::invalid)?;
     if !storable_json(&req.payload) {

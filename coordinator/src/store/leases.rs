@@ -344,7 +344,9 @@ impl Store {
                 allowed = whole;
                 // The next token is due when the bucket reaches its next whole number.
                 let missing = (whole as f64 + 1.0 - tokens).max(0.0);
-                outcome.retry_in = Some(Duration::from_secs_f64(missing / per_s.max(f64::MIN_POSITIVE)));
+                // (Bounded: a rate so small the wait overflows leaves it to
+                // the re-check timer.)
+                outcome.retry_in = Duration::try_from_secs_f64(missing / per_s).ok();
             }
         }
         if allowed <= 0 {

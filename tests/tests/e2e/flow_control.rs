@@ -320,6 +320,7 @@ async fn bad_limits_and_keys_are_refused_with_what_is_wrong() {
         (json!({"max_running_per_key": -1}), "max_running_per_key"),
         (json!({"rate_limit": {"per_s": 0.0, "burst": 1}}), "per_s"),
         (json!({"rate_limit": {"per_s": 1.0, "burst": 0}}), "burst"),
+        (json!({"rate_limit": {"per_s": 1e-300, "burst": 1}}), "per_s"),
     ] {
         let (status, answer) = c.api.patch("/v1/queues/q", &body).await;
         assert_eq!(status, 422, "{body}: {answer}");
@@ -345,4 +346,30 @@ async fn bad_limits_and_keys_are_refused_with_what_is_wrong() {
         );
     }
     assert_eq!(db.scalar("SELECT count(*) FROM jobs", &[]).await, 0);
+}
+
+#[tokio::test]
+async fn the_slowest_rate_holds_its_queue_and_leaves_the_others_alone() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let (status, body) = c
+        .api
+        .patch(
+            "/v1/queues/tiny",
+            &json!({"rate_limit": {"per_s": 0.001, "burst": 1}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    enqueue_keyed(&c.api, "tiny", &[(None, 0), (None, 0), (None, 0)]).await;
+    enqueue_keyed(&c.api, "other", &[(None, 0)]).await;
+    assert_eq!(c.api.claim("tiny", "w", 2).await.len(), 1, "the burst");
+    assert!(
+        c.api.claim_wait("tiny", "w", 2, 300).await.is_empty(),
+        "the next token is 1,000 s away"
+    );
+    assert_eq!(
+        c.api.claim("other", "w", 2).await.len(),
+        1,
+        "other queues are served as before"
+    );
 }

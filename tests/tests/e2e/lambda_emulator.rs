@@ -43,9 +43,12 @@ async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up
     // The function reaches the coordinator through a proxy the test can cut.
     let addr: SocketAddr = c.api.base().trim_start_matches("http://").parse().unwrap();
     let proxy = Proxy::start(addr).await;
+    // The example serves only the queue named for it, never those of
+    // RUNLEASE_QUEUES (which the stack sets for a function's own code).
     let function = LambdaEmulator::start(&[
         ("RUNLEASE_URL", proxy.url()),
         ("RUNLEASE_QUEUES", "le-emails,le-other".to_owned()),
+        ("RUNLEASE_EXAMPLE_QUEUE", "le-emails".to_owned()),
     ])
     .await;
 
@@ -82,7 +85,7 @@ async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up
 
     // The coordinator unreachable from the function: the wake-up is named in
     // batchItemFailures, so it stays in SQS; its job waits in PostgreSQL.
-    let waiting = c.api.enqueue("le-other", json!(2)).await;
+    let waiting = c.api.enqueue("le-emails", json!(2)).await;
     let wake_up = next_wake_up(&sqs, &queue_url).await;
     proxy.cut();
     let (status, answer) = function
@@ -111,7 +114,7 @@ async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up
 
     // A wake-up that never reaches the function: the scheduled sweep runs
     // its job anyway.
-    let orphan = c.api.enqueue("le-other", json!(3)).await;
+    let orphan = c.api.enqueue("le-emails", json!(3)).await;
     let lost = next_wake_up(&sqs, &queue_url).await;
     sqs.delete(&queue_url, &lost.receipt_handle).await;
     let (status, answer) = function.invoke(&scheduled_event()).await;
@@ -121,6 +124,22 @@ async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up
         json!({"invocation": "scheduled", "completed": 1, "failed": 0, "released": 0, "abandoned": 0})
     );
     assert_eq!(c.api.job(orphan.id).await.state, JobState::Done);
+
+    // A job of a queue that is not the example's is never taken, by a
+    // wake-up or by a sweep.
+    let other = c.api.enqueue("le-other", json!(4)).await;
+    let wake_up = next_wake_up(&sqs, &queue_url).await;
+    let (status, answer) = function
+        .invoke(&sqs_event(&queue_arn, std::slice::from_ref(&wake_up)))
+        .await;
+    assert_eq!((status, answer), (200, json!({"batchItemFailures": []})));
+    sqs.delete(&queue_url, &wake_up.receipt_handle).await;
+    let (status, answer) = function.invoke(&scheduled_event()).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["completed"], json!(0), "{answer}");
+    let other = c.api.job(other.id).await;
+    assert_eq!(other.state, JobState::Queued);
+    assert!(other.attempts.is_empty(), "never claimed");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(sqs.counts(&queue_url).await, (0, 0), "every wake-up consumed");
 }

@@ -279,7 +279,7 @@ async fn a_job_longer_than_the_time_left_is_released_and_resumed_by_the_next_inv
     let builder = example::ExampleConfig {
         url: c.api.base().to_owned(),
         key: None,
-        queues: vec![q("lw-long")],
+        queue: q("lw-long"),
         concurrency: 1,
     }
     .builder()

@@ -5,7 +5,7 @@ use runlease_protocol::{ErrorCode, routes};
 use runlease_tests::{TestCoordinator, TestDb};
 
 /// Every path the coordinator routes, as `protocol/src/routes.rs` names them.
-const ROUTES: [&str; 18] = [
+const ROUTES: [&str; 20] = [
     routes::JOBS,
     routes::JOBS_BATCH,
     routes::JOBS_BULK,
@@ -20,6 +20,8 @@ const ROUTES: [&str; 18] = [
     routes::FINISH,
     routes::QUEUES,
     routes::QUEUE,
+    routes::SCHEDULES,
+    routes::SCHEDULE,
     routes::HEALTHZ,
     routes::READYZ,
     routes::METRICS,
@@ -98,9 +100,10 @@ async fn openapi_yaml_is_served_without_a_key_and_names_every_route() {
 #[test]
 fn openapi_yaml_states_the_limits_of_limits_rs() {
     use runlease_protocol::limits::{
-        MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES, MAX_DELAY_MS, MAX_ERROR_LEN,
-        MAX_IDEMPOTENCY_KEY_LEN, MAX_LEASES_PER_REQUEST, MAX_QUEUE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
-        MAX_WORKER_ID_LEN,
+        MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_BULK_IDS, MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES,
+        MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_IDEMPOTENCY_KEY_LEN,
+        MAX_LEASES_PER_REQUEST, MAX_LIST_LIMIT, MAX_QUEUE_NAME_LEN, MAX_RATE, MAX_RETENTION_MS,
+        MAX_RUNNING_LIMIT, MAX_SCHEDULE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS, MAX_WORKER_ID_LEN,
     };
     let expected = [
         format!("maxLength: {MAX_QUEUE_NAME_LEN}"),
@@ -115,6 +118,13 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         format!("maximum: {MAX_TIMEOUT_MS}"),
         format!("maximum: {MAX_DELAY_MS}"),
         format!("cut to {MAX_ERROR_LEN} bytes"),
+        format!("maxLength: {MAX_CONCURRENCY_KEY_LEN}"),
+        format!("maxLength: {MAX_SCHEDULE_NAME_LEN}"),
+        format!("maximum: {MAX_LIST_LIMIT}"),
+        format!("maxItems: {MAX_BULK_IDS}"),
+        format!("maximum: {MAX_RUNNING_LIMIT}"),
+        format!("maximum: {MAX_RATE}"),
+        format!("maximum: {MAX_RETENTION_MS}"),
     ];
     for limit in expected {
         assert!(SPEC.contains(&limit), "docs/openapi.yaml does not say {limit:?}");

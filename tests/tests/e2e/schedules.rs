@@ -213,3 +213,26 @@ async fn bad_schedules_are_refused_with_what_is_wrong() {
     assert_eq!(status, 201, "{ok}");
     assert_eq!(ok["timezone"], json!("Europe/Paris"));
 }
+
+#[tokio::test]
+async fn a_key_limited_to_some_queues_cannot_take_over_another_queues_schedule() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.api_keys = Some("admin:admin-all-0000000001,admin:admin-qa-00000000001:qa".into());
+    })
+    .await;
+    let all = c.api.with_key("admin-all-0000000001");
+    let qa = c.api.with_key("admin-qa-00000000001");
+    let body = |queue: &str| json!({"queue": queue, "cron": "0 0 1 1 *", "payload": 1});
+    assert_eq!(all.put("/v1/schedules/z", &body("qb")).await.0, 201);
+    assert_eq!(qa.get("/v1/schedules/z").await.0, 404);
+    assert_eq!(
+        qa.put("/v1/schedules/z", &body("qa")).await.0,
+        404,
+        "not moved to qa"
+    );
+    assert_eq!(qa.put("/v1/schedules/z", &body("qb")).await.0, 403);
+    let (_, z) = all.get("/v1/schedules/z").await;
+    assert_eq!(z["queue"], json!("qb"));
+    assert_eq!(qa.put("/v1/schedules/mine", &body("qa")).await.0, 201);
+}

@@ -392,3 +392,77 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
         .await
         .unwrap();
 }
+
+#[tokio::test]
+async fn a_percent_encoded_url_with_awkward_password_and_database_name_migrates() {
+    use runlease_coordinator::store::connect::{DatabaseTarget, quote_ident};
+    use tokio_postgres::config::Host;
+
+    fn encode(text: &str) -> String {
+        text.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                    (b as char).to_string()
+                }
+                b => format!("%{b:02X}"),
+            })
+            .collect()
+    }
+
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let role = format!("runlease_pw_{suffix}");
+    let password = "p@ss&w?rd%/x";
+    let name = format!("rl @&?%/ {suffix}");
+    let admin = admin().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {} LOGIN CREATEDB PASSWORD '{password}'",
+            quote_ident(&role)
+        ))
+        .await
+        .unwrap();
+    // The test server's host and port, from the harness's URL.
+    let server = DatabaseTarget::parse(&runlease_tests::admin_url()).unwrap().pg;
+    let host = match &server.get_hosts()[0] {
+        Host::Tcp(h) if h.contains(':') => format!("[{h}]"),
+        Host::Tcp(h) => encode(h),
+        Host::Unix(path) => encode(path.to_str().unwrap()),
+    };
+    let port = server.get_ports().first().copied().unwrap_or(5432);
+    let url = format!(
+        "postgres://{}:{}@{host}:{port}/{}?application_name=ignored%26x",
+        encode(&role),
+        encode(password),
+        encode(&name)
+    );
+
+    let migrated = runlease_coordinator::migrate(&test_config(&url)).await;
+    let mut check = server.clone();
+    check.dbname(&name);
+    let (client, conn) = check.connect(tokio_postgres::NoTls).await.unwrap();
+    tokio::spawn(conn);
+    let table = client
+        .query_one("SELECT to_regclass('runlease_migrations')::text", &[])
+        .await
+        .unwrap()
+        .get::<_, Option<String>>(0);
+    let owner: String = admin
+        .query_one(
+            "SELECT pg_get_userbyid(datdba)::text FROM pg_database WHERE datname = $1",
+            &[&name],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    drop(client);
+    for drop in [
+        format!("DROP DATABASE {} WITH (FORCE)", quote_ident(&name)),
+        format!("DROP ROLE {}", quote_ident(&role)),
+    ] {
+        admin.batch_execute(&drop).await.unwrap();
+    }
+
+    migrated.unwrap();
+    assert_eq!(table.as_deref(), Some("runlease_migrations"));
+    assert_eq!(owner, role, "the database was created as the URL's user");
+}
