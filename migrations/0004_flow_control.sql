@@ -9,14 +9,15 @@ ALTER TABLE jobs ADD CONSTRAINT jobs_concurrency_key_len CHECK (
 
 -- Claims of a queue limited per key: the claimable jobs of each key in
 -- hand-out order, so a key at its limit is skipped with one index probe
--- instead of a walk over its jobs.
+-- instead of a walk over its jobs. Jobs without a key never enter it (nor
+-- the next index): queues that do not use keys pay nothing for them.
 CREATE INDEX jobs_claim_key_idx ON jobs (queue, concurrency_key, priority, run_at, id)
-    WHERE state IN ('queued', 'enqueue_failed');
+    WHERE state IN ('queued', 'enqueue_failed') AND concurrency_key IS NOT NULL;
 
--- Counting what runs: per queue (max_running) and per key
--- (max_running_per_key), over running jobs only.
-CREATE INDEX jobs_running_idx ON jobs (queue, concurrency_key)
-    WHERE state = 'running';
+-- Counting what runs per key (max_running_per_key). What runs per queue
+-- (max_running) is counted through jobs_list_idx (queue, state, id).
+CREATE INDEX jobs_running_key_idx ON jobs (queue, concurrency_key)
+    WHERE state = 'running' AND concurrency_key IS NOT NULL;
 
 -- The token bucket of a rate limit: tokens left at rate_refilled_at.
 ALTER TABLE queue_settings ADD COLUMN rate_tokens double precision;

@@ -1,4 +1,4 @@
-//! Every transition of DESIGN.md's lifecycle table, through the HTTP protocol.
+//! Every transition of the job lifecycle (docs/protocol.md), through the HTTP protocol.
 
 use runlease_protocol::worker::HeartbeatStatus;
 use runlease_protocol::{AttemptOutcome, Job, JobState, RunLease};

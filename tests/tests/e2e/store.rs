@@ -209,7 +209,7 @@ async fn figures_listing_and_pruning_read_no_history() {
                 "queue_live_counts",
                 sql::QUEUE_LIVE_COUNTS,
                 "",
-                vec!["jobs_claim_idx", "jobs_running_idx"],
+                vec!["jobs_claim_idx", "jobs_reap_idx"],
             ),
             (
                 "job_list",

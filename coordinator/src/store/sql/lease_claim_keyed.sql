@@ -11,9 +11,10 @@
 -- max_running_per_key, $7 int most jobs to start, $8 timestamptz claim time
 -- (the time the limits were taken at).
 -- Index: jobs_claim_key_idx (queue, concurrency_key, priority, run_at, id)
--- WHERE claimable: a loose scan finds the keys that have claimable jobs (one
--- probe per key), then each key with room reads only its first jobs;
--- jobs_running_idx counts the running jobs per key.
+-- WHERE claimable and keyed: a loose scan finds the keys that have claimable
+-- jobs (one probe per key), then each key with room reads only its first
+-- jobs; jobs_running_key_idx counts the running jobs per key; jobs without a
+-- key come from jobs_claim_idx.
 -- Locking: the updated rows; the state is re-checked by the UPDATE itself.
 WITH RECURSIVE keys(key) AS (
     (SELECT concurrency_key FROM jobs
