@@ -3,9 +3,14 @@
 -- a queue's rate limit keeps its token bucket on its settings row; cron
 -- schedules enqueue jobs.
 
+-- The column is new, so every row holds NULL and satisfies the check: NOT
+-- VALID spares a pass over the table (new and updated rows are checked).
+-- Note: adding a column locks jobs until this migration commits, and the
+-- two partial indexes below are built in it (a pass over the table each,
+-- short, as no existing row has a key): writes to jobs wait meanwhile.
 ALTER TABLE jobs ADD COLUMN concurrency_key text;
 ALTER TABLE jobs ADD CONSTRAINT jobs_concurrency_key_len CHECK (
-    concurrency_key IS NULL OR octet_length(concurrency_key) BETWEEN 1 AND 255);
+    concurrency_key IS NULL OR octet_length(concurrency_key) BETWEEN 1 AND 255) NOT VALID;
 
 -- Claims of a queue limited per key: the claimable jobs of each key in
 -- hand-out order, so a key at its limit is skipped with one index probe

@@ -72,7 +72,16 @@ impl CronSpec {
     /// after an outage only the latest missed fire runs) and the next one
     /// after `now`.
     pub fn catch_up(&self, due: DateTime<Utc>, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        // A long outage of a frequent schedule: start from the last hour
+        // rather than step over every missed fire time.
+        let hour_ago = now - chrono::Duration::hours(1);
         let mut fire = due;
+        if due < hour_ago
+            && let Some(recent) = self.next_after(hour_ago)
+            && recent <= now
+        {
+            fire = recent;
+        }
         for _ in 0..MAX_CATCH_UP_STEPS {
             match self.next_after(fire) {
                 Some(next) if next <= now => fire = next,

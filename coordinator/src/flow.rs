@@ -3,7 +3,9 @@
 //! PostgreSQL every second. The view only picks the path a claim takes: the
 //! limits themselves are read and enforced in PostgreSQL, under the queue's
 //! settings row lock, so a view a moment old can delay a queue's claims by
-//! up to a second (a limit just set) but never let one past a limit.
+//! up to a second (a limit just set) but never let one past a limit (but for
+//! a shared claim statement already running when a limit is first set: see
+//! ADR 014).
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

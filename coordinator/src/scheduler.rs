@@ -15,8 +15,8 @@ use crate::wake::Wake;
 
 /// How often due schedules are looked for.
 pub const TICK: Duration = Duration::from_millis(500);
-/// Schedules fired per statement.
-const BATCH: i64 = 100;
+/// Schedules fired per pass statement (their enqueues share its deadline).
+const BATCH: i64 = 10;
 
 /// The schedule loop of one coordinator.
 #[derive(Clone)]

@@ -133,9 +133,20 @@ impl DatabaseTarget {
         let mut builder = native_tls::TlsConnector::builder();
         let add_root = |builder: &mut native_tls::TlsConnectorBuilder, pem: &Option<String>| {
             if let Some(pem) = pem {
-                let cert = native_tls::Certificate::from_pem(pem.as_bytes())
-                    .map_err(|e| StoreError::Config(format!("sslrootcert is not a PEM certificate: {e}")))?;
-                builder.add_root_certificate(cert);
+                // A bundle (a provider's CA file) holds many certificates:
+                // every one is trusted, not only the first.
+                let certs = pem_certificates(pem);
+                if certs.is_empty() {
+                    return Err(StoreError::Config(
+                        "sslrootcert holds no PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+                    ));
+                }
+                for block in certs {
+                    let cert = native_tls::Certificate::from_pem(block.as_bytes()).map_err(|e| {
+                        StoreError::Config(format!("sslrootcert is not a PEM certificate: {e}"))
+                    })?;
+                    builder.add_root_certificate(cert);
+                }
             }
             Ok::<_, StoreError>(())
         };
@@ -172,14 +183,18 @@ impl DatabaseTarget {
             .keepalives_retries(3)
             .tcp_user_timeout(deadlines.call.max(Duration::from_secs(1)) * 2);
         let mut options = pg.get_options().map(str::to_owned).unwrap_or_default();
+        // A transaction left idle by a client that stopped answering is
+        // ended, so its row locks (a limited queue's settings row, say) do
+        // not hold up the retry on another connection; and PostgreSQL ends a
+        // statement that runs longer than the statement timeout (0: none).
+        options.push_str(&format!(
+            " -c idle_in_transaction_session_timeout={}",
+            (deadlines.call * 2).as_millis()
+        ));
         if !deadlines.statement.is_zero() {
-            // PostgreSQL ends a statement that runs longer; a transaction
-            // left idle by a client that stopped answering is ended too,
-            // so its row locks do not hold up the retry on another connection.
             options.push_str(&format!(
-                " -c statement_timeout={} -c idle_in_transaction_session_timeout={}",
-                deadlines.statement.as_millis(),
-                (deadlines.call * 2).as_millis()
+                " -c statement_timeout={}",
+                deadlines.statement.as_millis()
             ));
         }
         pg.options(options.trim());
@@ -309,6 +324,21 @@ impl deadpool::managed::Manager for CheckedManager {
     fn detach(&self, client: &mut ClientWrapper) {
         self.inner.detach(client);
     }
+}
+
+/// The PEM certificate blocks of `pem`, each with its BEGIN and END lines.
+fn pem_certificates(pem: &str) -> Vec<&str> {
+    const BEGIN: &str = "-----BEGIN CERTIFICATE-----";
+    const END: &str = "-----END CERTIFICATE-----";
+    let mut blocks = Vec::new();
+    let mut rest = pem;
+    while let Some(start) = rest.find(BEGIN) {
+        let Some(len) = rest[start..].find(END) else { break };
+        let end = start + len + END.len();
+        blocks.push(&rest[start..end]);
+        rest = &rest[end..];
+    }
+    blocks
 }
 
 /// Quotes an SQL identifier.
@@ -467,6 +497,16 @@ fn conninfo(pairs: &[(String, String)]) -> Result<String, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_certificate_of_a_bundle_is_found() {
+        let one = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----";
+        let bundle = format!("# a provider bundle\n{one}\n\n{one}\ntrailing\n{one}\n");
+        let blocks = super::pem_certificates(&bundle);
+        assert_eq!(blocks.len(), 3);
+        assert!(blocks.iter().all(|b| *b == one));
+        assert!(super::pem_certificates("no certificate here").is_empty());
+    }
+
     use super::*;
 
     #[test]

@@ -292,7 +292,7 @@ impl Store {
 
     /// Cancels a job (see `sql/job_cancel.sql`).
     pub async fn cancel(&self, id: JobId) -> Result<CancelOutcome, StoreError> {
-        let changed = self.apply(BulkAction::Cancel, &[id.0]).await?;
+        let changed = self.apply(BulkAction::Cancel, &[id.0], None).await?;
         let Some(job) = self.get_job(id).await? else {
             return Ok(CancelOutcome::NotFound);
         };
@@ -305,7 +305,7 @@ impl Store {
 
     /// Puts a failed or cancelled job back on its queue (see `sql/job_retry.sql`).
     pub async fn retry(&self, id: JobId) -> Result<RetryOutcome, StoreError> {
-        let changed = self.apply(BulkAction::Retry, &[id.0]).await?;
+        let changed = self.apply(BulkAction::Retry, &[id.0], None).await?;
         Ok(match self.get_job(id).await? {
             None => RetryOutcome::NotFound,
             Some(job) if !changed.is_empty() => RetryOutcome::Done(Box::new(job)),

@@ -259,9 +259,20 @@ impl Store {
                 break;
             }
             let free_slots: Vec<&WorkerId> = free.iter().map(|&i| slots[i]).collect();
-            let limited = self
+            let limited = match self
                 .timed("claim", self.claim_limited(queue, &free_slots, time_left_ms))
-                .await?;
+                .await
+            {
+                Ok(limited) => limited,
+                // Leases already committed (the shared statement, or other
+                // limited queues) are answered: dropping them would leave
+                // their jobs running with no holder until they expire.
+                Err(e) if !claimed.is_empty() => {
+                    tracing::warn!(%queue, error = %e, "the limited claim failed; answering the leases already claimed");
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
             for (slot, row) in limited.rows {
                 claimed.push((free[slot], row));
             }

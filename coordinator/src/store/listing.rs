@@ -9,6 +9,18 @@ use uuid::Uuid;
 use crate::store::rows::{DbJobState, JobRow, col};
 use crate::store::{Store, StoreError, sql};
 
+/// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
+fn v7_floor(t: DateTime<Utc>) -> Uuid {
+    let ms = u64::try_from(t.timestamp_millis())
+        .unwrap_or(0)
+        .min((1 << 48) - 1);
+    let mut bytes = [0u8; 16];
+    bytes[..6].copy_from_slice(&ms.to_be_bytes()[2..]);
+    bytes[6] = 0x70;
+    bytes[8] = 0x80;
+    Uuid::from_bytes(bytes)
+}
+
 /// Most jobs one bulk statement changes: each chunk is its own short
 /// transaction, so a bulk action over a million jobs never holds long locks.
 pub const BULK_CHUNK: i64 = 1000;
@@ -146,6 +158,21 @@ impl Store {
         cursor: Option<JobId>,
         limit: i64,
     ) -> Result<Vec<Uuid>, StoreError> {
+        // Ids are UUIDv7 (their first 48 bits are the coordinator's clock at
+        // enqueue, in ms): a job created before `created_before` has an id
+        // below the first id of an hour later (an hour of clock difference
+        // between coordinators and PostgreSQL allowed for), so the scan
+        // starts there instead of walking every newer job; the created_at
+        // filter stays exact.
+        let start = match (
+            cursor.map(|c| c.0),
+            filter
+                .created_before
+                .map(|t| v7_floor(t + chrono::Duration::hours(1))),
+        ) {
+            (Some(c), Some(b)) => Some(c.min(b)),
+            (c, b) => c.or(b),
+        };
         self.timed("list_jobs", async {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::JOB_LIST).await?;
@@ -155,7 +182,7 @@ impl Store {
                     &[
                         &filter.queue.as_str(),
                         &filter.state_names(),
-                        &cursor.map(|c| c.0),
+                        &start,
                         &limit,
                         &filter.created_before,
                     ],
@@ -204,7 +231,9 @@ impl Store {
                         .await?;
                     let matched: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
                     report.matched += matched.len() as u64;
-                    let done = self.apply(action, &matched).await?;
+                    let done = self
+                        .apply_retrying(action, &matched, &filter.state_names())
+                        .await?;
                     report.changed += done.len() as u64;
                     changed(&done);
                 }
@@ -216,7 +245,9 @@ impl Store {
                     let Some(last) = matched.last() else { break };
                     cursor = Some(JobId(*last));
                     report.matched += matched.len() as u64;
-                    let done = self.apply(action, &matched).await?;
+                    let done = self
+                        .apply_retrying(action, &matched, &filter.state_names())
+                        .await?;
                     report.changed += done.len() as u64;
                     changed(&done);
                     if (matched.len() as i64) < BULK_CHUNK {
@@ -228,9 +259,35 @@ impl Store {
         Ok(report)
     }
 
+    /// [`Store::apply`] for a bulk chunk: the filter's states re-checked on
+    /// each locked row, and a deadlock (with a finish batch locking the same
+    /// rows in another order) retried.
+    async fn apply_retrying(
+        &self,
+        action: BulkAction,
+        ids: &[Uuid],
+        states: &[&str],
+    ) -> Result<Vec<JobChange>, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.apply(action, ids, Some(states)).await {
+                Err(StoreError::Retry(detail)) if tries < 3 => {
+                    tries += 1;
+                    tracing::info!(%detail, tries, "bulk chunk met a transient conflict; retrying");
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Runs `action`'s statement over `ids` (one transaction); answers the
     /// jobs it changed.
-    pub(crate) async fn apply(&self, action: BulkAction, ids: &[Uuid]) -> Result<Vec<JobChange>, StoreError> {
+    pub(crate) async fn apply(
+        &self,
+        action: BulkAction,
+        ids: &[Uuid],
+        states: Option<&[&str]>,
+    ) -> Result<Vec<JobChange>, StoreError> {
         self.timed("bulk", async {
             if ids.is_empty() {
                 return Ok(Vec::new());
@@ -242,7 +299,8 @@ impl Store {
                 BulkAction::Delete => (sql::JOB_DELETE, false),
             };
             let stmt = client.prepare_cached(text).await?;
-            let rows = client.query(&stmt, &[&ids]).await?;
+            let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
+            let rows = client.query(&stmt, &[&ids, &states]).await?;
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
         })
         .await

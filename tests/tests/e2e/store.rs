@@ -235,9 +235,24 @@ async fn figures_listing_and_pruning_read_no_history() {
                 "'{}'::uuid[], 'q1', '{failed}', NULL",
                 vec!["jobs_pkey"],
             ),
-            ("job_retry", sql::JOB_RETRY, "'{}'::uuid[]", vec!["jobs_pkey"]),
-            ("job_cancel", sql::JOB_CANCEL, "'{}'::uuid[]", vec!["jobs_pkey"]),
-            ("job_delete", sql::JOB_DELETE, "'{}'::uuid[]", vec!["jobs_pkey"]),
+            (
+                "job_retry",
+                sql::JOB_RETRY,
+                "'{}'::uuid[], NULL",
+                vec!["jobs_pkey"],
+            ),
+            (
+                "job_cancel",
+                sql::JOB_CANCEL,
+                "'{}'::uuid[], NULL",
+                vec!["jobs_pkey"],
+            ),
+            (
+                "job_delete",
+                sql::JOB_DELETE,
+                "'{}'::uuid[], NULL",
+                vec!["jobs_pkey"],
+            ),
         ];
         for (name, statement, args, indexes) in cases {
             let plan = if args.is_empty() {

@@ -3,7 +3,8 @@
 -- (fail or release) or the reaper finds its lease expired. Terminal jobs,
 -- and running jobs whose cancel was already requested, are untouched
 -- (absent from the answer).
--- $1 uuid[] ids.
+-- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
+-- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
@@ -22,4 +23,5 @@ FROM locked l
 WHERE j.id = l.id
   AND (j.state IN ('queued', 'enqueue_failed')
        OR (j.state = 'running' AND j.cancel_requested_at IS NULL))
+  AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
 RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at

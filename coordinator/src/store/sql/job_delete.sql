@@ -1,6 +1,7 @@
 -- Delete terminal jobs (their job_attempts rows go with them, ON DELETE
 -- CASCADE); queued, running and enqueue_failed jobs are never deleted.
--- $1 uuid[] ids.
+-- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
+-- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
@@ -13,4 +14,5 @@ WITH locked AS MATERIALIZED (
 DELETE FROM jobs j
 USING locked l
 WHERE j.id = l.id AND j.state IN ('done', 'failed', 'cancelled')
+  AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
 RETURNING j.id, j.queue, j.state

@@ -14,7 +14,7 @@
 -- WHERE claimable and keyed: a loose scan finds the keys that have claimable
 -- jobs (one probe per key), then each key with room reads only its first
 -- jobs; jobs_running_key_idx counts the running jobs per key; jobs without a
--- key come from jobs_claim_idx.
+-- key come from the head of jobs_claim_idx.
 -- Locking: the updated rows; the state is re-checked by the UPDATE itself.
 WITH RECURSIVE keys(key) AS (
     (SELECT concurrency_key FROM jobs
@@ -51,13 +51,20 @@ WITH RECURSIVE keys(key) AS (
         LIMIT least(room.room, $7::int)
     ) c
     UNION ALL
-    (SELECT id, priority, run_at
-     FROM jobs
-     WHERE queue = $1 AND concurrency_key IS NULL
-       AND state IN ('queued', 'enqueue_failed')
-       AND run_at <= now()
-       AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
-     ORDER BY priority, run_at, id
+    -- Jobs without a key: looked for among the first 1,000 claimable jobs
+    -- of the queue (plus the slots), so the scan stops however many keyed
+    -- jobs wait; an unkeyed job further back waits until those ahead go.
+    (SELECT head.id, head.priority, head.run_at
+     FROM (SELECT id, priority, run_at, concurrency_key
+           FROM jobs
+           WHERE queue = $1
+             AND state IN ('queued', 'enqueue_failed')
+             AND run_at <= now()
+             AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
+           ORDER BY priority, run_at, id
+           LIMIT 1000 + $7::int) head
+     WHERE head.concurrency_key IS NULL
+     ORDER BY head.priority, head.run_at, head.id
      LIMIT $7::int)
 ), picked AS (
     SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord
