@@ -149,6 +149,18 @@ impl Api {
             .expect("POST failed at the transport level")
     }
 
+    /// Enqueues `payload` on `queue` with an attempt budget (201 expected).
+    pub async fn enqueue_attempts(&self, queue: &str, payload: Value, max_attempts: i32) -> Job {
+        let (status, body) = self
+            .post(
+                "/v1/jobs",
+                &json!({"queue": queue, "payload": payload, "max_attempts": max_attempts}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+        serde_json::from_value(body).unwrap()
+    }
+
     /// Enqueues `payload` on `queue` (201 expected).
     pub async fn enqueue(&self, queue: &str, payload: Value) -> Job {
         self.enqueue_with(EnqueueJobRequest::new(QueueName::new(queue).unwrap(), payload))
@@ -241,4 +253,26 @@ impl Api {
         assert_eq!(status, 200, "get job answered {status}: {body}");
         serde_json::from_value(body).unwrap()
     }
+}
+
+/// Polls job `id` until `pred` holds (10 s at most); `what` names the
+/// condition in the failure message.
+pub async fn until(api: &Api, id: impl std::fmt::Display, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
+    for _ in 0..200 {
+        let job = api.job(&id).await;
+        if pred(&job) {
+            return job;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("job {id} never got {what}: {:?}", api.job(&id).await);
+}
+
+/// Job `id` once it is terminal (the long-poll of `GET ?wait_ms=`, 20 s).
+pub async fn terminal(api: &Api, id: impl std::fmt::Display) -> Job {
+    let (status, body) = api.get(&format!("/v1/jobs/{id}?wait_ms=20000")).await;
+    assert_eq!(status, 200, "{body}");
+    let job: Job = serde_json::from_value(body).unwrap();
+    assert!(job.state.is_terminal(), "job {id} is not terminal: {job:?}");
+    job
 }

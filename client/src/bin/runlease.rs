@@ -998,39 +998,30 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Queues {
-            command: Some(QueuesCommand::Pause { queue }),
+            command: Some(verb @ (QueuesCommand::Pause { .. } | QueuesCommand::Resume { .. })),
         } => {
+            let (queue, paused) = match verb {
+                QueuesCommand::Pause { queue } => (queue, true),
+                QueuesCommand::Resume { queue } => (queue, false),
+                _ => unreachable!("matched above"),
+            };
             let change = UpdateQueueRequest {
-                paused: Some(Some(true)),
+                paused: Some(Some(paused)),
                 ..UpdateQueueRequest::default()
             };
             let summary = client.update_queue(&queue, &change).await?;
+            let queued = summary.counts.get("queued").copied().unwrap_or(0);
             if cli.json {
                 print_json(&summary)?
-            } else {
+            } else if paused {
                 println!(
-                    "queue {} paused: it takes enqueues and hands out no claims until `runlease queues resume {}` ({} queued)",
-                    summary.queue,
-                    summary.queue,
-                    summary.counts.get("queued").copied().unwrap_or(0)
+                    "queue {} paused: it takes enqueues and hands out no claims until `runlease queues resume {}` ({queued} queued)",
+                    summary.queue, summary.queue,
                 );
-            }
-        }
-        Command::Queues {
-            command: Some(QueuesCommand::Resume { queue }),
-        } => {
-            let change = UpdateQueueRequest {
-                paused: Some(Some(false)),
-                ..UpdateQueueRequest::default()
-            };
-            let summary = client.update_queue(&queue, &change).await?;
-            if cli.json {
-                print_json(&summary)?
             } else {
                 println!(
-                    "queue {} resumed: claims get its jobs again ({} queued)",
-                    summary.queue,
-                    summary.counts.get("queued").copied().unwrap_or(0)
+                    "queue {} resumed: claims get its jobs again ({queued} queued)",
+                    summary.queue
                 );
             }
         }

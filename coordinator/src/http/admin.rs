@@ -53,13 +53,6 @@ fn wire_settings(s: &QueueSettings) -> WireSettings {
     }
 }
 
-fn forbidden_queue(queue: &QueueName) -> ApiError {
-    ApiError::new(
-        ErrorCode::Forbidden,
-        format!("this API key may not use queue {:?}", queue.as_str()),
-    )
-}
-
 fn queue_param(raw: String) -> Result<QueueName, ApiError> {
     QueueName::new(raw).map_err(|e| ApiError::invalid(format!("queue: {e}")))
 }
@@ -103,7 +96,7 @@ pub async fn list_jobs(
         .ok_or_else(|| ApiError::invalid("queue is required: GET /v1/jobs?queue=NAME"))?;
     let queue = queue_param(queue)?;
     if !caller.may_use_queue(&queue) {
-        return Err(forbidden_queue(&queue));
+        return Err(ApiError::forbidden_queue(queue.as_str()));
     }
     let limit = query.limit.unwrap_or(DEFAULT_LIST_LIMIT);
     if !(1..=MAX_LIST_LIMIT).contains(&limit) {
@@ -143,7 +136,7 @@ pub async fn bulk(
 ) -> Result<Json<BulkJobsResponse>, ApiError> {
     require(&caller, Action::Bulk)?;
     if !caller.may_use_queue(&req.queue) {
-        return Err(forbidden_queue(&req.queue));
+        return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
     if req.states.is_empty() {
         return Err(ApiError::invalid(
@@ -230,7 +223,7 @@ pub async fn get_queue(
 ) -> Result<Json<QueueSummary>, ApiError> {
     require(&caller, Action::Read)?;
     if !caller.may_use_queue(&queue) {
-        return Err(forbidden_queue(&queue));
+        return Err(ApiError::forbidden_queue(queue.as_str()));
     }
     figures_of(&state, &queue).await.map(Json)
 }
@@ -311,7 +304,7 @@ pub async fn update_queue(
 ) -> Result<Json<QueueSummary>, ApiError> {
     require(&caller, Action::Configure)?;
     if !caller.may_use_queue(&queue) {
-        return Err(forbidden_queue(&queue));
+        return Err(ApiError::forbidden_queue(queue.as_str()));
     }
     let change = settings_change(req)?;
     if change == SettingsChange::default() {

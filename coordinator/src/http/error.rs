@@ -59,6 +59,14 @@ impl ApiError {
         )
     }
 
+    /// 403 `forbidden`: the caller's key is limited to other queues.
+    pub fn forbidden_queue(queue: &str) -> Self {
+        Self::new(
+            ErrorCode::Forbidden,
+            format!("this API key may not use queue {queue:?}"),
+        )
+    }
+
     /// 409 `conflict`.
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Conflict, message)

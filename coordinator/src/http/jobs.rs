@@ -32,17 +32,10 @@ fn record_job(job: &JobRow) {
     span.record("run_lease", job.run_lease.0);
 }
 
-fn forbidden_queue(queue: &str) -> ApiError {
-    ApiError::new(
-        ErrorCode::Forbidden,
-        format!("this API key may not use queue {queue:?}"),
-    )
-}
-
 /// Validates and permission-checks one enqueue request.
 fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<NewJob, ApiError> {
     if !caller.may_use_queue(&req.queue) {
-        return Err(forbidden_queue(req.queue.as_str()));
+        return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
     validate_enqueue(req, state.store.policy()).map_err(ApiError::invalid)
 }

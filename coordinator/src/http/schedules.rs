@@ -4,9 +4,9 @@ use axum::Json;
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
+use runlease_protocol::ErrorCode;
 use runlease_protocol::limits::{MAX_ATTEMPTS_LIMIT, MAX_SCHEDULE_NAME_LEN, MAX_TIMEOUT_MS, storable_json};
 use runlease_protocol::schedules::{ListSchedulesResponse, PutScheduleRequest, Schedule};
-use runlease_protocol::{ErrorCode, QueueName};
 
 use crate::auth::{Action, Caller};
 use crate::cron::CronSpec;
@@ -56,13 +56,6 @@ fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such schedule")
 }
 
-fn forbidden_queue(queue: &QueueName) -> ApiError {
-    ApiError::new(
-        ErrorCode::Forbidden,
-        format!("this API key may not use queue {:?}", queue.as_str()),
-    )
-}
-
 /// `PUT /v1/schedules/{name}` (admin): 201 with a new schedule, 200 with a
 /// replaced one; its next fire time is the first after now.
 pub async fn put(
@@ -73,7 +66,7 @@ pub async fn put(
 ) -> Result<(StatusCode, Json<Schedule>), ApiError> {
     require(&caller, Action::Configure)?;
     if !caller.may_use_queue(&req.queue) {
-        return Err(forbidden_queue(&req.queue));
+        return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
     // A key limited to some queues may not take over (or even learn of) a
     // schedule of another queue by putting one of the same name.

@@ -8,7 +8,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::listing::BulkAction;
-use crate::store::rows::{JobRow, assemble, attempts_by_job, col};
+use crate::store::rows::{JobRow, assemble, attempts_by_job, col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
 /// A job to enqueue: validated, with the coordinator's defaults applied (by
@@ -158,11 +158,7 @@ impl Store {
             let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
             let rows = client.query(&stmt, &[&ids]).await?;
             rows.iter()
-                .map(|r| {
-                    let queue: String = col(r, "queue")?;
-                    let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
-                    Ok((JobId(col(r, "id")?), queue))
-                })
+                .map(|r| Ok((JobId(col(r, "id")?), queue_col(r, "queue")?)))
                 .collect()
         })
         .await
@@ -194,8 +190,7 @@ impl Store {
             let mut queues: Vec<QueueName> = Vec::new();
             for row in &rows {
                 ids.push(col::<Uuid>(row, "id")?);
-                let queue = QueueName::new(col::<String>(row, "queue")?)
-                    .map_err(|e| StoreError::Database(e.to_string()))?;
+                let queue = queue_col(row, "queue")?;
                 if !queues.contains(&queue) {
                     queues.push(queue);
                 }
@@ -207,13 +202,7 @@ impl Store {
             let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
             let repaired = tx.query(&stmt, &[&ids]).await?;
             tx.commit().await?;
-            repaired
-                .iter()
-                .map(|r| {
-                    QueueName::new(col::<String>(r, "queue")?)
-                        .map_err(|e| StoreError::Database(e.to_string()))
-                })
-                .collect()
+            repaired.iter().map(|r| queue_col(r, "queue")).collect()
         })
         .await
     }

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
-use crate::store::rows::{DbJobState, JobRow, col};
+use crate::store::rows::{DbJobState, JobRow, col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
@@ -82,11 +82,10 @@ pub struct JobChange {
 
 impl JobChange {
     fn from_row(row: &tokio_postgres::Row, with_times: bool) -> Result<Self, StoreError> {
-        let queue: String = col(row, "queue")?;
         let state: DbJobState = col(row, "state")?;
         Ok(Self {
             id: JobId(col(row, "id")?),
-            queue: QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?,
+            queue: queue_col(row, "queue")?,
             state: state.0,
             created_at: if with_times {
                 Some(col(row, "created_at")?)

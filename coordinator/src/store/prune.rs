@@ -6,7 +6,7 @@
 
 use runlease_protocol::{JobState, QueueName};
 
-use crate::store::rows::{DbJobState, col};
+use crate::store::rows::{DbJobState, col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
 /// Advisory lock key of pruning ("rl-prune" in ASCII, as an i64).
@@ -47,10 +47,8 @@ impl Store {
             let deleted = rows
                 .iter()
                 .map(|r| {
-                    let queue: String = col(r, "queue")?;
                     let state: DbJobState = col(r, "state")?;
-                    let queue = QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?;
-                    Ok((queue, state.0))
+                    Ok((queue_col(r, "queue")?, state.0))
                 })
                 .collect::<Result<_, StoreError>>()?;
             Ok(Pruned::Deleted(deleted))
@@ -67,10 +65,7 @@ impl Store {
                 .query(&stmt, &[])
                 .await?
                 .iter()
-                .map(|r| {
-                    QueueName::new(col::<String>(r, "queue")?)
-                        .map_err(|e| StoreError::Database(e.to_string()))
-                })
+                .map(|r| queue_col(r, "queue"))
                 .collect()
         })
         .await

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use runlease_protocol::{JobState, QueueName};
 
-use crate::store::rows::col;
+use crate::store::rows::{col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
 /// A queue's settings as stored; a queue without a row has
@@ -103,7 +103,7 @@ fn settings_from_row(row: &tokio_postgres::Row) -> Result<(QueueName, QueueSetti
         _ => None,
     };
     Ok((
-        queue_name(col(row, "queue")?)?,
+        queue_col(row, "queue")?,
         QueueSettings {
             paused: col(row, "paused")?,
             max_running: col(row, "max_running")?,

@@ -114,6 +114,11 @@ fn bad_row(e: impl std::fmt::Display) -> StoreError {
     StoreError::Database(format!("unexpected row: {e}"))
 }
 
+/// Reads queue column `name` of `row` as a queue name.
+pub fn queue_col(row: &Row, name: &str) -> Result<QueueName, StoreError> {
+    QueueName::new(col::<String>(row, name)?).map_err(bad_row)
+}
+
 /// Reads column `name` of `row`; a missing or mistyped column is a store fault.
 pub fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, StoreError> {
     row.try_get(name).map_err(bad_row)
@@ -122,11 +127,10 @@ pub fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, StoreError
 impl JobRow {
     /// Reads a full `jobs` row.
     pub fn from_row(row: &Row) -> Result<Self, StoreError> {
-        let queue: String = col(row, "queue")?;
         let state: DbJobState = col(row, "state")?;
         Ok(Self {
             id: JobId(col::<Uuid>(row, "id")?),
-            queue: QueueName::new(queue).map_err(bad_row)?,
+            queue: queue_col(row, "queue")?,
             state: state.0,
             payload: col(row, "payload")?,
             priority: col(row, "priority")?,

@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use crate::cron::CronSpec;
 use crate::store::jobs::{Enqueued, NewJob};
-use crate::store::rows::col;
+use crate::store::rows::{col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
 /// A schedule as stored.
@@ -43,10 +43,9 @@ pub struct ScheduleRow {
 
 impl ScheduleRow {
     fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
-        let queue: String = col(row, "queue")?;
         Ok(Self {
             name: col(row, "name")?,
-            queue: QueueName::new(queue).map_err(|e| StoreError::Database(e.to_string()))?,
+            queue: queue_col(row, "queue")?,
             cron: col(row, "cron")?,
             timezone: col(row, "timezone")?,
             payload: col(row, "payload")?,

@@ -8,6 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use runlease_protocol::{Job, JobState};
+use runlease_tests::api::{terminal, until};
 use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -26,35 +27,7 @@ fn worker_script() -> PathBuf {
 }
 
 async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
-    let (status, body) = api
-        .post(
-            "/v1/jobs",
-            &json!({"queue": QUEUE, "payload": payload, "max_attempts": max_attempts}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    serde_json::from_value(body).unwrap()
-}
-
-/// Polls the job until `pred` holds (10 s at most).
-async fn until(api: &Api, id: impl std::fmt::Display, what: &str, pred: impl Fn(&Job) -> bool) -> Job {
-    for _ in 0..200 {
-        let job = api.job(&id).await;
-        if pred(&job) {
-            return job;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("job {id} never got {what}: {:?}", api.job(&id).await);
-}
-
-/// Reads the job once it is terminal (the long-poll of `GET ?wait_ms=`).
-async fn terminal(api: &Api, id: impl std::fmt::Display) -> Job {
-    let (status, body) = api.get(&format!("/v1/jobs/{id}?wait_ms=20000")).await;
-    assert_eq!(status, 200, "{body}");
-    let job: Job = serde_json::from_value(body).unwrap();
-    assert!(job.state.is_terminal(), "job {id} is not terminal: {job:?}");
-    job
+    api.enqueue_attempts(QUEUE, payload, max_attempts).await
 }
 
 #[tokio::test]
