@@ -43,17 +43,16 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ApiKeys;
 use crate::batch::claims::ClaimBatcher;
-use crate::batch::{BatchSettings, Batcher};
+use crate::batch::{BatchSettings, Finisher, Renewer};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::flow::FlowControl;
-use crate::http::{Finisher, LeaseTerms, Renewer};
+use crate::http::LeaseTerms;
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
 use crate::reaper::Reaper;
 use crate::scheduler::Scheduler;
 use crate::store::connect::DatabaseTarget;
-use crate::store::leases::{LeaseRef, Outcome, Renewal};
 use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
 use crate::token::TokenKey;
 use crate::wake::Wake;
@@ -150,7 +149,8 @@ pub async fn serve(
     let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
     let store = connect_and_migrate(&config)
         .await?
-        .count_timeouts_in(metrics.db_timeouts.clone());
+        .count_timeouts_in(metrics.db_timeouts.clone())
+        .count_retries_in(metrics.db_retries.clone());
     let tracker = TaskTracker::new();
     let wake = if config.redis_url.trim().is_empty() {
         tracing::info!("RUNLEASE_REDIS_URL is empty: wake-ups stay inside this coordinator");
@@ -232,44 +232,8 @@ pub async fn serve(
         &tracker,
         shutdown.clone(),
     );
-    let finisher: Finisher =
-        Batcher::spawn("finish", settings, metrics.clone(), &tracker, shutdown.clone(), {
-            let store = store.clone();
-            move |requests: Arc<Vec<Vec<(LeaseRef, Outcome)>>>| {
-                let store = store.clone();
-                async move {
-                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                    let items: Vec<&(LeaseRef, Outcome)> = requests.iter().flatten().collect();
-                    let mut answers = store.finish(&items).await?.into_iter();
-                    Ok(sizes
-                        .iter()
-                        .map(|n| answers.by_ref().take(*n).collect())
-                        .collect())
-                }
-            }
-        });
-    let renewer: Renewer = Batcher::spawn(
-        "heartbeat",
-        settings,
-        metrics.clone(),
-        &tracker,
-        shutdown.clone(),
-        {
-            let store = store.clone();
-            move |requests: Arc<Vec<Vec<Renewal>>>| {
-                let store = store.clone();
-                async move {
-                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                    let renewals: Vec<&Renewal> = requests.iter().flatten().collect();
-                    let mut statuses = store.heartbeat(&renewals).await?.into_iter();
-                    Ok(sizes
-                        .iter()
-                        .map(|n| statuses.by_ref().take(*n).collect())
-                        .collect())
-                }
-            }
-        },
-    );
+    let finisher = Finisher::finisher(&store, settings, metrics.clone(), &tracker, shutdown.clone());
+    let renewer = Renewer::renewer(&store, settings, metrics.clone(), &tracker, shutdown.clone());
 
     let state = Arc::new(http::Shared {
         store,

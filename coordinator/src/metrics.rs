@@ -135,6 +135,8 @@ pub struct Metrics {
     pub flow_refresh_errors: Counter,
     /// Database operations that ran past their deadline, per operation.
     pub db_timeouts: Family<OperationLabels, Counter>,
+    /// Database operations retried after a deadlock or serialization failure, per operation.
+    pub db_retries: Family<OperationLabels, Counter>,
     /// Terminal jobs deleted by retention, per queue and state.
     pub jobs_pruned: Family<DepthLabels, Counter>,
     /// Prune passes (or tally folds) that failed.
@@ -192,6 +194,7 @@ impl Metrics {
             db_unavailable: Counter::default(),
             reaper_errors: Counter::default(),
             db_timeouts: Family::default(),
+            db_retries: Family::default(),
             claims_held_back: Family::default(),
             schedule_fires: Family::default(),
             schedule_errors: Counter::default(),
@@ -345,6 +348,11 @@ impl Metrics {
             "db_timeouts",
             "Database operations that ran past their deadline (the connection is thrown away)",
             m.db_timeouts.clone(),
+        );
+        registry.register(
+            "db_retries",
+            "Database operations retried after a deadlock or serialization failure",
+            m.db_retries.clone(),
         );
         registry.register(
             "reaper_errors",

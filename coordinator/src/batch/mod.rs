@@ -19,8 +19,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use runlease_protocol::worker::HeartbeatStatus;
+
 use crate::metrics::Metrics;
-use crate::store::StoreError;
+use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
+use crate::store::{Store, StoreError};
 
 /// How requests are gathered.
 #[derive(Debug, Clone, Copy)]
@@ -44,7 +47,7 @@ async fn flush_batch<Req, Resp>(name: &str, flush: &FlushFn<Req, Resp>, batch: V
     let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
     let n = reqs.len();
     tracing::trace!(batcher = name, size = n, "flushing a batch");
-    match flush_with_retry(flush, Arc::new(reqs)).await {
+    match flush(Arc::new(reqs)).await {
         Ok(resps) if resps.len() == n => {
             for (reply, resp) in replies.into_iter().zip(resps) {
                 // A requester that went away is fine: its write stands.
@@ -68,9 +71,6 @@ async fn flush_batch<Req, Resp>(name: &str, flush: &FlushFn<Req, Resp>, batch: V
     }
 }
 
-/// Tries of a flush that hit a deadlock or serialization failure.
-const FLUSH_TRIES: u32 = 3;
-
 struct Pending<Req, Resp> {
     req: Req,
     reply: oneshot::Sender<Result<Resp, StoreError>>,
@@ -93,22 +93,6 @@ impl<Req, Resp> Clone for Batcher<Req, Resp> {
         Self {
             tx: self.tx.clone(),
             flush: self.flush.clone(),
-        }
-    }
-}
-
-async fn flush_with_retry<Req, Resp>(
-    flush: &FlushFn<Req, Resp>,
-    reqs: Arc<Vec<Req>>,
-) -> Result<Vec<Resp>, StoreError> {
-    let mut tries = 1;
-    loop {
-        match flush(reqs.clone()).await {
-            Err(StoreError::Retry(detail)) if tries < FLUSH_TRIES => {
-                tracing::debug!(%detail, tries, "batch hit a deadlock or serialization failure; retrying");
-                tries += 1;
-            }
-            other => return other,
         }
     }
 }
@@ -188,7 +172,7 @@ where
     /// answers once that batch committed.
     pub async fn submit(&self, req: Req) -> Result<Resp, StoreError> {
         let Some(tx) = &self.tx else {
-            let mut resps = flush_with_retry(&*self.flush, Arc::new(vec![req])).await?;
+            let mut resps = (self.flush)(Arc::new(vec![req])).await?;
             return resps
                 .pop()
                 .ok_or_else(|| StoreError::Database("a flush answered nothing".into()));
@@ -199,5 +183,78 @@ where
         answer
             .await
             .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?
+    }
+}
+
+/// The batcher of finishing outcomes: each request's items, written with
+/// other requests' items in one statement.
+pub type Finisher = Batcher<Vec<(LeaseRef, Outcome)>, Vec<Ending>>;
+/// The batcher of heartbeats: each request's renewals, written with other
+/// requests' renewals in one statement.
+pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
+
+/// Hands each request, in order, its share of the answers to a batch of
+/// flattened items (`sizes[i]` items came from request `i`).
+fn split<T>(sizes: &[usize], answers: Vec<T>) -> Vec<Vec<T>> {
+    let mut answers = answers.into_iter();
+    sizes
+        .iter()
+        .map(|n| answers.by_ref().take(*n).collect())
+        .collect()
+}
+
+impl Finisher {
+    /// Writes finishing outcomes with [`Store::finish`].
+    pub fn finisher(
+        store: &Store,
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let store = store.clone();
+        Batcher::spawn(
+            "finish",
+            settings,
+            metrics,
+            tracker,
+            cancel,
+            move |requests: Arc<Vec<Vec<(LeaseRef, Outcome)>>>| {
+                let store = store.clone();
+                async move {
+                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                    let items: Vec<&(LeaseRef, Outcome)> = requests.iter().flatten().collect();
+                    Ok(split(&sizes, store.finish(&items).await?))
+                }
+            },
+        )
+    }
+}
+
+impl Renewer {
+    /// Writes lease renewals with [`Store::heartbeat`].
+    pub fn renewer(
+        store: &Store,
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let store = store.clone();
+        Batcher::spawn(
+            "heartbeat",
+            settings,
+            metrics,
+            tracker,
+            cancel,
+            move |requests: Arc<Vec<Vec<Renewal>>>| {
+                let store = store.clone();
+                async move {
+                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                    let renewals: Vec<&Renewal> = requests.iter().flatten().collect();
+                    Ok(split(&sizes, store.heartbeat(&renewals).await?))
+                }
+            },
+        )
     }
 }

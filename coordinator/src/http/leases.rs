@@ -1,9 +1,8 @@
 //! Worker endpoints: claim (long-poll), heartbeat, complete, fail, release,
-//! finish. Tokens are verified before any database work; a stale guard
-//! becomes 409 `lease_lost` in exactly one place, [`applied`].
+//! finish. Tokens are verified before any database work; a stale lease
+//! becomes 409 `lease_lost` (counted by action) in [`lease_lost`].
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -26,8 +25,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
-use crate::store::Guarded;
-use crate::store::leases::{Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
+use crate::store::leases::{Ending, Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -130,14 +128,6 @@ fn lease_lost(state: &AppState, action: &str) -> ApiError {
     ApiError::lease_lost()
 }
 
-/// The one place a stale guard becomes 409 `lease_lost`.
-fn applied<T>(state: &AppState, guarded: Guarded<T>, action: &str) -> Result<T, ApiError> {
-    match guarded {
-        Guarded::Applied(t) => Ok(t),
-        Guarded::Stale => Err(lease_lost(state, action)),
-    }
-}
-
 /// 422 unless a list holds 1 to 1000 items.
 fn require_items(field: &str, len: usize) -> Result<(), ApiError> {
     if (1..=MAX_LEASES_PER_REQUEST).contains(&len) {
@@ -223,11 +213,10 @@ pub async fn heartbeat(
 }
 
 /// Counts, logs and announces an applied finish.
-fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, finished: &Finished) {
-    let job = &finished.record;
+fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, job: &Finished) {
     let action = kind.name();
-    if !finished.first {
-        tracing::info!(job_id = %job.id, run_lease = run_lease.0, action, "repeated finish answered as already applied");
+    if !job.first {
+        tracing::info!(job_id = %job.job_id, run_lease = run_lease.0, action, "repeated finish answered as already applied");
         return;
     }
     let via = match kind {
@@ -235,10 +224,16 @@ fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, fi
         OutcomeKind::Fail => Via::Fail,
         OutcomeKind::Release => Via::Release,
     };
-    state.metrics.transition(job, via);
-    tracing::info!(job_id = %job.id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
+    state.metrics.transition_of(
+        job.queue.as_str(),
+        job.state,
+        job.created_at,
+        job.finished_at,
+        via,
+    );
+    tracing::info!(job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
     if job.state.is_terminal() {
-        state.wake.terminal(job.id);
+        state.wake.terminal(job.job_id);
         if state.flow.is_limited(&job.queue) {
             // The lease's slot is free: a parked claim of the queue may start a job.
             state.wake.ready(&job.queue);
@@ -261,17 +256,21 @@ async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> R
     span.record("run_lease", lease.run_lease.0);
     let run_lease = lease.run_lease;
     let mut answers = state.finisher.submit(vec![(lease, outcome)]).await?;
-    let guarded = answers
+    let ending = answers
         .pop()
         .ok_or_else(|| ApiError::new(ErrorCode::Internal, "a finish answered nothing"))?;
-    let finished = applied(state, guarded, kind.name())?;
+    let finished = match ending {
+        Ending::Applied(finished) => finished,
+        Ending::Lost(_) => return Err(lease_lost(state, kind.name())),
+    };
     finished_effects(state, run_lease, kind, &finished);
     Ok(finished)
 }
 
+/// The job a single finish left, with its chronology: the one-call-per-job
+/// endpoints answer the whole job (a batched `finish` answers its state).
 async fn answer(state: &AppState, finished: Finished) -> Result<Json<Job>, ApiError> {
-    let record = Arc::unwrap_or_clone(finished.record);
-    let job = state.store.with_attempts(vec![record]).await?.pop();
+    let job = state.store.get_job(finished.job_id).await?;
     job.map(|j| Json(views::job(j)))
         .ok_or_else(ApiError::job_not_found)
 }
@@ -421,17 +420,17 @@ pub async fn finish(
     } else {
         state.finisher.submit(verified).await?
     };
+    // A stale lease learns where its job went; a forged token learns nothing.
     let mut statuses: Vec<Option<JobState>> = vec![None; req.items.len()];
     let mut ok = vec![false; req.items.len()];
-    let mut stale = Vec::new();
-    for (&(i, job_id, run_lease, kind), guarded) in sent.iter().zip(answers) {
-        match guarded {
-            Guarded::Applied(finished) => {
+    for (&(i, _, run_lease, kind), ending) in sent.iter().zip(answers) {
+        match ending {
+            Ending::Applied(finished) => {
                 finished_effects(&state, run_lease, kind, &finished);
-                statuses[i] = Some(finished.record.state);
+                statuses[i] = Some(finished.state);
                 ok[i] = true;
             }
-            Guarded::Stale => {
+            Ending::Lost(now) => {
                 state
                     .metrics
                     .lease_lost
@@ -439,16 +438,8 @@ pub async fn finish(
                         action: kind.name().to_owned(),
                     })
                     .inc();
-                stale.push((i, job_id));
+                statuses[i] = now;
             }
-        }
-    }
-    // A stale lease learns where its job went; a forged token learns nothing.
-    if !stale.is_empty() {
-        let ids: Vec<JobId> = stale.iter().map(|(_, id)| *id).collect();
-        let jobs = state.store.get_jobs(&ids).await?;
-        for (i, id) in stale {
-            statuses[i] = jobs.iter().find(|j| j.id == id).map(|j| j.state);
         }
     }
     // Verified items answer with their lease; a forged token with what it

@@ -31,16 +31,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::auth::ApiKeys;
-use crate::batch::Batcher;
 use crate::batch::claims::ClaimBatcher;
+use crate::batch::{Finisher, Renewer};
 use crate::metrics::{Metrics, RouteLabels};
-use crate::store::Guarded;
 use crate::store::Store;
-use crate::store::leases::{Finished, LeaseRef, Outcome, Renewal};
 use crate::token::TokenKey;
 use crate::wake::Wake;
 use error::ApiError;
-use runlease_protocol::worker::HeartbeatStatus;
 
 /// What the lease handed to a worker promises.
 #[derive(Debug, Clone, Copy)]
@@ -84,11 +81,6 @@ pub struct Shared {
     /// Writes lease renewals in shared statements.
     pub renewer: Renewer,
 }
-
-/// The batcher of finishing outcomes: each request's items, written together.
-pub type Finisher = Batcher<Vec<(LeaseRef, Outcome)>, Vec<Guarded<Finished>>>;
-/// The batcher of heartbeats: each request's renewals, written together.
-pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
 
 /// The router with every route of the v1 protocol.
 pub fn app(state: AppState, max_body_bytes: usize) -> Router {

@@ -72,7 +72,8 @@ impl Store {
     /// Enqueues jobs in one transaction (one statement), answering them in
     /// request order. Jobs whose idempotency key exists answer the original.
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
-        self.timed("enqueue", async {
+        let jobs = &jobs;
+        self.timed("enqueue", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
@@ -152,7 +153,7 @@ impl Store {
     /// Marks jobs `enqueue_failed` (their wake-up did not go out); returns
     /// those still `queued` that were marked.
     pub async fn mark_enqueue_failed(&self, ids: &[JobId]) -> Result<Vec<(JobId, QueueName)>, StoreError> {
-        self.timed("mark_enqueue_failed", async {
+        self.timed("mark_enqueue_failed", || async move {
             let client = self.conn().await?;
             let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
             let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
@@ -174,11 +175,12 @@ impl Store {
         publish: F,
     ) -> Result<Vec<QueueName>, StoreError>
     where
-        F: FnOnce(Vec<QueueName>) -> Fut,
+        F: Fn(Vec<QueueName>) -> Fut,
         Fut: std::future::Future<Output = bool>,
     {
+        let publish = &publish;
         // The publish runs inside (bounded by its own Redis timeout).
-        self.timed("repair", async {
+        self.timed("repair", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let stmt = tx.prepare_cached(sql::JOB_REPAIR_PICK).await?;
@@ -225,7 +227,7 @@ impl Store {
         // Only the statements are under the deadline, not the send: a send
         // cut short would leave jobs marked but never signalled.
         let rows = self
-            .timed("dispatch", async {
+            .timed("dispatch", || async move {
                 let client = self.conn().await?;
                 let stmt = client.prepare_cached(sql::JOB_DISPATCH_PICK).await?;
                 Ok(client.query(&stmt, &[&queue.as_str(), &limit]).await?)
@@ -239,7 +241,8 @@ impl Store {
         if send(ids.len()).await {
             return Ok(ids.len());
         }
-        self.timed("dispatch", async {
+        let (ids, due) = (&ids, &due);
+        self.timed("dispatch", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::JOB_DISPATCH_UNMARK).await?;
             client.execute(&stmt, &[&ids, &due]).await?;
@@ -250,7 +253,7 @@ impl Store {
 
     /// Reads jobs with their chronology, in no particular order; missing ids are absent.
     pub async fn get_jobs(&self, ids: &[JobId]) -> Result<Vec<JobRow>, StoreError> {
-        self.timed("get_jobs", async {
+        self.timed("get_jobs", || async move {
             let client = self.conn().await?;
             let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
             let stmt = client.prepare_cached(sql::JOB_GET).await?;
@@ -265,18 +268,6 @@ impl Store {
     /// Reads one job with its chronology.
     pub async fn get_job(&self, id: JobId) -> Result<Option<JobRow>, StoreError> {
         Ok(self.get_jobs(&[id]).await?.pop())
-    }
-
-    /// Attaches the chronology to job rows a write returned.
-    pub(crate) async fn with_attempts(&self, records: Vec<JobRow>) -> Result<Vec<JobRow>, StoreError> {
-        self.timed("get_jobs", async {
-            let client = self.conn().await?;
-            let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
-            let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
-            let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
-            Ok(assemble(records, &attempts))
-        })
-        .await
     }
 
     /// Cancels a job (see `sql/job_cancel.sql`).

@@ -2,19 +2,18 @@
 //! on `(id, state = 'running', run_lease)`; a guard that matches no row means
 //! the caller's lease is stale.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use runlease_protocol::worker::HeartbeatStatus;
-use runlease_protocol::{AttemptOutcome, JobId, QueueName, RunLease, WorkerId};
+use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, WorkerId};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::rows::{DbOutcome, JobRow, col};
-use crate::store::{Guarded, Store, StoreError, sql};
+use crate::store::rows::{DbJobState, DbOutcome, JobRow, col, queue_col};
+use crate::store::{Store, StoreError, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
@@ -99,15 +98,15 @@ async fn claim_rows(
     slotted(&rows)
 }
 
-/// One way an attempt ends by its worker's hand; each maps to one guarded statement.
+/// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
 #[derive(Debug, Clone)]
 pub enum Outcome {
-    /// `lease_complete.sql`.
+    /// Done, with a result.
     Complete {
         /// The job's result.
         result: Value,
     },
-    /// `lease_fail.sql`.
+    /// Failed: retried, failed for good, or cancelled.
     Fail {
         /// What went wrong.
         error: String,
@@ -116,7 +115,7 @@ pub enum Outcome {
         /// The worker's retry delay; backoff when `None`.
         retry_after_ms: Option<i64>,
     },
-    /// `lease_release.sql`.
+    /// Handed back without charge.
     Release {
         /// Checkpoint for the next attempt; `None` keeps the saved one.
         progress: Option<Value>,
@@ -203,30 +202,45 @@ fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outc
     recorded.is_some_and(|(o, worker)| worker == lease.worker_id.as_str() && outcome.matches(*o))
 }
 
-/// Rows a finishing statement wrote, by (job, lease): the outcome that took
-/// effect and the row it left.
-type Applied = HashMap<(Uuid, i64), (OutcomeKind, Arc<JobRow>)>;
-
-fn note_applied(
-    applied: &mut Applied,
-    kind: OutcomeKind,
-    rows: &[tokio_postgres::Row],
-) -> Result<(), StoreError> {
-    for row in rows {
-        let record = JobRow::from_row(row)?;
-        applied.insert((record.id.0, record.run_lease.0), (kind, Arc::new(record)));
-    }
-    Ok(())
-}
-
-/// How a finish ended when it applied.
+/// How a finish item ended when it applied: what its answer, its metrics
+/// and its wake-ups need, not the whole job.
 #[derive(Debug, Clone)]
 pub struct Finished {
-    /// The job as the write (or, for a repeat, the database now) holds it;
-    /// shared by the items of a batch that answer with the same row.
-    pub record: Arc<JobRow>,
+    /// The job.
+    pub job_id: JobId,
+    /// Its queue.
+    pub queue: QueueName,
+    /// Its state after the finish.
+    pub state: JobState,
+    /// When it was enqueued (for the SLO figure).
+    pub created_at: DateTime<Utc>,
+    /// When it became terminal, if it is.
+    pub finished_at: Option<DateTime<Utc>>,
     /// False when this was a repeat of an outcome already applied.
     pub first: bool,
+}
+
+impl Finished {
+    fn from_row(row: &tokio_postgres::Row, first: bool) -> Result<Self, StoreError> {
+        Ok(Self {
+            job_id: JobId(col(row, "id")?),
+            queue: queue_col(row, "queue")?,
+            state: col::<DbJobState>(row, "state")?.0,
+            created_at: col(row, "created_at")?,
+            finished_at: col(row, "finished_at")?,
+            first,
+        })
+    }
+}
+
+/// What a finish answers for one item.
+#[derive(Debug, Clone)]
+pub enum Ending {
+    /// The outcome took effect (or, with `first: false`, had already taken
+    /// effect under this same lease).
+    Applied(Finished),
+    /// The lease is stale; the job's state now (`None`: no such job).
+    Lost(Option<JobState>),
 }
 
 impl Store {
@@ -243,7 +257,7 @@ impl Store {
         limited: &[QueueName],
     ) -> Result<Claimed, StoreError> {
         let mut claimed = self
-            .timed("claim", async {
+            .timed("claim", || async move {
                 let client = self.conn().await?;
                 let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
                 let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
@@ -260,7 +274,7 @@ impl Store {
             }
             let free_slots: Vec<&WorkerId> = free.iter().map(|&i| slots[i]).collect();
             let limited = match self
-                .timed("claim", self.claim_limited(queue, &free_slots, time_left_ms))
+                .timed("claim", || self.claim_limited(queue, &free_slots, time_left_ms))
                 .await
             {
                 Ok(limited) => limited,
@@ -414,7 +428,7 @@ impl Store {
 
     /// Renews leases in one statement; answers each renewal in order.
     pub async fn heartbeat(&self, renewals: &[&Renewal]) -> Result<Vec<HeartbeatStatus>, StoreError> {
-        self.timed("heartbeat", async {
+        self.timed("heartbeat", || async move {
             let client = self.conn().await?;
             let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
             let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
@@ -460,88 +474,75 @@ impl Store {
         .await
     }
 
-    /// Ends attempts: one guarded statement per kind of outcome, all in one
-    /// transaction (a database error applies none and fails every item).
-    /// Each item is answered in order: `Applied` (with `first: false` when it
-    /// repeats an outcome that already took effect under the same lease and
-    /// worker) or `Stale`.
-    pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Guarded<Finished>>, StoreError> {
-        self.timed("finish", async {
-            let mut client = self.conn().await?;
+    /// Ends attempts of every kind in one guarded statement (rows locked in
+    /// id order; a database error applies none and fails every item). Each
+    /// item is answered in order: [`Ending::Applied`] (with `first: false`
+    /// when it repeats an outcome that already took effect under the same
+    /// lease and worker) or [`Ending::Lost`] with where the job is now. Only
+    /// items the statement did not match cost a second read.
+    pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
+        self.timed("finish", || async move {
+            let client = self.conn().await?;
             let policy = *self.policy();
-            let tx = client.transaction().await?;
-            // (job, lease) → (the outcome that took effect, the row it left).
-            let mut applied: Applied = HashMap::with_capacity(items.len());
-
-            let pick = |want: fn(&Outcome) -> bool| items.iter().filter(move |(_, o)| want(o));
-            let ids_leases = |want: fn(&Outcome) -> bool| {
-                let ids: Vec<Uuid> = pick(want).map(|(l, _)| l.job_id.0).collect();
-                let leases: Vec<i64> = pick(want).map(|(l, _)| l.run_lease.0).collect();
-                (ids, leases)
-            };
-
-            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Complete { .. }));
-            if !ids.is_empty() {
-                let results: Vec<&Value> = pick(|o| matches!(o, Outcome::Complete { .. }))
-                    .map(|(_, o)| match o {
-                        Outcome::Complete { result } => result,
-                        _ => unreachable!("filtered to completes"),
-                    })
-                    .collect();
-                let stmt = tx.prepare_cached(sql::LEASE_COMPLETE).await?;
-                note_applied(
-                    &mut applied,
-                    OutcomeKind::Complete,
-                    &tx.query(&stmt, &[&ids, &leases, &results]).await?,
-                )?;
-            }
-
-            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Fail { .. }));
-            if !ids.is_empty() {
-                let mut errors: Vec<&str> = Vec::new();
-                let mut retryables: Vec<bool> = Vec::new();
-                let mut delays: Vec<Option<i64>> = Vec::new();
-                for (_, o) in pick(|o| matches!(o, Outcome::Fail { .. })) {
-                    if let Outcome::Fail {
+            let n = items.len();
+            let mut ids: Vec<Uuid> = Vec::with_capacity(n);
+            let mut leases: Vec<i64> = Vec::with_capacity(n);
+            let mut actions: Vec<&str> = Vec::with_capacity(n);
+            let mut results: Vec<Option<&Value>> = Vec::with_capacity(n);
+            let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
+            let mut retryables: Vec<Option<bool>> = Vec::with_capacity(n);
+            let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
+            let mut progress: Vec<Option<&Value>> = Vec::with_capacity(n);
+            for (lease, outcome) in items {
+                ids.push(lease.job_id.0);
+                leases.push(lease.run_lease.0);
+                actions.push(outcome.name());
+                let (result, error, retryable, delay, checkpoint) = match outcome {
+                    Outcome::Complete { result } => (Some(result), None, None, None, None),
+                    Outcome::Fail {
                         error,
                         retryable,
                         retry_after_ms,
-                    } = o
-                    {
-                        errors.push(error);
-                        retryables.push(*retryable);
-                        delays.push(*retry_after_ms);
-                    }
-                }
-                let stmt = tx.prepare_cached(sql::LEASE_FAIL).await?;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-                    &ids,
-                    &leases,
-                    &errors,
-                    &retryables,
-                    &delays,
-                    &policy.backoff_base_ms,
-                    &policy.backoff_cap_ms,
-                ];
-                note_applied(&mut applied, OutcomeKind::Fail, &tx.query(&stmt, &params).await?)?;
+                    } => (
+                        None,
+                        Some(error.as_str()),
+                        Some(*retryable),
+                        *retry_after_ms,
+                        None,
+                    ),
+                    Outcome::Release { progress } => (None, None, None, None, progress.as_ref()),
+                };
+                results.push(result);
+                errors.push(error);
+                retryables.push(retryable);
+                delays.push(delay);
+                progress.push(checkpoint);
             }
-
-            let (ids, leases) = ids_leases(|o| matches!(o, Outcome::Release { .. }));
-            if !ids.is_empty() {
-                let progress: Vec<Option<&Value>> = pick(|o| matches!(o, Outcome::Release { .. }))
-                    .map(|(_, o)| match o {
-                        Outcome::Release { progress } => progress.as_ref(),
-                        _ => unreachable!("filtered to releases"),
-                    })
-                    .collect();
-                let stmt = tx.prepare_cached(sql::LEASE_RELEASE).await?;
-                note_applied(
-                    &mut applied,
-                    OutcomeKind::Release,
-                    &tx.query(&stmt, &[&ids, &leases, &progress]).await?,
-                )?;
+            let stmt = client.prepare_cached(sql::LEASE_FINISH).await?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                &ids,
+                &leases,
+                &actions,
+                &results,
+                &errors,
+                &retryables,
+                &delays,
+                &progress,
+                &policy.backoff_base_ms,
+                &policy.backoff_cap_ms,
+            ];
+            // (job, lease) → (the outcome that took effect, what it left).
+            let mut applied: HashMap<(Uuid, i64), (OutcomeKind, Finished)> = HashMap::with_capacity(n);
+            for row in client.query(&stmt, &params).await? {
+                let action: String = col(&row, "action")?;
+                let kind = match action.as_str() {
+                    "complete" => OutcomeKind::Complete,
+                    "fail" => OutcomeKind::Fail,
+                    _ => OutcomeKind::Release,
+                };
+                let finished = Finished::from_row(&row, true)?;
+                applied.insert((finished.job_id.0, col(&row, "run_lease")?), (kind, finished));
             }
-            tx.commit().await?;
 
             // Items no guard matched: repeats of an applied outcome, or stale.
             let missed: Vec<&(LeaseRef, Outcome)> = items
@@ -549,59 +550,43 @@ impl Store {
                 .copied()
                 .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
                 .collect();
-            let mut recorded: HashMap<(Uuid, i64), (AttemptOutcome, String)> = HashMap::new();
-            let mut current: HashMap<Uuid, Arc<JobRow>> = HashMap::new();
+            let mut now: HashMap<(Uuid, i64), (Finished, Option<(AttemptOutcome, String)>)> = HashMap::new();
             if !missed.is_empty() {
                 let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
                 let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
-                let stmt = client.prepare_cached(sql::ATTEMPT_GET).await?;
+                let stmt = client.prepare_cached(sql::LEASE_FINISH_MISSED).await?;
                 for row in client.query(&stmt, &[&ids, &leases]).await? {
-                    let outcome: DbOutcome = col(&row, "outcome")?;
-                    recorded.insert(
-                        (col(&row, "job_id")?, col(&row, "run_lease")?),
-                        (outcome.0, col(&row, "worker_id")?),
-                    );
-                }
-                let repeats: Vec<Uuid> = missed
-                    .iter()
-                    .filter(|(l, o)| is_repeat(recorded.get(&(l.job_id.0, l.run_lease.0)), l, o))
-                    .map(|(l, _)| l.job_id.0)
-                    .collect();
-                if !repeats.is_empty() {
-                    let stmt = client.prepare_cached(sql::JOB_GET).await?;
-                    for row in client.query(&stmt, &[&repeats]).await? {
-                        let record = JobRow::from_row(&row)?;
-                        current.insert(record.id.0, Arc::new(record));
-                    }
+                    let outcome: Option<DbOutcome> = col(&row, "outcome")?;
+                    let worker: Option<String> = col(&row, "worker_id")?;
+                    let ended = outcome.map(|o| o.0).zip(worker);
+                    let finished = Finished::from_row(&row, false)?;
+                    now.insert((finished.job_id.0, col(&row, "run_lease")?), (finished, ended));
                 }
             }
 
-            // Each (job, lease) is applied by at most one item: the first of the
-            // kind that took effect. A repeat of that kind in the same batch is a
-            // repeat (200, not counted twice); another kind is stale.
-            let mut answered_first: std::collections::HashSet<(Uuid, i64)> = std::collections::HashSet::new();
+            // Each (job, lease) is applied by at most one item: the first.
+            // A repeat of its kind in the same batch is a repeat (200, not
+            // counted twice); another kind is stale.
+            let mut answered_first: HashSet<(Uuid, i64)> = HashSet::new();
             Ok(items
                 .iter()
                 .map(|(lease, outcome)| {
                     let key = (lease.job_id.0, lease.run_lease.0);
-                    if let Some((kind, record)) = applied.get(&key) {
+                    if let Some((kind, finished)) = applied.get(&key) {
                         if *kind != outcome.kind() {
-                            return Guarded::Stale;
+                            return Ending::Lost(Some(finished.state));
                         }
-                        let first = answered_first.insert(key);
-                        return Guarded::Applied(Finished {
-                            record: record.clone(),
-                            first,
+                        return Ending::Applied(Finished {
+                            first: answered_first.insert(key),
+                            ..finished.clone()
                         });
                     }
-                    match current.get(&key.0) {
-                        Some(record) if is_repeat(recorded.get(&key), lease, outcome) => {
-                            Guarded::Applied(Finished {
-                                record: record.clone(),
-                                first: false,
-                            })
+                    match now.get(&key) {
+                        Some((finished, ended)) if is_repeat(ended.as_ref(), lease, outcome) => {
+                            Ending::Applied(finished.clone())
                         }
-                        _ => Guarded::Stale,
+                        Some((finished, _)) => Ending::Lost(Some(finished.state)),
+                        None => Ending::Lost(None),
                     }
                 })
                 .collect())
@@ -611,7 +596,7 @@ impl Store {
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.
     pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
-        self.timed("reap", async {
+        self.timed("reap", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
             let rows = client

@@ -137,11 +137,12 @@ impl Store {
         let Some(last) = ids.last().copied() else {
             return Ok(Page::default());
         };
+        let ids = &ids;
         let mut rows = self
-            .timed("list_jobs", async {
+            .timed("list_jobs", || async move {
                 let client = self.conn().await?;
                 let stmt = client.prepare_cached(sql::JOB_GET).await?;
-                JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)
+                JobRow::from_rows(&client.query(&stmt, &[ids]).await?)
             })
             .await?;
         rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
@@ -172,7 +173,7 @@ impl Store {
             (Some(c), Some(b)) => Some(c.min(b)),
             (c, b) => c.or(b),
         };
-        self.timed("list_jobs", async {
+        self.timed("list_jobs", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::JOB_LIST).await?;
             let rows = client
@@ -211,8 +212,9 @@ impl Store {
                 ids.dedup();
                 for chunk in ids.chunks(BULK_CHUNK as usize) {
                     let chunk: Vec<Uuid> = chunk.iter().map(|id| id.0).collect();
+                    let chunk = &chunk;
                     let rows = self
-                        .timed("bulk", async {
+                        .timed("bulk", || async move {
                             let client = self.conn().await?;
                             let stmt = client.prepare_cached(sql::JOB_MATCH).await?;
                             Ok(client
@@ -287,7 +289,7 @@ impl Store {
         ids: &[Uuid],
         states: Option<&[&str]>,
     ) -> Result<Vec<JobChange>, StoreError> {
-        self.timed("bulk", async {
+        self.timed("bulk", || async move {
             if ids.is_empty() {
                 return Ok(Vec::new());
             }

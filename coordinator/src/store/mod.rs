@@ -187,7 +187,12 @@ pub struct Store {
     policy: Policy,
     call_timeout: Duration,
     timeouts: Family<OperationLabels, Counter>,
+    retries: Family<OperationLabels, Counter>,
 }
+
+/// Tries of a store operation that hit a deadlock or a serialization failure
+/// (all within its one call deadline).
+const RETRY_TRIES: u32 = 4;
 
 impl Store {
     /// A store over `pool`; each operation may take `call_timeout`.
@@ -197,6 +202,7 @@ impl Store {
             policy,
             call_timeout,
             timeouts: Family::default(),
+            retries: Family::default(),
         }
     }
 
@@ -207,15 +213,38 @@ impl Store {
         self
     }
 
-    /// Runs one store operation under the call deadline. An operation that
-    /// overruns it is dropped (its connections are thrown away, never handed
+    /// Counts retried operations in `family` (the coordinator's
+    /// `runlease_db_retries_total`).
+    pub fn count_retries_in(mut self, family: Family<OperationLabels, Counter>) -> Self {
+        self.retries = family;
+        self
+    }
+
+    /// Runs one store operation under the call deadline. `work` makes the
+    /// operation's future; one that hits a deadlock or a serialization
+    /// failure (nothing of it was written) is made and run again, up to
+    /// [`RETRY_TRIES`] times, counted. An operation that overruns the
+    /// deadline is dropped (its connections are thrown away, never handed
     /// out again), counted, logged, and answered [`StoreError::Timeout`].
-    pub(crate) async fn timed<T>(
-        &self,
-        operation: &'static str,
-        work: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let mut work = Box::pin(work);
+    pub(crate) async fn timed<T, F, Fut>(&self, operation: &'static str, work: F) -> Result<T, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let retrying = async {
+            let mut tries = 1;
+            loop {
+                match work().await {
+                    Err(StoreError::Retry(detail)) if tries < RETRY_TRIES => {
+                        self.retries.get_or_create(&OperationLabels { operation }).inc();
+                        tracing::info!(operation, %detail, tries, "deadlock or serialization failure; retrying");
+                        tries += 1;
+                    }
+                    done => return done,
+                }
+            }
+        };
+        let mut work = Box::pin(retrying);
         match tokio::time::timeout(self.call_timeout, &mut work).await {
             Ok(Err(StoreError::Timeout(_))) => {
                 self.timeouts.get_or_create(&OperationLabels { operation }).inc();
@@ -270,13 +299,4 @@ impl Store {
             }
         }
     }
-}
-
-/// The result of a guarded write: it matched the caller's lease, or it did not.
-#[derive(Debug)]
-pub enum Guarded<T> {
-    /// The write took effect (or had already taken effect with this same lease).
-    Applied(T),
-    /// The lease is stale: another attempt owns the job, or it has ended otherwise.
-    Stale,
 }

@@ -31,7 +31,7 @@ impl Store {
         keep_ms: i64,
         limit: i64,
     ) -> Result<Pruned, StoreError> {
-        self.timed("prune", async {
+        self.timed("prune", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
@@ -58,7 +58,7 @@ impl Store {
 
     /// The queues that hold terminal jobs.
     pub async fn queues_with_terminal_jobs(&self) -> Result<Vec<QueueName>, StoreError> {
-        self.timed("prune", async {
+        self.timed("prune", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::JOB_PRUNE_QUEUES).await?;
             client
@@ -74,7 +74,7 @@ impl Store {
     /// Folds the tally deltas into one row per (queue, tally), unless
     /// another replica is pruning (it folds then). Answers whether it ran.
     pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
-        self.timed("fold_tallies", async {
+        self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;

@@ -143,7 +143,7 @@ impl Store {
         only: Option<&QueueName>,
         held: bool,
     ) -> Result<Vec<QueueFigures>, StoreError> {
-        self.timed("queue_figures", async {
+        self.timed("queue_figures", || async move {
             let client = self.conn().await?;
             let live = client.prepare_cached(sql::QUEUE_LIVE_COUNTS).await?;
             let tallies = client.prepare_cached(sql::QUEUE_TALLIES).await?;
@@ -221,7 +221,7 @@ impl Store {
 
     /// Settings of every queue that has any.
     pub async fn queue_settings(&self) -> Result<Vec<(QueueName, QueueSettings)>, StoreError> {
-        self.timed("queue_settings", async {
+        self.timed("queue_settings", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
             let none: Option<Vec<&str>> = None;
@@ -241,7 +241,7 @@ impl Store {
         queue: &QueueName,
         change: &SettingsChange,
     ) -> Result<QueueSettings, StoreError> {
-        self.timed("update_queue_settings", async {
+        self.timed("update_queue_settings", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_UPDATE).await?;
             let rate = change.rate_limit.flatten();

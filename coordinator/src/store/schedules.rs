@@ -101,7 +101,7 @@ impl Store {
     /// Creates or replaces a schedule; its next fire time is the first after
     /// now (PostgreSQL's clock). Answers it and whether it is new.
     pub async fn put_schedule(&self, s: &NewSchedule) -> Result<(ScheduleRow, bool), StoreError> {
-        self.timed("schedules", async {
+        self.timed("schedules", || async move {
             let client = self.conn().await?;
             let clock = client.prepare_cached(sql::CLOCK_NOW).await?;
             let now: DateTime<Utc> = col(&client.query_one(&clock, &[]).await?, "now")?;
@@ -133,7 +133,7 @@ impl Store {
 
     /// Schedules by name (`None`: all).
     pub async fn schedules(&self, name: Option<&str>) -> Result<Vec<ScheduleRow>, StoreError> {
-        self.timed("schedules", async {
+        self.timed("schedules", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::SCHEDULE_LIST).await?;
             client
@@ -148,7 +148,7 @@ impl Store {
 
     /// Deletes a schedule; answers it as it was.
     pub async fn delete_schedule(&self, name: &str) -> Result<Option<ScheduleRow>, StoreError> {
-        self.timed("schedules", async {
+        self.timed("schedules", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::SCHEDULE_DELETE).await?;
             client
@@ -170,7 +170,7 @@ impl Store {
         limit: i64,
         default_max_attempts: i32,
     ) -> Result<Vec<Fired>, StoreError> {
-        self.timed("schedules", async {
+        self.timed("schedules", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let stmt = tx.prepare_cached(sql::SCHEDULE_DUE).await?;

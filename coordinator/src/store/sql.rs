@@ -22,8 +22,6 @@ pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 pub const JOB_DISPATCH_UNMARK: &str = include_str!("sql/job_dispatch_unmark.sql");
 /// The ended attempts of jobs.
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
-/// How one attempt ended.
-pub const ATTEMPT_GET: &str = include_str!("sql/attempt_get.sql");
 /// Claim leases.
 pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
 /// Claim leases of a queue limited per concurrency key.
@@ -36,12 +34,10 @@ pub const QUEUE_RUNNING_COUNT: &str = include_str!("sql/queue_running_count.sql"
 pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
-/// Complete a lease.
-pub const LEASE_COMPLETE: &str = include_str!("sql/lease_complete.sql");
-/// Fail a lease.
-pub const LEASE_FAIL: &str = include_str!("sql/lease_fail.sql");
-/// Release a lease.
-pub const LEASE_RELEASE: &str = include_str!("sql/lease_release.sql");
+/// End leases: complete, fail or release, each item its own action.
+pub const LEASE_FINISH: &str = include_str!("sql/lease_finish.sql");
+/// What became of leases a finish did not match.
+pub const LEASE_FINISH_MISSED: &str = include_str!("sql/lease_finish_missed.sql");
 /// Reap expired leases.
 pub const LEASE_REAP: &str = include_str!("sql/lease_reap.sql");
 /// Live jobs per queue and state (indexes over live rows only).
@@ -95,16 +91,14 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_dispatch_pick", JOB_DISPATCH_PICK),
     ("job_dispatch_unmark", JOB_DISPATCH_UNMARK),
     ("attempt_list", ATTEMPT_LIST),
-    ("attempt_get", ATTEMPT_GET),
     ("lease_claim", LEASE_CLAIM),
     ("lease_claim_keyed", LEASE_CLAIM_KEYED),
     ("queue_limits_lock", QUEUE_LIMITS_LOCK),
     ("queue_running_count", QUEUE_RUNNING_COUNT),
     ("queue_rate_take", QUEUE_RATE_TAKE),
     ("lease_heartbeat", LEASE_HEARTBEAT),
-    ("lease_complete", LEASE_COMPLETE),
-    ("lease_fail", LEASE_FAIL),
-    ("lease_release", LEASE_RELEASE),
+    ("lease_finish", LEASE_FINISH),
+    ("lease_finish_missed", LEASE_FINISH_MISSED),
     ("lease_reap", LEASE_REAP),
     ("queue_live_counts", QUEUE_LIVE_COUNTS),
     ("queue_tallies", QUEUE_TALLIES),

@@ -49,8 +49,8 @@ impl Repairer {
     pub async fn run_once(&self) -> Result<RepairReport, StoreError> {
         let mut report = RepairReport::default();
         loop {
-            let mut failed = false;
-            let flag = &mut failed;
+            let failed = std::sync::atomic::AtomicBool::new(false);
+            let flag = &failed;
             let wake = &self.wake;
             let repaired = self
                 .store
@@ -58,13 +58,14 @@ impl Repairer {
                     for queue in &queues {
                         if let Err(e) = wake.republish(queue).await {
                             tracing::debug!(error = %e, "repair: wake-up still cannot be published");
-                            *flag = true;
+                            flag.store(true, std::sync::atomic::Ordering::Relaxed);
                             return false;
                         }
                     }
                     true
                 })
                 .await?;
+            let failed = failed.into_inner();
             report.publish_failed |= failed;
             for queue in &repaired {
                 self.metrics

@@ -143,24 +143,14 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         // for every row, no scan of the table or of every running job.
         let arrays = [
             (
-                "lease_complete",
-                sql::LEASE_COMPLETE,
-                "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[]",
-            ),
-            (
-                "lease_release",
-                sql::LEASE_RELEASE,
-                "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[]",
+                "lease_finish",
+                sql::LEASE_FINISH,
+                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000",
             ),
             (
                 "lease_heartbeat",
                 sql::LEASE_HEARTBEAT,
                 "'{}'::uuid[], '{}'::bigint[], '{}'::jsonb[], 15000, 300000",
-            ),
-            (
-                "lease_fail",
-                sql::LEASE_FAIL,
-                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], 1000, 60000",
             ),
         ];
         for (name, statement, args) in arrays {

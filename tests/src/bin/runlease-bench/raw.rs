@@ -90,13 +90,24 @@ pub async fn run(jobs: usize) -> Raw {
         let client = db.client().await;
         tasks.push(tokio::spawn(async move {
             let claim = client.prepare(sql::LEASE_CLAIM).await.unwrap();
-            let complete = client.prepare(sql::LEASE_COMPLETE).await.unwrap();
+            let finish = client.prepare(sql::LEASE_FINISH).await.unwrap();
             let worker = format!("raw-{c}");
             let slots: Vec<&str> = vec![worker.as_str(); PER_STATEMENT];
             let queues = vec!["raw"];
             loop {
                 let rows = client
-                    .query(&claim, &[&queues, &slots, &15_000i64, &300_000i64, &None::<i64>])
+                    .query(
+                        &claim,
+                        &[
+                            &queues,
+                            &slots,
+                            &15_000i64,
+                            &300_000i64,
+                            &None::<i64>,
+                            &false,
+                            &None::<chrono::DateTime<chrono::Utc>>,
+                        ],
+                    )
                     .await
                     .unwrap();
                 if rows.is_empty() {
@@ -104,8 +115,31 @@ pub async fn run(jobs: usize) -> Raw {
                 }
                 let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
                 let leases: Vec<i64> = rows.iter().map(|r| r.get("run_lease")).collect();
-                let results: Vec<Value> = vec![Value::Null; rows.len()];
-                client.query(&complete, &[&ids, &leases, &results]).await.unwrap();
+                let n = rows.len();
+                let actions = vec!["complete"; n];
+                let results: Vec<Option<Value>> = vec![Some(Value::Null); n];
+                let none_text: Vec<Option<&str>> = vec![None; n];
+                let none_bool: Vec<Option<bool>> = vec![None; n];
+                let none_ms: Vec<Option<i64>> = vec![None; n];
+                let none_json: Vec<Option<Value>> = vec![None; n];
+                client
+                    .query(
+                        &finish,
+                        &[
+                            &ids,
+                            &leases,
+                            &actions,
+                            &results,
+                            &none_text,
+                            &none_bool,
+                            &none_ms,
+                            &none_json,
+                            &1_000i64,
+                            &300_000i64,
+                        ],
+                    )
+                    .await
+                    .unwrap();
             }
         }));
     }

@@ -1,0 +1,81 @@
+-- End running attempts, many at once and of every kind, in one statement:
+-- each item is a complete, a fail or a release, guarded on its row by
+-- (id, state = 'running', run_lease). Each ended attempt is appended to
+-- job_attempts.
+--   complete: done (even with a cancel requested), with the result.
+--   fail:     cancelled with a cancel requested; queued again after the delay
+--             (the worker's retry_after_ms, or exponential backoff with full
+--             jitter) with budget left and retryable; otherwise failed.
+--   release:  cancelled with a cancel requested; otherwise queued, claimable
+--             at once, the attempt's charge given back, the worker's
+--             checkpoint (NULL keeps the saved one) kept for the next attempt.
+-- $1 uuid[] ids, $2 bigint[] run leases, $3 text[] actions ('complete',
+-- 'fail', 'release'), $4 jsonb[] results, $5 text[] errors, $6 bool[]
+-- retryable, $7 bigint[] retry_after_ms (NULL: backoff), $8 jsonb[] progress
+-- (parallel arrays, one element per item; fields an action does not use are
+-- NULL), $9 bigint backoff base ms, $10 bigint backoff cap ms.
+-- Several items for one (id, run_lease): the first takes effect.
+-- Answers one row per item that took effect, with what a finish answer needs;
+-- items absent from the answer are stale or already applied.
+-- Index: jobs_pkey.
+-- Locking: every row in id order, in this one statement, before any write.
+-- Heartbeats lock in the same order and claims, the reaper and the pruner
+-- skip locked rows, so no interleaving of finishes and heartbeats can
+-- deadlock.
+WITH input AS (
+    SELECT DISTINCT ON (id, run_lease) *
+    FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
+                $6::boolean[], $7::bigint[], $8::jsonb[])
+         WITH ORDINALITY AS t(id, run_lease, action, result, error, retryable, retry_after_ms, progress, n)
+    ORDER BY id, run_lease, n
+), locked AS MATERIALIZED (
+    -- Locked by id alone, in id order: jobs_pkey whatever the statistics say
+    -- (a state predicate here would let the planner pick a partial index and
+    -- scan every running job). The guard and the next state are computed on
+    -- the locked row, which nothing else can change before this statement
+    -- ends.
+    SELECT j.id, i.run_lease, i.action, i.result, i.error, i.progress,
+           j.state = 'running' AND j.run_lease = i.run_lease AS holds,
+           CASE WHEN i.action = 'complete' THEN 'done'::job_state
+                WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
+                WHEN i.action = 'release' THEN 'queued'::job_state
+                WHEN i.retryable AND j.attempt < j.max_attempts THEN 'queued'::job_state
+                ELSE 'failed'::job_state END AS next_state,
+           CASE WHEN i.action = 'fail' THEN
+               coalesce(i.retry_after_ms,
+                        floor(random() * least($10::bigint::float8,
+                                               $9::bigint * power(2::float8, least(j.attempt - 1, 40))))::bigint)
+           ELSE 0 END AS delay_ms
+    FROM input i
+    JOIN jobs j ON j.id = i.id
+    ORDER BY j.id
+    FOR UPDATE OF j
+), finished AS (
+    UPDATE jobs j SET
+        state = l.next_state,
+        result = CASE WHEN l.action = 'complete' THEN l.result ELSE j.result END,
+        error = CASE WHEN l.action = 'fail' THEN l.error ELSE j.error END,
+        progress = CASE WHEN l.action = 'release' THEN coalesce(l.progress, j.progress) ELSE j.progress END,
+        attempt = CASE WHEN l.action = 'release' AND l.next_state = 'queued'
+                       THEN j.attempt - 1 ELSE j.attempt END,
+        run_at = CASE WHEN l.next_state = 'queued'
+                      THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
+        finished_at = CASE WHEN l.next_state = 'queued' THEN NULL ELSE now() END,
+        lease_expires_at = NULL,
+        updated_at = now()
+    FROM locked l
+    WHERE j.id = l.id AND l.holds
+    RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
+              j.owned_by, j.claimed_at, l.action, l.error
+), recorded AS (
+    INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    SELECT id, run_lease, owned_by, claimed_at, now(),
+           CASE WHEN state = 'cancelled' AND action <> 'complete' THEN 'cancelled'::attempt_outcome
+                WHEN action = 'complete' THEN 'completed'::attempt_outcome
+                WHEN action = 'fail' THEN 'failed'::attempt_outcome
+                ELSE 'released'::attempt_outcome END,
+           CASE WHEN action = 'fail' THEN error END,
+           state
+    FROM finished
+)
+SELECT id, run_lease, action, queue, state, created_at, finished_at FROM finished
