@@ -12,11 +12,13 @@ It speaks the v1 protocol over HTTP (docs/protocol.md, docs/openapi.yaml):
   acknowledged with `fail`), when the job's `timeout_ms` has passed, or when no
   heartbeat has succeeded for a whole lease TTL (it cannot know whether it
   still holds the lease, so it stops, as the coordinator will reap it);
-- completes (`POST /v1/complete`) or fails (`POST /v1/fail`) with the lease
-  token; finishing is idempotent per lease, so a lost answer is retried;
+- completes or fails with the lease token in one `POST /v1/finish`, which
+  also claims the next job for the slot it frees (the coordinator claims once
+  the outcome is committed): a busy worker spends one request per job;
+  finishing is idempotent per lease, so a lost answer is retried;
 - drains on SIGTERM or SIGINT: stops claiming, lets running handlers finish
   for `--grace-ms`, stops the rest and releases them with their checkpoint
-  (`POST /v1/release`), then exits 0.
+  (a `release` item), then exits 0.
 
 Handlers must be replay-safe: delivery is at-least-once. `job.job_id` and
 `job.run_lease` together are a fencing token to stamp on side effects.
@@ -258,18 +260,22 @@ class Worker:
                 self.shutdown.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            for lease in leases:
-                job = Job(lease)
-                if self.shutdown.is_set():
-                    # Claimed while we were stopping: give it back at once.
-                    self.finish(job, "release", {})
-                    continue
-                with self.held_lock:
-                    self.held[job.lease_token] = job
+            self.start(leases)
+        self.drain()
+
+    def start(self, leases: list[dict[str, Any]]) -> None:
+        """Runs each lease's job on its own thread (or gives it back when stopping)."""
+        for lease in leases:
+            job = Job(lease)
+            if self.shutdown.is_set():
+                # Claimed while we were stopping: give it back at once.
+                self.finish(job, "release", {}, claim_next=False)
+                continue
+            with self.held_lock:
+                self.held[job.lease_token] = job
                 thread = threading.Thread(target=self.run_job, args=(job,), name=f"job-{job.job_id}")
                 self.threads = [t for t in self.threads if t.is_alive()] + [thread]
-                thread.start()
-        self.drain()
+            thread.start()
 
     # ---- running one job ----
 
@@ -308,16 +314,25 @@ class Worker:
         with self.held_lock:
             self.held.pop(job.lease_token, None)
 
-    def finish(self, job: Job, action: str, body: dict[str, Any]) -> None:
+    def finish(self, job: Job, action: str, body: dict[str, Any], claim_next: bool = True) -> None:
+        """Ends the attempt with one `POST /v1/finish`; unless stopping, the same
+        request claims the next job for the slot this one frees (the claim is
+        made once the outcome is committed), so a busy worker spends one
+        request per job."""
+        request: dict[str, Any] = {"items": [{"lease_token": job.lease_token, "action": action, **body}]}
+        if claim_next and not self.shutdown.is_set():
+            request["claim"] = {"queues": self.queues, "worker_id": self.worker_id, "max_jobs": 1, "wait_ms": 0}
         try:
-            answer = self.api.post_retrying(f"/v1/{action}", {"lease_token": job.lease_token, **body})
-            done = {"complete": "job completed", "fail": "job failed", "release": "job released"}[action]
-            log(done, job_id=job.job_id, run_lease=job.run_lease, state=answer["state"])
-        except ApiError as e:
-            if e.code == "lease_lost":
+            answer = self.api.post_retrying("/v1/finish", request)
+            item = answer["items"][0]
+            if item["status"] == "lease_lost":
                 log("finish refused: lease lost", job_id=job.job_id, run_lease=job.run_lease, action=action)
             else:
-                log("finish failed", job_id=job.job_id, action=action, error=str(e))
+                done = {"complete": "job completed", "fail": "job failed", "release": "job released"}[action]
+                log(done, job_id=job.job_id, run_lease=job.run_lease, state=item["state"])
+            self.start(answer.get("leases") or [])
+        except ApiError as e:
+            log("finish failed", job_id=job.job_id, action=action, error=str(e))
         except (TimeoutError, urllib.error.URLError, ConnectionError, OSError) as e:
             log("finish failed: coordinator unreachable", job_id=job.job_id, action=action, error=str(e))
 

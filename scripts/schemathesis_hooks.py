@@ -12,7 +12,8 @@ coordinator, not less:
   Everything else in the request stays as generated, so the generated results,
   errors, checkpoints and retry delays go through the guarded writes and come
   back out of PostgreSQL.
-- Capped long-polls. A `wait_ms` inside its valid range (1 to 60000) is lowered
+- Capped long-polls. A `wait_ms` inside its valid range (1 to 60000), of a
+  claim or of the claim riding on a finish, is lowered
   to at most WAIT_CAP_MS, so a claim on an empty queue or a read of a running
   job does not hold a test for up to a minute. The answer after a short wait
   is the same as after a long one; out-of-range values are left alone, so the
@@ -345,6 +346,9 @@ def after_call(context, case, response):
 def map_case(context, case):
     _cap(case.body)
     _cap(case.query)
+    if isinstance(case.body, dict):
+        # A finish's claim long-polls too.
+        _cap(case.body.get("claim"))
     if not BASE_URL:
         return case
     path = case.operation.path

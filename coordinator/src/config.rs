@@ -290,6 +290,18 @@ impl Config {
             .collect()
     }
 
+    /// Lease terms and the retry policy, as durations.
+    pub fn lease_settings(&self) -> crate::store::LeaseSettings {
+        crate::store::LeaseSettings {
+            ttl: self.lease_ttl(),
+            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
+            default_timeout: Duration::from_millis(self.default_timeout_ms),
+            default_max_attempts: self.max_attempts,
+            backoff_base: crate::store::DEFAULT_BACKOFF_BASE,
+            backoff_cap: crate::store::DEFAULT_BACKOFF_CAP,
+        }
+    }
+
     /// The deadlines of database work.
     pub fn database_deadlines(&self) -> crate::store::connect::Deadlines {
         crate::store::connect::Deadlines {

@@ -47,13 +47,12 @@ use crate::batch::{BatchSettings, Finisher, Renewer};
 use crate::config::Config;
 use crate::dispatch::Dispatcher;
 use crate::flow::FlowControl;
-use crate::http::LeaseTerms;
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
 use crate::reaper::Reaper;
 use crate::scheduler::Scheduler;
 use crate::store::connect::DatabaseTarget;
-use crate::store::{DEFAULT_BACKOFF_BASE, DEFAULT_BACKOFF_CAP, Policy, Store, StoreError};
+use crate::store::{Store, StoreError};
 use crate::token::TokenKey;
 use crate::wake::Wake;
 use crate::wake::repair::Repairer;
@@ -72,10 +71,6 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
-fn millis_i64(ms: u64) -> i64 {
-    i64::try_from(ms).unwrap_or(i64::MAX)
-}
-
 /// Connects to PostgreSQL (creating the database if missing) and applies
 /// pending migrations.
 pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
@@ -89,14 +84,7 @@ pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
     if !applied.is_empty() {
         tracing::info!(?applied, "applied migrations");
     }
-    let policy = Policy {
-        lease_ttl_ms: millis_i64(config.lease_ttl_ms),
-        default_timeout_ms: millis_i64(config.default_timeout_ms),
-        default_max_attempts: config.max_attempts,
-        backoff_base_ms: millis_i64(DEFAULT_BACKOFF_BASE.as_millis() as u64),
-        backoff_cap_ms: millis_i64(DEFAULT_BACKOFF_CAP.as_millis() as u64),
-    };
-    Ok(Store::new(pool, policy, deadlines.call))
+    Ok(Store::new(pool, config.lease_settings(), deadlines.call))
 }
 
 /// `runlease-coordinator migrate`.
@@ -242,11 +230,6 @@ pub async fn serve(
         metrics,
         wake,
         recheck,
-        terms: LeaseTerms {
-            ttl: config.lease_ttl(),
-            heartbeat_interval: Duration::from_millis(config.heartbeat_interval_ms),
-            default_timeout: Duration::from_millis(config.default_timeout_ms),
-        },
         shutdown: shutdown.clone(),
         flow,
         claims,

@@ -156,8 +156,14 @@ pub struct ReleaseRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FinishRequest {
-    /// The outcomes (1 to 1000), answered one by one, in order.
+    /// The outcomes (1 to 1000; none is allowed when `claim` is given),
+    /// answered one by one, in order.
+    #[serde(default)]
     pub items: Vec<FinishItem>,
+    /// A claim made once the items are committed, answered in `leases`: a
+    /// worker's loop is then one request per cycle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimRequest>,
 }
 
 /// What to do with a lease in a finish request.
@@ -202,6 +208,9 @@ pub struct FinishItem {
 pub struct FinishResponse {
     /// One entry per item, in order.
     pub items: Vec<FinishResult>,
+    /// What the request's `claim` handed out (absent without a claim).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases: Option<Vec<Lease>>,
 }
 
 /// The outcome of one finish item.

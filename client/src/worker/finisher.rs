@@ -2,22 +2,44 @@
 //! together in `POST /v1/finish` requests (while one request is in flight the
 //! next gathers), each outcome answered on its own. Finishing is idempotent per
 //! lease, so the client retries a request whose answer was lost.
+//!
+//! An outcome may bring its job's slot: the request that carries it then
+//! also claims a job for each such slot (a claim riding on the finish, made
+//! by the coordinator once the outcomes are committed), so a busy worker
+//! spends one request per cycle.
+
+use std::sync::{Arc, Mutex};
 
 use runlease_protocol::limits::MAX_LEASES_PER_REQUEST;
-use runlease_protocol::worker::{FinishItem, FinishRequest, FinishResult};
-use tokio::sync::{mpsc, oneshot};
+use runlease_protocol::worker::{ClaimRequest, FinishItem, FinishRequest, FinishResult, Lease};
+use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
 
-type Pending = (FinishItem, oneshot::Sender<Result<FinishResult>>);
+struct Pending {
+    item: FinishItem,
+    slot: Option<OwnedSemaphorePermit>,
+    reply: oneshot::Sender<Result<FinishResult>>,
+}
+
+/// Who claims on a finish request's back: makes the claim for the slots the
+/// request's outcomes free, and starts the leases it brings.
+pub(crate) trait ClaimRider: Send + Sync {
+    /// The claim for `slots` slots; `None` when the worker claims no more.
+    fn claim(&self, slots: usize) -> Option<ClaimRequest>;
+    /// Starts `leases` (as many as `slots` at most; the other slots go back).
+    fn start(&self, leases: Vec<Lease>, slots: Vec<OwnedSemaphorePermit>, sent: Instant, received: Instant);
+}
 
 /// Sends finishing outcomes in shared requests.
 #[derive(Clone)]
 pub struct FinishQueue {
     tx: mpsc::UnboundedSender<Pending>,
+    rider: Arc<Mutex<Option<Arc<dyn ClaimRider>>>>,
 }
 
 impl FinishQueue {
@@ -25,6 +47,8 @@ impl FinishQueue {
     /// queue is empty.
     pub fn spawn(client: Client, tracker: &TaskTracker, stop: CancellationToken) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
+        let rider: Arc<Mutex<Option<Arc<dyn ClaimRider>>>> = Arc::new(Mutex::new(None));
+        let riding = rider.clone();
         tracker.spawn(async move {
             loop {
                 let first = tokio::select! {
@@ -47,14 +71,36 @@ impl FinishQueue {
                     }
                     tokio::task::yield_now().await;
                 }
-                let (items, replies): (Vec<FinishItem>, Vec<_>) = batch.into_iter().unzip();
-                let request = FinishRequest { items };
+                let mut items = Vec::with_capacity(batch.len());
+                let mut replies = Vec::with_capacity(batch.len());
+                let mut slots = Vec::new();
+                for p in batch {
+                    items.push(p.item);
+                    replies.push(p.reply);
+                    slots.extend(p.slot);
+                }
+                let rider = riding.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                let claim = match &rider {
+                    Some(rider) if !slots.is_empty() && !stop.is_cancelled() => rider.claim(slots.len()),
+                    _ => None,
+                };
+                let claims = claim.is_some();
+                let mut request = FinishRequest { items, claim };
+                let sent = Instant::now();
                 let answer = client.finish(&request).await;
                 if matches!(answer, Err(Error::Invalid { .. })) && request.items.len() > 1 {
                     // One item the coordinator refuses must not take the
-                    // others down: send each alone, so only it fails.
+                    // others down: send each alone (without a claim; the
+                    // slots go back to the claim loop), so only it fails.
+                    drop(slots);
+                    request.claim = None;
                     for (item, reply) in request.items.into_iter().zip(replies) {
-                        let one = client.finish(&FinishRequest { items: vec![item] }).await;
+                        let one = client
+                            .finish(&FinishRequest {
+                                items: vec![item],
+                                claim: None,
+                            })
+                            .await;
                         let _ = reply.send(one.and_then(|mut a| {
                             a.items
                                 .pop()
@@ -67,6 +113,9 @@ impl FinishQueue {
                     Ok(answer) if answer.items.len() == replies.len() => {
                         for (reply, result) in replies.into_iter().zip(answer.items) {
                             let _ = reply.send(Ok(result));
+                        }
+                        if let (true, Some(rider)) = (claims, rider) {
+                            rider.start(answer.leases.unwrap_or_default(), slots, sent, Instant::now());
                         }
                     }
                     Ok(answer) => {
@@ -87,14 +136,28 @@ impl FinishQueue {
                 }
             }
         });
-        Self { tx }
+        Self { tx, rider }
     }
 
-    /// Sends `item` with the next request; answers its own result.
-    pub async fn submit(&self, item: FinishItem) -> Result<FinishResult> {
+    /// Lets `rider` claim on the back of requests whose outcomes bring
+    /// slots, until [`FinishQueue::stop_riding`].
+    pub(crate) fn ride_claims(&self, rider: Arc<dyn ClaimRider>) {
+        *self.rider.lock().unwrap_or_else(|p| p.into_inner()) = Some(rider);
+    }
+
+    /// No more claims ride on finishes (and the rider, which holds this
+    /// queue, is let go).
+    pub(crate) fn stop_riding(&self) {
+        self.rider.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// Sends `item` with the next request; answers its own result. `slot`,
+    /// the job's slot, is claimed again by that request when claims ride on
+    /// finishes (and freed otherwise).
+    pub async fn submit(&self, item: FinishItem, slot: Option<OwnedSemaphorePermit>) -> Result<FinishResult> {
         let (reply, answer) = oneshot::channel();
         self.tx
-            .send((item, reply))
+            .send(Pending { item, slot, reply })
             .map_err(|_| Error::Config("the worker's finishing queue has stopped".into()))?;
         answer
             .await

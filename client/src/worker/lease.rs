@@ -7,6 +7,7 @@ use std::time::Duration;
 use runlease_protocol::worker::{FinishAction, FinishItem, FinishStatus, Lease};
 use runlease_protocol::{JobId, LeaseToken, RunLease};
 use serde_json::Value;
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -136,6 +137,7 @@ impl Held {
 /// abandon, so it cannot be finished twice.
 pub struct Claimed {
     finisher: FinishQueue,
+    slot: Option<OwnedSemaphorePermit>,
     token: LeaseToken,
     /// The job.
     pub job_id: JobId,
@@ -145,9 +147,10 @@ pub struct Claimed {
 
 impl Claimed {
     /// The claimed job behind `held`, finished through `finisher`.
-    pub fn new(finisher: FinishQueue, held: &Held) -> Self {
+    pub fn new(finisher: FinishQueue, held: &Held, slot: Option<OwnedSemaphorePermit>) -> Self {
         Self {
             finisher,
+            slot,
             token: held.token.clone(),
             job_id: held.job_id,
             run_lease: held.run_lease,
@@ -165,7 +168,7 @@ impl Claimed {
             progress: None,
         };
         fill(&mut item);
-        let answer = self.finisher.submit(item).await?;
+        let answer = self.finisher.submit(item, self.slot).await?;
         match answer.status {
             FinishStatus::Ok => Ok(()),
             FinishStatus::LeaseLost => Err(Error::LeaseLost(format!(

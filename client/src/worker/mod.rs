@@ -15,12 +15,17 @@
 //!
 //! - [`context`]: `JobContext`, `JobError`.
 //! - [`lease`]: the shared state of a held lease and the consumable claimed job.
-//! - [`finisher`]: outcomes of concurrent jobs sent together in `POST /v1/finish`.
+//! - [`finisher`]: outcomes of concurrent jobs sent together in `POST /v1/finish`,
+//!   each request claiming again the slots its outcomes free.
+//! - `claim`: the claim loop, and starting the leases claims hand out.
+//! - `job`: one job's task.
 //! - `heartbeat`: one heartbeat request per interval for every held lease.
 
+mod claim;
 pub mod context;
 pub mod finisher;
 mod heartbeat;
+mod job;
 pub mod lease;
 
 use std::collections::HashMap;
@@ -30,7 +35,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use runlease_protocol::worker::{ClaimRequest, Lease};
 use runlease_protocol::{JobId, QueueName, WorkerId};
 use serde::Serialize;
 use serde_json::Value;
@@ -38,14 +42,13 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::Instrument;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
-use crate::retry::RetryPolicy;
+use claim::{Claiming, claim_loop};
 pub use context::{JobContext, JobError};
 use finisher::FinishQueue;
-use lease::{Claimed, Held, StopReason, is_lease_lost};
+use lease::{Held, StopReason};
 
 /// Default concurrency: jobs run at once by one worker.
 pub const DEFAULT_CONCURRENCY: usize = 8;
@@ -60,10 +63,6 @@ pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(1);
 pub const DEFAULT_RELEASE_MARGIN: Duration = Duration::from_secs(2);
 /// Below this much time left before the release margin, deadline mode stops claiming.
 const MIN_CLAIM_TIME_LEFT: Duration = Duration::from_millis(500);
-/// How long a claim waits for more slots to free up once one has.
-const CLAIM_GATHER: Duration = Duration::from_millis(2);
-/// In until-idle mode, consecutive failed claims before the worker gives up.
-const UNTIL_IDLE_CLAIM_TRIES: u32 = 3;
 /// Heartbeat interval before any lease told us the coordinator's.
 const FALLBACK_HEARTBEAT: Duration = Duration::from_secs(5);
 
@@ -312,7 +311,16 @@ impl Worker {
         }
 
         let jobs = TaskTracker::new();
-        claim_loop(&inner, &finisher, &jobs, &stop_claiming).await;
+        let claiming = Claiming {
+            inner: inner.clone(),
+            finisher: finisher.clone(),
+            jobs: jobs.clone(),
+            slots: Arc::new(Semaphore::new(inner.concurrency)),
+            stop: stop_claiming.clone(),
+        };
+        finisher.ride_claims(Arc::new(claiming.clone()));
+        claim_loop(&claiming).await;
+        drop(claiming);
 
         // Drain: in-flight jobs get the drain bound, then are released.
         jobs.close();
@@ -324,6 +332,7 @@ impl Worker {
             stop_all(&inner, StopReason::Drain);
             jobs.wait().await;
         }
+        finisher.stop_riding();
         background.cancel();
         tracker.close();
         tracker.wait().await;
@@ -341,233 +350,5 @@ fn stop_all(inner: &Inner, reason: StopReason) {
         .collect();
     for h in held {
         h.stop(reason);
-    }
-}
-
-/// Claims while there are free slots, until `stop` fires.
-async fn claim_loop(
-    inner: &Arc<Inner>,
-    finisher: &FinishQueue,
-    jobs: &TaskTracker,
-    stop: &CancellationToken,
-) {
-    let slots = Arc::new(Semaphore::new(inner.concurrency));
-    let queues: Vec<QueueName> = inner.handlers.keys().cloned().collect();
-    let mut failures = 0u32;
-    loop {
-        let first = tokio::select! {
-            permit = slots.clone().acquire_owned() => match permit { Ok(p) => p, Err(_) => return },
-            () = stop.cancelled() => return,
-        };
-        let mut permits = vec![first];
-        // Jobs finished together (one /v1/finish answer) free their slots one
-        // task after another, and short jobs finished a moment apart free
-        // theirs one finish answer later: gather what frees up within
-        // CLAIM_GATHER, so one claim asks for all of it. A worker of long
-        // jobs claims at most that much later.
-        let gather_until = Instant::now() + CLAIM_GATHER;
-        while permits.len() < inner.concurrency {
-            while let Ok(p) = slots.clone().try_acquire_owned() {
-                permits.push(p);
-            }
-            if permits.len() >= inner.concurrency {
-                break;
-            }
-            match tokio::time::timeout_at(gather_until, slots.clone().acquire_owned()).await {
-                Ok(Ok(p)) => permits.push(p),
-                _ => break,
-            }
-        }
-
-        let mut wait = inner.claim_wait;
-        let mut time_left_ms = None;
-        if let Some(deadline) = inner.deadline {
-            // Claiming stops once the release point is near; the coordinator is
-            // told the whole remaining run time, so a job whose timeout fits
-            // may still be running at the release point: it is then released
-            // (no attempt charged) rather than left to time out.
-            let now = Instant::now();
-            let release_at = deadline.checked_sub(inner.release_margin).unwrap_or(now);
-            let before_release = release_at.saturating_duration_since(now);
-            if before_release < MIN_CLAIM_TIME_LEFT {
-                tracing::info!("deadline near: no more claims");
-                return;
-            }
-            wait = wait.min(before_release.saturating_sub(MIN_CLAIM_TIME_LEFT));
-            let left = deadline.saturating_duration_since(now);
-            time_left_ms = Some(u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
-        }
-        let req = ClaimRequest {
-            queues: queues.clone(),
-            worker_id: inner.worker_id.clone(),
-            max_jobs: u32::try_from(permits.len()).unwrap_or(u32::MAX),
-            wait_ms: u64::try_from(wait.as_millis()).unwrap_or(0),
-            time_left_ms,
-        };
-        let sent = Instant::now();
-        let claim = inner.client.claim(&req);
-        tokio::pin!(claim);
-        let (answer, stopping) = tokio::select! {
-            answer = &mut claim => (answer, false),
-            () = stop.cancelled() => {
-                // Let the claim in flight answer (bounded): leases it brings
-                // back are released at once rather than left to expire.
-                match tokio::time::timeout(inner.drain_timeout, &mut claim).await {
-                    Ok(answer) => (answer, true),
-                    Err(_) => return,
-                }
-            }
-        };
-        match answer {
-            Ok(answer) => {
-                failures = 0;
-                inner.counters.claims_answered.fetch_add(1, Ordering::Relaxed);
-                if answer.leases.is_empty() && inner.until_idle {
-                    tracing::info!("nothing left to claim: stopping (until idle)");
-                    return;
-                }
-                let received = Instant::now();
-                for lease in answer.leases {
-                    let held = Arc::new(Held::new(&lease, sent, received));
-                    if stopping {
-                        release_unstarted(inner, finisher, &held, "the worker is stopping").await;
-                        continue;
-                    }
-                    let Some(handler) = inner.handlers.get(&lease.queue).cloned() else {
-                        release_unstarted(inner, finisher, &held, "no handler for this queue").await;
-                        continue;
-                    };
-                    let Some(permit) = permits.pop() else {
-                        release_unstarted(inner, finisher, &held, "more leases than free slots").await;
-                        continue;
-                    };
-                    inner
-                        .held
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(lease.job_id, held.clone());
-                    inner.added.notify_one();
-                    let inner = inner.clone();
-                    let finisher = finisher.clone();
-                    let span = tracing::info_span!(
-                        "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue
-                    );
-                    jobs.spawn(
-                        async move {
-                            run_job(&inner, &finisher, handler, lease, held).await;
-                            drop(permit);
-                        }
-                        .instrument(span),
-                    );
-                }
-                if stopping {
-                    return;
-                }
-            }
-            Err(e) => {
-                failures += 1;
-                inner.counters.claims_failed.fetch_add(1, Ordering::Relaxed);
-                if inner.until_idle && failures >= UNTIL_IDLE_CLAIM_TRIES {
-                    tracing::warn!(error = %e, "claims keep failing: stopping (until idle)");
-                    return;
-                }
-                let delay = RetryPolicy::default().delay(failures.min(6), e.retry_after());
-                tracing::warn!(error = %e, ?delay, "claim failed; backing off");
-                tokio::select! {
-                    () = tokio::time::sleep(delay) => {}
-                    () = stop.cancelled() => return,
-                }
-            }
-        }
-    }
-}
-
-async fn release_unstarted(inner: &Inner, finisher: &FinishQueue, held: &Held, why: &str) {
-    tracing::info!(job_id = %held.job_id, why, "releasing a lease without running it");
-    match Claimed::new(finisher.clone(), held)
-        .release(held.progress())
-        .await
-    {
-        Ok(()) => inner.counters.released.fetch_add(1, Ordering::Relaxed),
-        Err(_) => inner.counters.abandoned.fetch_add(1, Ordering::Relaxed),
-    };
-}
-
-/// Runs one handler and finishes its attempt as its end requires.
-async fn run_job(inner: &Inner, finisher: &FinishQueue, handler: Handler, lease: Lease, held: Arc<Held>) {
-    let ctx = JobContext {
-        job_id: lease.job_id,
-        run_lease: lease.run_lease,
-        attempt: lease.attempt,
-        queue: lease.queue.clone(),
-        payload: lease.payload,
-        checkpoint: lease.progress,
-        held: held.clone(),
-    };
-    let timeout = Duration::from_millis(lease.timeout_ms);
-    let fut = handler(ctx);
-    tokio::pin!(fut);
-    let mut outcome = tokio::select! {
-        result = &mut fut => Some(result),
-        () = held.cancel.cancelled() => None,
-        () = tokio::time::sleep_until(held.granted_at + timeout) => { held.stop(StopReason::TimedOut); None }
-        () = held.fence_when_unrenewed() => None,
-    };
-    if outcome.is_none() {
-        // Stopped: the handler gets a grace to return, then is dropped.
-        outcome = tokio::time::timeout(inner.stop_grace, &mut fut).await.ok();
-    }
-    inner
-        .held
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .remove(&lease.job_id);
-    let claimed = Claimed::new(finisher.clone(), &held);
-    let counters = &inner.counters;
-
-    let finished = match (held.stop_reason(), outcome) {
-        // Finished on its own: its outcome stands.
-        (None, Some(Ok(result))) => claimed.complete(result).await.map(|()| &counters.completed),
-        (None, Some(Err(e))) => claimed
-            .fail(e.message, e.retryable, e.retry_after)
-            .await
-            .map(|()| &counters.failed),
-        // Done within the grace of a drain or deadline: the work stands too.
-        (Some(StopReason::Drain | StopReason::Deadline), Some(Ok(result))) => {
-            claimed.complete(result).await.map(|()| &counters.completed)
-        }
-        (Some(StopReason::LeaseLost | StopReason::Fenced), _) | (None, None) => {
-            claimed.abandon();
-            Ok(&counters.abandoned)
-        }
-        (Some(StopReason::CancelRequested), _) => claimed
-            .fail("cancelled: a cancel was requested".into(), false, None)
-            .await
-            .map(|()| &counters.failed),
-        (Some(StopReason::TimedOut), _) => claimed
-            .fail(
-                format!("attempt exceeded its timeout of {} ms", lease.timeout_ms),
-                true,
-                None,
-            )
-            .await
-            .map(|()| &counters.failed),
-        (Some(StopReason::Drain | StopReason::Deadline), _) => claimed
-            .release(held.progress())
-            .await
-            .map(|()| &counters.released),
-    };
-    match finished {
-        Ok(counter) => {
-            counter.fetch_add(1, Ordering::Relaxed);
-        }
-        Err(e) => {
-            counters.abandoned.fetch_add(1, Ordering::Relaxed);
-            if is_lease_lost(&e) {
-                tracing::info!("the lease was lost before the attempt finished; result discarded");
-            } else {
-                tracing::warn!(error = %e, "could not finish the attempt; the lease will expire and the job run again");
-            }
-        }
     }
 }

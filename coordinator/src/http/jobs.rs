@@ -21,7 +21,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, require};
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
-use crate::store::Policy;
+use crate::store::LeaseSettings;
 use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
 use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
@@ -37,12 +37,12 @@ fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<
     if !caller.may_use_queue(&req.queue) {
         return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
-    validate_enqueue(req, state.store.policy()).map_err(ApiError::invalid)
+    validate_enqueue(req, state.store.lease_settings()).map_err(ApiError::invalid)
 }
 
 /// An enqueue request checked against the protocol's bounds, with the
 /// coordinator's defaults applied; the error says which field is wrong and why.
-fn validate_enqueue(req: EnqueueJobRequest, policy: &Policy) -> Result<NewJob, String> {
+fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<NewJob, String> {
     if req.run_at.is_some() && req.delay_ms.is_some() {
         return Err("give run_at or delay_ms, not both".into());
     }
@@ -51,7 +51,7 @@ fn validate_enqueue(req: EnqueueJobRequest, policy: &Policy) -> Result<NewJob, S
     {
         return Err(format!("delay_ms must be between 0 and {MAX_DELAY_MS}"));
     }
-    let max_attempts = req.max_attempts.unwrap_or(policy.default_max_attempts);
+    let max_attempts = req.max_attempts.unwrap_or(leases.default_max_attempts);
     if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
         return Err(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"));
     }

@@ -40,6 +40,13 @@ pub async fn claim(
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Json<ClaimResponse>, ApiError> {
     require(&caller, Action::Work)?;
+    let ask = claim_ask(&caller, req)?;
+    let leases = hand_out(&state, ask).await?;
+    Ok(Json(ClaimResponse { leases }))
+}
+
+/// Checks a claim (of `/v1/claim`, or riding on `/v1/finish`).
+fn claim_ask(caller: &Caller, req: ClaimRequest) -> Result<ClaimAsk, ApiError> {
     if req.queues.is_empty() || req.queues.len() > MAX_CLAIM_QUEUES {
         return Err(ApiError::invalid(format!(
             "queues must name 1 to {MAX_CLAIM_QUEUES} queues"
@@ -67,24 +74,29 @@ pub async fn claim(
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let ask = ClaimAsk {
+    Ok(ClaimAsk {
         queues,
-        worker: req.worker_id.clone(),
+        worker: req.worker_id,
         max_jobs: req.max_jobs,
         time_left_ms: req.time_left_ms,
         wait: Duration::from_millis(req.wait_ms),
-    };
+    })
+}
+
+/// Claims what `ask` asks for and mints a lease of each job.
+async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiError> {
+    let worker = ask.worker.clone();
     let records = state.claims.claim(ask).await?;
-    let terms = state.terms;
+    let terms = state.store.lease_settings();
     let leases = records
         .into_iter()
         .map(|r| {
             let job = r;
             state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
-            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
+            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
-                lease_token: state.tokens.mint(job.id, job.run_lease, &req.worker_id),
+                lease_token: state.tokens.mint(job.id, job.run_lease, &worker),
                 job_id: job.id,
                 run_lease: job.run_lease,
                 queue: job.queue,
@@ -97,7 +109,7 @@ pub async fn claim(
             }
         })
         .collect();
-    Ok(Json(ClaimResponse { leases }))
+    Ok(leases)
 }
 
 /// Verifies a token. Malformed: 400 for the whole request. Forged: `None`,
@@ -135,6 +147,18 @@ fn require_items(field: &str, len: usize) -> Result<(), ApiError> {
     } else {
         Err(ApiError::invalid(format!(
             "{field} must hold 1 to {MAX_LEASES_PER_REQUEST} items"
+        )))
+    }
+}
+
+/// 422 unless a finish holds at most 1000 items, and at least one unless it
+/// carries a claim.
+fn require_finish_items(len: usize, claims: bool) -> Result<(), ApiError> {
+    if len <= MAX_LEASES_PER_REQUEST && (len > 0 || claims) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "items must hold 1 to {MAX_LEASES_PER_REQUEST} items (0 to {MAX_LEASES_PER_REQUEST} with a claim)"
         )))
     }
 }
@@ -374,14 +398,25 @@ fn item_outcome(item: &FinishItem, index: usize) -> Result<Outcome, ApiError> {
     Ok(outcome)
 }
 
-/// `POST /v1/finish`: many outcomes, each answered on its own, in order.
+/// `POST /v1/finish`: many outcomes, each answered on its own, in order;
+/// with a `claim`, the leases it hands out once the outcomes are committed.
 pub async fn finish(
     State(state): State<AppState>,
     caller: Caller,
-    JsonBody(req): JsonBody<FinishRequest>,
+    JsonBody(mut req): JsonBody<FinishRequest>,
 ) -> Result<Json<FinishResponse>, ApiError> {
     require(&caller, Action::Work)?;
-    require_items("items", req.items.len())?;
+    require_finish_items(req.items.len(), req.claim.is_some())?;
+    // The claim is checked before anything is written, made after.
+    let ask = req
+        .claim
+        .take()
+        .map(|claim| claim_ask(&caller, claim))
+        .transpose()
+        .map_err(|e| ApiError {
+            message: format!("claim: {}", e.message),
+            ..e
+        })?;
     // Validate everything first: a bad item fails the request before any
     // write. Each token is verified once; a forged one is answered
     // lease_lost without a write.
@@ -468,5 +503,16 @@ pub async fn finish(
             }
         })
         .collect();
-    Ok(Json(FinishResponse { items: results }))
+    // Only now, with every item committed (submit answered), is the claim
+    // made: no lease of it can be handed out before the outcomes it follows.
+    // A claim that fails after the items were written answers its error; the
+    // worker's repeat is safe (the items answer as already applied).
+    let leases = match ask {
+        Some(ask) => Some(hand_out(&state, ask).await?),
+        None => None,
+    };
+    Ok(Json(FinishResponse {
+        items: results,
+        leases,
+    }))
 }

@@ -39,17 +39,6 @@ use crate::token::TokenKey;
 use crate::wake::Wake;
 use error::ApiError;
 
-/// What the lease handed to a worker promises.
-#[derive(Debug, Clone, Copy)]
-pub struct LeaseTerms {
-    /// `lease_ttl_ms` of each lease.
-    pub ttl: Duration,
-    /// `heartbeat_interval_ms` of each lease.
-    pub heartbeat_interval: Duration,
-    /// `timeout_ms` of a job that sets none.
-    pub default_timeout: Duration,
-}
-
 /// Shared state of every handler, behind one `Arc`: axum hands each request
 /// its own clone.
 pub type AppState = Arc<Shared>;
@@ -68,8 +57,6 @@ pub struct Shared {
     pub wake: Wake,
     /// How often a parked long-poll re-checks PostgreSQL without a wake-up.
     pub recheck: Duration,
-    /// Lease terms.
-    pub terms: LeaseTerms,
     /// Cancelled at shutdown: parked long-polls answer at once.
     pub shutdown: CancellationToken,
     /// Which queues have flow-control limits.

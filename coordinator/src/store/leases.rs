@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, DbOutcome, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, sql};
+use crate::store::{Store, StoreError, ms, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
@@ -75,7 +75,7 @@ async fn claim_rows(
     queues: &[&str],
     slots: &[&WorkerId],
     time_left_ms: Option<u64>,
-    policy: &crate::store::Policy,
+    leases: &crate::store::LeaseSettings,
     limited: Option<DateTime<Utc>>,
 ) -> Result<Vec<(usize, JobRow)>, StoreError> {
     let serve_limited = limited.is_some();
@@ -87,8 +87,8 @@ async fn claim_rows(
             &[
                 &queues,
                 &workers,
-                &policy.lease_ttl_ms,
-                &policy.default_timeout_ms,
+                &ms(leases.ttl),
+                &ms(leases.default_timeout),
                 &time_left,
                 &serve_limited,
                 &limited,
@@ -262,7 +262,16 @@ impl Store {
                 let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
                 let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Client = &client;
-                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), None).await
+                claim_rows(
+                    pg,
+                    &stmt,
+                    &names,
+                    slots,
+                    time_left_ms,
+                    self.lease_settings(),
+                    None,
+                )
+                .await
             })
             .await?;
         let mut answer = Claimed::default();
@@ -384,12 +393,21 @@ impl Store {
                 let slots = &slots[..allowed as usize];
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Transaction<'_> = &tx;
-                claim_rows(pg, &stmt, &names, slots, time_left_ms, self.policy(), Some(at)).await?
+                claim_rows(
+                    pg,
+                    &stmt,
+                    &names,
+                    slots,
+                    time_left_ms,
+                    self.lease_settings(),
+                    Some(at),
+                )
+                .await?
             }
             Some(per_key) => {
                 let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
                 let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-                let policy = self.policy();
+                let terms = self.lease_settings();
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
                 let allowed32 = i32::try_from(allowed).unwrap_or(i32::MAX);
                 let rows = tx
@@ -398,8 +416,8 @@ impl Store {
                         &[
                             &queue.as_str(),
                             &workers,
-                            &policy.lease_ttl_ms,
-                            &policy.default_timeout_ms,
+                            &ms(terms.ttl),
+                            &ms(terms.default_timeout),
                             &time_left,
                             &per_key,
                             &allowed32,
@@ -433,7 +451,7 @@ impl Store {
             let ids: Vec<Uuid> = renewals.iter().map(|r| r.job_id.0).collect();
             let leases: Vec<i64> = renewals.iter().map(|r| r.run_lease.0).collect();
             let progress: Vec<Option<&Value>> = renewals.iter().map(|r| r.progress.as_ref()).collect();
-            let policy = self.policy();
+            let terms = self.lease_settings();
             let stmt = client.prepare_cached(sql::LEASE_HEARTBEAT).await?;
             let rows = client
                 .query(
@@ -442,8 +460,8 @@ impl Store {
                         &ids,
                         &leases,
                         &progress,
-                        &policy.lease_ttl_ms,
-                        &policy.default_timeout_ms,
+                        &ms(terms.ttl),
+                        &ms(terms.default_timeout),
                     ],
                 )
                 .await?;
@@ -483,7 +501,7 @@ impl Store {
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
         self.timed("finish", || async move {
             let client = self.conn().await?;
-            let policy = *self.policy();
+            let terms = self.lease_settings();
             let n = items.len();
             let mut ids: Vec<Uuid> = Vec::with_capacity(n);
             let mut leases: Vec<i64> = Vec::with_capacity(n);
@@ -528,8 +546,8 @@ impl Store {
                 &retryables,
                 &delays,
                 &progress,
-                &policy.backoff_base_ms,
-                &policy.backoff_cap_ms,
+                &ms(terms.backoff_base),
+                &ms(terms.backoff_cap),
             ];
             // (job, lease) → (the outcome that took effect, what it left).
             let mut applied: HashMap<(Uuid, i64), (OutcomeKind, Finished)> = HashMap::with_capacity(n);
@@ -600,7 +618,7 @@ impl Store {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
             let rows = client
-                .query(&stmt, &[&limit, &self.policy().default_timeout_ms])
+                .query(&stmt, &[&limit, &ms(self.lease_settings().default_timeout)])
                 .await?;
             JobRow::from_rows(&rows)
         })

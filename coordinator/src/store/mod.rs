@@ -114,19 +114,28 @@ impl From<PoolError> for StoreError {
     }
 }
 
-/// What the store needs to know of the configuration.
-#[derive(Debug, Clone, Copy)]
-pub struct Policy {
-    /// Lease TTL, ms.
-    pub lease_ttl_ms: i64,
-    /// Timeout of an attempt whose job sets none, ms.
-    pub default_timeout_ms: i64,
+/// Lease terms and the retry policy, as durations: built once from the
+/// configuration ([`crate::config::Config::lease_settings`]), what a lease
+/// promises its worker and what the store writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// `lease_ttl_ms` of each lease.
+    pub ttl: Duration,
+    /// `heartbeat_interval_ms` of each lease.
+    pub heartbeat_interval: Duration,
+    /// Timeout of an attempt whose job sets none.
+    pub default_timeout: Duration,
     /// Attempt budget of a job that sets none.
     pub default_max_attempts: i32,
-    /// First retry delay of the backoff (before jitter), ms.
-    pub backoff_base_ms: i64,
-    /// Longest retry delay of the backoff, ms.
-    pub backoff_cap_ms: i64,
+    /// First retry delay of the backoff (before jitter), doubling per attempt.
+    pub backoff_base: Duration,
+    /// Longest retry delay of the backoff.
+    pub backoff_cap: Duration,
+}
+
+/// A duration as the `bigint` milliseconds statements take.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// Default backoff base: 1 s, doubling per attempt.
@@ -184,7 +193,7 @@ impl Drop for Db {
 #[derive(Clone)]
 pub struct Store {
     pool: Pool,
-    policy: Policy,
+    leases: LeaseSettings,
     call_timeout: Duration,
     timeouts: Family<OperationLabels, Counter>,
     retries: Family<OperationLabels, Counter>,
@@ -196,10 +205,10 @@ const RETRY_TRIES: u32 = 4;
 
 impl Store {
     /// A store over `pool`; each operation may take `call_timeout`.
-    pub fn new(pool: Pool, policy: Policy, call_timeout: Duration) -> Self {
+    pub fn new(pool: Pool, leases: LeaseSettings, call_timeout: Duration) -> Self {
         Self {
             pool,
-            policy,
+            leases,
             call_timeout,
             timeouts: Family::default(),
             retries: Family::default(),
@@ -278,9 +287,9 @@ impl Store {
         &self.pool
     }
 
-    /// The policy.
-    pub fn policy(&self) -> &Policy {
-        &self.policy
+    /// The lease terms and retry policy.
+    pub fn lease_settings(&self) -> &LeaseSettings {
+        &self.leases
     }
 
     async fn conn(&self) -> Result<Db, StoreError> {

@@ -65,7 +65,9 @@ async fn heartbeats_and_mixed_finish_batches_racing_over_the_same_jobs_never_dea
         cfg.database_pool_size = 12;
     })
     .await;
-    let jobs: Vec<Value> = (0..2000).map(|i| json!({"queue": "race", "payload": i})).collect();
+    let jobs: Vec<Value> = (0..2000)
+        .map(|i| json!({"queue": "race", "payload": i}))
+        .collect();
     for chunk in jobs.chunks(100) {
         let (status, body) = c.api.post("/v1/jobs/batch", &json!({"jobs": chunk})).await;
         assert_eq!(status, 201, "{body}");

@@ -13,6 +13,7 @@ mod cli_schedules;
 mod database_faults;
 mod dispatch;
 mod fencing;
+mod finish_claim;
 mod finish_races;
 mod flow_control;
 mod guards;

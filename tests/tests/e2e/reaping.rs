@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::expire_leases;
 
 /// A reaper over `db`, as another coordinator would run it.
-async fn reaper(db: &TestDb) -> Reaper {
+pub async fn reaper(db: &TestDb) -> Reaper {
     let metrics = Arc::new(Metrics::new(Duration::from_secs(25)));
     Reaper::new(
         db.store().await,

@@ -109,7 +109,7 @@ pub(crate) async fn lean_worker(
                 progress: None,
             })
             .collect();
-        let _ = client.finish(&FinishRequest { items }).await;
+        let _ = client.finish(&FinishRequest { items, claim: None }).await;
     }
 }
 

@@ -1,0 +1,182 @@
+//! `POST /v1/finish` with a `claim`: the items are committed before the claim
+//! is made, and the answer carries both.
+
+use runlease_protocol::JobState;
+use runlease_protocol::worker::Lease;
+use runlease_tests::{TestCoordinator, TestDb};
+use serde_json::{Value, json};
+
+fn leases(body: &Value) -> Vec<Lease> {
+    serde_json::from_value(body["leases"].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn a_job_released_by_an_item_comes_back_in_the_claim_of_the_same_request() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let job = c.api.enqueue("q", json!("only job")).await;
+    let first = c.api.claim_one("q", "w").await;
+
+    // The only job of the queue is running: the claim can hand it out only
+    // if the release before it was committed first.
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/finish",
+            &json!({
+                "items": [{"lease_token": first.lease_token, "action": "release", "progress": {"page": 2}}],
+                "claim": {"queues": ["q"], "worker_id": "w", "max_jobs": 4, "wait_ms": 0},
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["items"][0]["status"], "ok", "{body}");
+    assert_eq!(body["items"][0]["state"], "queued", "{body}");
+    let next = leases(&body);
+    assert_eq!(next.len(), 1, "{body}");
+    assert_eq!(next[0].job_id, job.id);
+    assert_eq!(next[0].run_lease.0, first.run_lease.0 + 1);
+    assert_eq!(
+        next[0].progress,
+        Some(json!({"page": 2})),
+        "the checkpoint the release saved"
+    );
+
+    // The new lease is live and works like any other.
+    assert_eq!(c.api.heartbeat(&next[0]).await, "renewed");
+    let (status, body) = c.api.complete(&next[0], json!("done")).await;
+    assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test]
+async fn a_worker_loop_is_one_request_per_cycle() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let jobs: Vec<Value> = (0..20).map(|i| json!({"queue": "loop", "payload": i})).collect();
+    let (status, body) = c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await;
+    assert_eq!(status, 201, "{body}");
+
+    // The first cycle has nothing to finish: no items, only the claim.
+    let claim = json!({"queues": ["loop"], "worker_id": "looper", "max_jobs": 3, "wait_ms": 0});
+    let (status, body) = c.api.post("/v1/finish", &json!({"claim": claim})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["items"], json!([]));
+    let mut held = leases(&body);
+    let mut requests = 1;
+    let mut done = 0;
+    while !held.is_empty() {
+        let items: Vec<Value> = held
+            .iter()
+            .map(|l| json!({"lease_token": l.lease_token, "action": "complete", "result": l.payload}))
+            .collect();
+        let (status, body) = c
+            .api
+            .post("/v1/finish", &json!({"items": items, "claim": claim}))
+            .await;
+        requests += 1;
+        assert_eq!(status, 200, "{body}");
+        for item in body["items"].as_array().unwrap() {
+            assert_eq!(item["status"], "ok", "{body}");
+            assert_eq!(item["state"], "done", "{body}");
+            done += 1;
+        }
+        held = leases(&body);
+    }
+    assert_eq!(done, 20);
+    // 20 jobs, 3 per cycle: 7 cycles to hand them out and finish the last,
+    // plus the first pure claim.
+    assert_eq!(requests, 8);
+    let (_, figures) = c.api.get("/v1/queues/loop").await;
+    assert_eq!(figures["counts"]["done"], 20, "{figures}");
+
+    // Without a claim the answer has no leases field at all.
+    let job = c.api.enqueue("loop", json!("last")).await;
+    let lease = c.api.claim_one("loop", "looper").await;
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/finish",
+            &json!({"items": [{"lease_token": lease.lease_token, "action": "complete"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.get("leases").is_none(), "{body}");
+    assert_eq!(c.api.job(job.id).await.state, JobState::Done);
+}
+
+#[tokio::test]
+async fn a_bad_claim_refuses_the_whole_request_before_any_item_is_written() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let job = c.api.enqueue("q", json!(1)).await;
+    let lease = c.api.claim_one("q", "w").await;
+    let item = json!({"lease_token": lease.lease_token, "action": "complete", "result": "early"});
+    for (claim, why) in [
+        (json!({"queues": [], "worker_id": "w"}), "no queue"),
+        (
+            json!({"queues": ["q"], "worker_id": "w", "max_jobs": 0}),
+            "max_jobs 0",
+        ),
+        (
+            json!({"queues": ["q"], "worker_id": "w", "wait_ms": 60001}),
+            "wait_ms too long",
+        ),
+    ] {
+        let (status, body) = c
+            .api
+            .post("/v1/finish", &json!({"items": [item], "claim": claim}))
+            .await;
+        assert_eq!(status, 422, "{why}: {body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().starts_with("claim: "),
+            "{why}: {body}"
+        );
+        let now = c.api.job(job.id).await;
+        assert_eq!(now.state, JobState::Running, "{why}: the item was not written");
+        assert_eq!(now.result, None);
+    }
+    // Neither items nor a claim: nothing to do, 422.
+    let (status, body) = c.api.post("/v1/finish", &json!({"items": []})).await;
+    assert_eq!(status, 422, "{body}");
+    let (status, body) = c.api.post("/v1/finish", &json!({})).await;
+    assert_eq!(status, 422, "{body}");
+}
+
+#[tokio::test]
+async fn the_claim_of_a_finish_long_polls_and_is_woken_by_an_enqueue() {
+    let db = TestDb::new().await;
+    // A re-check far longer than the test: only a wake-up can answer in time.
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.claim_recheck_ms = 60_000).await;
+    c.api.enqueue("q", json!(1)).await;
+    let lease = c.api.claim_one("q", "w").await;
+    let api = c.api.clone();
+    let token = lease.lease_token.clone();
+    let started = std::time::Instant::now();
+    let parked = tokio::spawn(async move {
+        api.post(
+            "/v1/finish",
+            &json!({
+                "items": [{"lease_token": token, "action": "complete"}],
+                "claim": {"queues": ["q"], "worker_id": "w", "max_jobs": 1, "wait_ms": 30_000},
+            }),
+        )
+        .await
+    });
+    // The item is committed before the claim parks.
+    runlease_tests::api::until(&c.api, lease.job_id, "the item is done", |j| {
+        j.state == JobState::Done
+    })
+    .await;
+    let later = c.api.enqueue("q", json!(2)).await;
+    let (status, body) = parked.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["items"][0]["status"], "ok", "{body}");
+    let got = leases(&body);
+    assert_eq!(got.len(), 1, "{body}");
+    assert_eq!(got[0].job_id, later.id);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "answered by the wake-up, not a timer: {:?}",
+        started.elapsed()
+    );
+}
