@@ -377,8 +377,8 @@ function queueView(data, route, now) {
   ];
 }
 
-function fact(label, value) {
-  return h("div", { class: "fact" }, h("dt", {}, label), h("dd", {}, value));
+function fact(label, value, wide) {
+  return h("div", { class: wide ? "fact wide" : "fact" }, h("dt", {}, label), h("dd", {}, value));
 }
 
 function timeline(job, now) {
@@ -459,7 +459,7 @@ function jobView(data, now) {
     h(
       "dl",
       { class: "facts" },
-      fact("Id", h("span", { class: "mono selectable" }, j.id)),
+      fact("Id", h("span", { class: "mono selectable" }, j.id), true),
       fact("Queue", h("a", { href: queueHref(j.queue) }, j.queue)),
       fact("Attempt", `${j.attempt} of ${j.max_attempts}`),
       fact("Run lease", String(j.run_lease)),

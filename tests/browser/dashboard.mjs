@@ -126,6 +126,20 @@ async function checkQueueCounts(page) {
   }
 }
 
+/** The page's own load: its HTML, style sheet and modules, parsed and run. */
+function navigationTiming(page) {
+  return page.evaluate(() => {
+    const n = performance.getEntriesByType("navigation")[0];
+    const files = performance.getEntriesByType("resource").filter((r) => r.name.includes("/ui/"));
+    return {
+      dom_content_loaded_ms: Math.round(n.domContentLoadedEventEnd),
+      load_ms: Math.round(n.loadEventEnd),
+      files: files.length + 1,
+      transferred_bytes: n.transferSize + files.reduce((a, r) => a + r.transferSize, 0),
+    };
+  });
+}
+
 async function confirmDialog(page, expectText) {
   await until(page, "the confirmation", () => document.getElementById("confirm").open);
   const text = await page.locator("#confirm").innerText();
@@ -169,10 +183,7 @@ async function admin(browser) {
   await page.reload();
   await until(page, "the queues table after a reload", () => document.querySelector("#queues tbody tr"));
   measured.reload_to_figures_ms = Date.now() - t0;
-  measured.navigation = await page.evaluate(() => {
-    const n = performance.getEntriesByType("navigation")[0];
-    return { dom_content_loaded_ms: Math.round(n.domContentLoadedEventEnd), load_ms: Math.round(n.loadEventEnd) };
-  });
+  measured.navigation = await navigationTiming(page);
 
   // Keyboard: from the page's heading (focused on each view), Tab reaches
   // the actions, Enter opens the confirmation and Escape dismisses it.
@@ -286,7 +297,13 @@ async function admin(browser) {
   await page.goto(`${plan.base}/ui#/queues`);
   await until(page, "the queues page at 390 px", () => document.querySelector("#queues tbody tr"));
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
-  check(overflow <= 0, `the page fits a 390 px window (${overflow} px too wide)`);
+  const wide = await page.evaluate(() =>
+    [...document.querySelectorAll("body *")]
+      .filter((el) => el.getBoundingClientRect().right > window.innerWidth + 1 && !el.closest(".table-wrap table"))
+      .slice(0, 5)
+      .map((el) => `${el.tagName.toLowerCase()}.${el.className} ${Math.round(el.getBoundingClientRect().right)} px`),
+  );
+  check(overflow <= 0, `the page fits a 390 px window (${overflow} px too wide: ${wide.join(", ")})`);
   await shot(page, "queues-phone");
 
   checkProblems("admin");
@@ -331,6 +348,7 @@ async function open(browser) {
   await page.reload();
   await until(page, "the queues page after a reload", () => document.querySelector("#queues tbody tr"));
   measured.reload_to_figures_ms = Date.now() - t0;
+  measured.navigation = await navigationTiming(page);
   check(!(await page.evaluate(() => document.getElementById("key-dialog").open)), "no key is asked for");
   check((await page.locator("#who").innerText()).includes("no keys"), "the header says the coordinator is open");
   await checkQueueCounts(page);
