@@ -124,7 +124,7 @@ function stateBadge(state) {
 
 function pausedBadge(paused) {
   return paused
-    ? h("span", { class: "badge paused", "data-status": "paused" }, h("span", { class: "icon", "aria-hidden": "true" }, "⏸"), " Paused")
+    ? h("span", { class: "badge paused", "data-status": "paused" }, h("span", { class: "icon", "aria-hidden": "true" }, "‖"), " Paused")
     : h("span", { class: "badge active", "data-status": "active" }, h("span", { class: "icon", "aria-hidden": "true" }, "●"), " Active");
 }
 
@@ -798,6 +798,8 @@ document.addEventListener("submit", async (event) => {
 });
 
 document.getElementById("forget").addEventListener("click", () => {
+  clearTimeout(app.timer);
+  app.generation++;
   storeKey(null);
   app.who = null;
   showWho();

@@ -63,7 +63,7 @@ function screenshotPath(name) {
 }
 
 async function shot(page, name) {
-  await page.screenshot({ path: screenshotPath(name), fullPage: true, animations: "disabled" });
+  await page.screenshot({ path: screenshotPath(name), fullPage: false, animations: "disabled" });
 }
 
 function watch(page, context) {

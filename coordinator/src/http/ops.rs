@@ -6,8 +6,8 @@ use axum::extract::State;
 use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use runlease_protocol::ErrorCode;
-use runlease_protocol::producer::{ListQueuesResponse, WhoamiResponse};
 use runlease_protocol::QueueName;
+use runlease_protocol::producer::{ListQueuesResponse, WhoamiResponse};
 use serde_json::json;
 
 use crate::auth::{Action, Caller};

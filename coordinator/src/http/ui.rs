@@ -100,7 +100,10 @@ fn serve(index: usize, request_headers: &HeaderMap) -> Response {
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(CONTENT_SECURITY_POLICY),
     );
-    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
     headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     response
@@ -113,7 +116,11 @@ pub async fn page(headers: HeaderMap) -> Response {
 
 /// `GET /ui/{asset}`: one of its files; `/ui/` is the page too.
 pub async fn asset(Path(name): Path<String>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let name = if name.is_empty() { "index.html" } else { name.as_str() };
+    let name = if name.is_empty() {
+        "index.html"
+    } else {
+        name.as_str()
+    };
     ASSETS
         .iter()
         .position(|a| a.name == name)
@@ -130,12 +137,18 @@ mod tests {
         let page = std::str::from_utf8(ASSETS[0].body).unwrap();
         for reference in page.split(['"', '\'']).filter(|s| s.starts_with("/ui/")) {
             let name = &reference["/ui/".len()..];
-            assert!(ASSETS.iter().any(|a| a.name == name), "{reference} is not built in");
+            assert!(
+                ASSETS.iter().any(|a| a.name == name),
+                "{reference} is not built in"
+            );
         }
         let app = std::str::from_utf8(ASSETS[2].body).unwrap();
         for module in app.split('"').filter(|s| s.starts_with("./")) {
             let name = &module[2..];
-            assert!(ASSETS.iter().any(|a| a.name == name), "app.js imports {module}, not built in");
+            assert!(
+                ASSETS.iter().any(|a| a.name == name),
+                "app.js imports {module}, not built in"
+            );
         }
     }
 }

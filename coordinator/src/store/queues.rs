@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::limits::THROUGHPUT_WINDOW_MS;
 use runlease_protocol::{JobState, QueueName};
 
 use crate::store::rows::{col, queue_col};
@@ -74,7 +73,8 @@ pub struct QueueFigures {
     pub retries: i64,
     /// Due jobs its settings (pause, limits) keep from starting now.
     pub held_by_limits: i64,
-    /// Jobs that ended in the last [`THROUGHPUT_WINDOW_MS`], per terminal
+    /// Jobs that ended in the last minute
+    /// (`runlease_protocol::limits::THROUGHPUT_WINDOW_MS`), per terminal
     /// state (still in it).
     pub ended_recently: BTreeMap<JobState, i64>,
     /// Its settings.
@@ -219,10 +219,11 @@ impl Store {
                 let mut recent = Vec::new();
                 if !ended.is_empty() {
                     let stmt = client.prepare_cached(sql::QUEUE_THROUGHPUT).await?;
-                    for row in client.query(&stmt, &[&ended, &THROUGHPUT_WINDOW_MS]).await? {
+                    for row in client.query(&stmt, &[&ended]).await? {
                         let queue: String = col(&row, "queue")?;
                         let state: String = col(&row, "state")?;
-                        let state: JobState = state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+                        let state: JobState =
+                            state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
                         recent.push((queue, state, col::<i64>(&row, "n")?));
                     }
                 }
@@ -300,5 +301,17 @@ impl Store {
             Ok(settings_from_row(&row)?.1)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runlease_protocol::limits::THROUGHPUT_WINDOW_MS;
+
+    #[test]
+    fn the_throughput_statement_counts_the_window_the_protocol_names() {
+        assert_eq!(THROUGHPUT_WINDOW_MS, 60_000);
+        assert!(sql::QUEUE_THROUGHPUT.contains("now() - interval '1 minute'"));
     }
 }

@@ -139,7 +139,10 @@ struct Prepared {
 
 async fn post_ok(api: &Api, path: &str, body: &Value) -> Value {
     let (status, answer) = api.post(path, body).await;
-    assert!((200..300).contains(&status), "POST {path} answered {status}: {answer}");
+    assert!(
+        (200..300).contains(&status),
+        "POST {path} answered {status}: {answer}"
+    );
     answer
 }
 
@@ -148,7 +151,8 @@ async fn post_ok(api: &Api, path: &str, body: &Value) -> Value {
 async fn prepare(api: &Api) -> Prepared {
     // emails: 3 queued (the queue the page pauses).
     for i in 0..3 {
-        api.enqueue("emails", json!({"to": format!("user{i}@example.com")})).await;
+        api.enqueue("emails", json!({"to": format!("user{i}@example.com")}))
+            .await;
     }
 
     // billing: one job released by worker-a, failed by worker-b (retried),
@@ -159,9 +163,14 @@ async fn prepare(api: &Api) -> Prepared {
     let lease = api.claim_one("billing", "worker-a").await;
     assert_eq!(api.release(&lease, Some(json!({"step": 1}))).await.0, 200);
     let lease = api.claim_one("billing", "worker-b").await;
-    assert_eq!(api.fail(&lease, "card processor timeout", true, Some(0)).await.0, 200);
+    assert_eq!(
+        api.fail(&lease, "card processor timeout", true, Some(0)).await.0,
+        200
+    );
     let lease = api.claim_one("billing", "worker-c").await;
-    let (status, failed) = api.fail(&lease, "card declined: insufficient funds", true, Some(0)).await;
+    let (status, failed) = api
+        .fail(&lease, "card declined: insufficient funds", true, Some(0))
+        .await;
     assert_eq!(status, 200);
     assert_eq!(failed["state"], "failed", "{failed}");
 
@@ -184,7 +193,14 @@ async fn prepare(api: &Api) -> Prepared {
         })
         .collect();
     let answer = post_ok(api, "/v1/finish", &json!({"items": items})).await;
-    assert!(answer["items"].as_array().unwrap().iter().all(|i| i["status"] == "ok"), "{answer}");
+    assert!(
+        answer["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|i| i["status"] == "ok"),
+        "{answer}"
+    );
     for i in 0..5 {
         api.enqueue("reports", json!({"report": 1000 + i})).await;
     }
@@ -228,7 +244,12 @@ async fn prepare(api: &Api) -> Prepared {
     expect("reports", "queued", 5);
     expect("thumbnails", "running", 2);
     expect("thumbnails", "queued", 4);
-    let reports = figures["queues"].as_array().unwrap().iter().find(|q| q["queue"] == "reports").unwrap();
+    let reports = figures["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["queue"] == "reports")
+        .unwrap();
     assert_eq!(reports["throughput"]["done"], 25, "{reports}");
     assert_eq!(reports["throughput"]["failed"], 200, "{reports}");
 
@@ -284,7 +305,10 @@ async fn dashboard_shows_and_acts_on_queues_jobs_and_schedules_in_a_browser() {
     }))
     .await;
     assert!(
-        report["wrong_key_message"].as_str().unwrap().contains("unknown API key"),
+        report["wrong_key_message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown API key"),
         "{report}"
     );
     assert_page_loads_fast(&report);
@@ -330,14 +354,21 @@ async fn dashboard_with_a_producer_key_shows_everything_and_cannot_retry() {
 
     // The buttons were disabled, and the API refuses the key anyway.
     let producer = c.api.with_key(PRODUCER_KEY);
-    let (status, body) = producer.post(&format!("/v1/jobs/{job_id}/retry"), &json!({})).await;
+    let (status, body) = producer
+        .post(&format!("/v1/jobs/{job_id}/retry"), &json!({}))
+        .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "forbidden");
     let (status, body) = producer
-        .post("/v1/jobs/bulk", &json!({"action": "retry", "queue": "reports", "states": ["failed"]}))
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "retry", "queue": "reports", "states": ["failed"]}),
+        )
         .await;
     assert_eq!(status, 403, "{body}");
-    let (status, body) = producer.patch("/v1/queues/emails", &json!({"paused": true})).await;
+    let (status, body) = producer
+        .patch("/v1/queues/emails", &json!({"paused": true}))
+        .await;
     assert_eq!(status, 403, "{body}");
     assert_eq!(admin.job(&job_id).await.state.as_str(), "failed");
     assert_eq!(counts(&admin, "reports").await["counts"]["failed"], 200);
@@ -388,9 +419,16 @@ async fn dashboard_files_are_served_with_a_strict_policy_and_revalidated() {
                 .unwrap_or_default()
                 .to_owned()
         };
-        assert!(header("content-type").starts_with(kind), "{path}: {}", header("content-type"));
+        assert!(
+            header("content-type").starts_with(kind),
+            "{path}: {}",
+            header("content-type")
+        );
         let csp = header("content-security-policy");
-        assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+        assert!(
+            csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+            "{csp}"
+        );
         assert!(!csp.contains("unsafe"), "{csp}");
         assert_eq!(header("x-content-type-options"), "nosniff");
         assert_eq!(header("cache-control"), "no-cache");
@@ -411,7 +449,14 @@ async fn dashboard_files_are_served_with_a_strict_policy_and_revalidated() {
     // What the page asks first: without a key, whether one is needed; with
     // a wrong one, 401; with a good one, its role.
     let (status, body) = c.api.get("/v1/whoami").await;
-    assert_eq!((status, body.clone()), (200, json!({"role": null, "queues": null, "keys_configured": true})), "{body}");
+    assert_eq!(
+        (status, body.clone()),
+        (
+            200,
+            json!({"role": null, "queues": null, "keys_configured": true})
+        ),
+        "{body}"
+    );
     let (status, body) = c.api.with_key(WRONG_KEY).get("/v1/whoami").await;
     assert_eq!(status, 401, "{body}");
     assert_eq!(body["error"]["code"], "unauthorized");
