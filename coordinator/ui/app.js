@@ -443,7 +443,7 @@ function jobView(data, now) {
   const cancellable = ["queued", "enqueue_failed", "running"].includes(j.state) && !j.cancel_requested;
   const retryable = RETRYABLE.includes(j.state);
   const total = (j.finished_at ? Date.parse(j.finished_at) : now) - Date.parse(j.created_at);
-  const block = (title, value, cls) => h("section", { class: "panel" }, h("h2", {}, title), h("pre", { class: cls || null, "data-block": title.toLowerCase() }, value));
+  const block = (key, title, value, cls) => h("section", { class: "panel" }, h("h2", {}, title), h("pre", { class: cls || null, "data-block": key }, value));
   return [
     h("nav", { class: "crumbs", "aria-label": "Breadcrumb" }, h("a", { href: "#/queues" }, "Queues"), " › ", h("a", { href: queueHref(j.queue) }, j.queue), " › ", h("span", { class: "mono" }, fmt.shortId(j.id))),
     h(
@@ -473,9 +473,9 @@ function jobView(data, now) {
       j.idempotency_key ? fact("Idempotency key", h("span", { class: "mono" }, j.idempotency_key)) : null,
       j.concurrency_key ? fact("Concurrency key", h("span", { class: "mono" }, j.concurrency_key)) : null,
     ),
-    j.error ? block("Error", j.error, "error") : null,
+    j.error ? block("error", j.state === "failed" ? "Error" : "Last error", j.error, "error") : null,
     timeline(j, now),
-    h("div", { class: "blocks" }, block("Payload", fmt.json(j.payload)), block("Progress", fmt.json(j.progress)), block("Result", fmt.json(j.result))),
+    h("div", { class: "blocks" }, block("payload", "Payload", fmt.json(j.payload)), block("progress", "Progress", fmt.json(j.progress)), block("result", "Result", fmt.json(j.result))),
   ];
 }
 

@@ -63,6 +63,8 @@ function screenshotPath(name) {
 }
 
 async function shot(page, name) {
+  // The last action's notice would cover part of the page.
+  await page.evaluate(() => (document.getElementById("toast").hidden = true));
   await page.screenshot({ path: screenshotPath(name), fullPage: false, animations: "disabled" });
 }
 
@@ -118,7 +120,7 @@ async function checkQueueCounts(page) {
         ([q, s, n]) => {
           const row = [...document.querySelectorAll("#queues tbody tr")].find((r) => r.getAttribute("data-queue") === q);
           const cell = row && row.querySelector(`td[data-count="${s}"]`);
-          return cell && cell.getAttribute("data-value") === String(n) && cell.innerText.trim() === String(n);
+          return cell && cell.getAttribute("data-value") === String(n) && cell.querySelector(".num").textContent === String(n);
         },
         [queue, state, n],
       );
@@ -136,6 +138,8 @@ function navigationTiming(page) {
       load_ms: Math.round(n.loadEventEnd),
       files: files.length + 1,
       transferred_bytes: n.transferSize + files.reduce((a, r) => a + r.transferSize, 0),
+      // Waiting for the coordinator, against the browser's own work.
+      network_ms: Math.round(Math.max(n.responseEnd, ...files.map((r) => r.responseEnd)) - n.startTime),
     };
   });
 }

@@ -390,12 +390,20 @@ async fn dashboard_without_keys_on_loopback_needs_no_key() {
     assert_page_loads_fast(&report);
 }
 
-/// The page's own files load, parse and run well under a second on
-/// loopback (a debug build on a busy machine included); the figures follow
-/// with the API's first answers.
+/// The page stays small (its files, all of them from the coordinator, in a
+/// handful of requests) and loads fast. On an idle machine its own load
+/// (HTML, style sheet, modules, parsed and run) takes a few hundred ms
+/// from a debug coordinator; the bound here is loose because tests share
+/// the machine's cores with builds and other browsers, and a fixed timing
+/// budget would fail for the machine's load, not the page's.
 fn assert_page_loads_fast(report: &Value) {
-    let loaded = report["navigation"]["dom_content_loaded_ms"].as_u64().unwrap();
-    assert!(loaded < 1000, "the page took {loaded} ms to load: {report}");
+    let nav = &report["navigation"];
+    let files = nav["files"].as_u64().unwrap();
+    let bytes = nav["transferred_bytes"].as_u64().unwrap();
+    assert!(files <= 8, "the page loads {files} files: {report}");
+    assert!(bytes < 100_000, "the page weighs {bytes} bytes: {report}");
+    let loaded = nav["dom_content_loaded_ms"].as_u64().unwrap();
+    assert!(loaded < 5000, "the page took {loaded} ms to load: {report}");
 }
 
 #[tokio::test]
