@@ -276,6 +276,15 @@ async function admin(browser) {
   await confirmDialog(page, [`Pause ${plan.pause_queue}?`, `${plan.queues[plan.pause_queue].queued} queued jobs wait`]);
   await until(page, "the queue shown paused", (q) => document.querySelector(`#queues tr[data-queue="${q}"] [data-status=paused]`), plan.pause_queue);
 
+  // Pause and resume another queue from its own page (resume asks nothing).
+  await page.goto(`${plan.base}/ui#/queues/${encodeURIComponent(plan.resume_queue)}`);
+  await until(page, "the queue's pause button", () => document.querySelector("#main[data-view=queue] .title button[data-action=pause]"));
+  await page.click(".title button[data-action=pause]");
+  await confirmDialog(page, [`Pause ${plan.resume_queue}?`]);
+  await until(page, "the queue's page shown paused", () => document.querySelector(".title [data-status=paused]"));
+  await page.click(".title button[data-action=resume]");
+  await until(page, "the queue's page shown active again", () => document.querySelector(".title [data-status=active]"));
+
   // Schedules, with their next and last fire.
   await page.goto(`${plan.base}/ui#/schedules`);
   await until(page, `schedule ${plan.schedule}`, (s) => {

@@ -6,10 +6,10 @@
 //! the API answers; a failed job shows its attempts; a retry from the page
 //! leaves the job queued; a bulk retry of a filtered set of 200 is
 //! confirmed with that count and retries exactly those; a queue paused from
-//! the page hands out no claim; a producer key sees everything and can
-//! retry nothing; without keys the page just works. The script fails on
-//! any console error of the page or any request to anything but the
-//! coordinator.
+//! the page hands out no claim, one resumed from it hands out work again; a
+//! producer key sees everything and can retry nothing; without keys the
+//! page just works. The script fails on any console error of the page or
+//! any request to anything but the coordinator.
 //!
 //! Screenshots go to a temporary directory, or to `RUNLEASE_SCREENSHOTS`
 //! (relative to the repository, e.g. `docs/images`) when it is set.
@@ -301,6 +301,7 @@ async fn dashboard_shows_and_acts_on_queues_jobs_and_schedules_in_a_browser() {
         "failed_job": prepared.failed_job,
         "bulk": {"queue": "reports", "count": 200},
         "pause_queue": "emails",
+        "resume_queue": "thumbnails",
         "schedule": "nightly-reports",
     }))
     .await;
@@ -329,8 +330,12 @@ async fn dashboard_shows_and_acts_on_queues_jobs_and_schedules_in_a_browser() {
     assert_eq!(emails["settings"]["paused"], true, "{emails}");
     assert_eq!(emails["counts"]["queued"], 3, "{emails}");
     assert!(api.claim("emails", "after-pause", 10).await.is_empty());
-    // The other queues were left alone.
-    assert_eq!(counts(&api, "thumbnails").await["settings"]["paused"], false);
+    // The queue paused and resumed from its own page is running again,
+    // its limits untouched.
+    let thumbnails = counts(&api, "thumbnails").await;
+    assert_eq!(thumbnails["settings"]["paused"], false, "{thumbnails}");
+    assert_eq!(thumbnails["settings"]["max_running"], 8, "{thumbnails}");
+    assert_eq!(api.claim("thumbnails", "after-resume", 1).await.len(), 1);
 }
 
 #[tokio::test]
