@@ -48,6 +48,16 @@ const ASSETS: &[Asset] = &[
         body: include_bytes!("../../ui/api.js"),
     },
     Asset {
+        name: "dom.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../../ui/dom.js"),
+    },
+    Asset {
+        name: "views.js",
+        content_type: "text/javascript; charset=utf-8",
+        body: include_bytes!("../../ui/views.js"),
+    },
+    Asset {
         name: "format.js",
         content_type: "text/javascript; charset=utf-8",
         body: include_bytes!("../../ui/format.js"),
@@ -142,13 +152,16 @@ mod tests {
                 "{reference} is not built in"
             );
         }
-        let app = std::str::from_utf8(ASSETS[2].body).unwrap();
-        for module in app.split('"').filter(|s| s.starts_with("./")) {
-            let name = &module[2..];
-            assert!(
-                ASSETS.iter().any(|a| a.name == name),
-                "app.js imports {module}, not built in"
-            );
+        for script in ASSETS.iter().filter(|a| a.name.ends_with(".js")) {
+            let text = std::str::from_utf8(script.body).unwrap();
+            for module in text.split('"').filter(|s| s.starts_with("./")) {
+                let name = &module[2..];
+                assert!(
+                    ASSETS.iter().any(|a| a.name == name),
+                    "{} imports {module}, not built in",
+                    script.name
+                );
+            }
         }
     }
 }
