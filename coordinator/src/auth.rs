@@ -51,6 +51,15 @@ impl Role {
         }
     }
 
+    /// The role's name in `RUNLEASE_API_KEYS` and on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Worker => "worker",
+            Role::Admin => "admin",
+        }
+    }
+
     /// Whether this role may perform `action`.
     pub fn allows(self, action: Action) -> bool {
         match self {

@@ -56,3 +56,6 @@ pub const MAX_RATE: i32 = 1_000_000;
 pub const MIN_RATE_PER_S: f64 = 0.001;
 /// Longest retention a queue may set: ten years, in ms.
 pub const MAX_RETENTION_MS: i64 = 10 * 365 * 86_400_000;
+/// The window of a queue's `throughput` figures: jobs that ended in the
+/// last minute.
+pub const THROUGHPUT_WINDOW_MS: i64 = 60_000;

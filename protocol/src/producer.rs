@@ -111,4 +111,34 @@ pub struct QueueSummary {
     /// Its settings (pause, limits, retention overrides).
     #[serde(default)]
     pub settings: QueueSettings,
+    /// Jobs that ended in the last [`Throughput::window_ms`].
+    #[serde(default)]
+    pub throughput: Throughput,
+}
+
+/// How many jobs of a queue reached a terminal state in the last
+/// `window_ms` (and are still in it: a retried job leaves `failed`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Throughput {
+    /// The window, ms ([`crate::limits::THROUGHPUT_WINDOW_MS`]).
+    pub window_ms: i64,
+    /// Jobs done in the window.
+    pub done: i64,
+    /// Jobs failed in the window.
+    pub failed: i64,
+    /// Jobs cancelled in the window.
+    pub cancelled: i64,
+}
+
+/// Answer to `GET /v1/whoami`: what the caller's key may do, so a client
+/// (the dashboard) can offer only what the coordinator would allow.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WhoamiResponse {
+    /// `producer`, `worker` or `admin` (`admin` when no keys are
+    /// configured); `null` when keys are configured and none was sent.
+    pub role: Option<String>,
+    /// The queues the key is limited to; `null` for every queue.
+    pub queues: Option<Vec<QueueName>>,
+    /// Whether the coordinator checks keys at all (`false`: open, loopback only).
+    pub keys_configured: bool,
 }

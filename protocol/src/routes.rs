@@ -28,6 +28,8 @@ pub const FINISH: &str = "/v1/finish";
 pub const QUEUES: &str = "/v1/queues";
 /// `GET`: one queue's figures and settings; `PATCH`: change its settings.
 pub const QUEUE: &str = "/v1/queues/{queue}";
+/// `GET`: the caller's role and queues.
+pub const WHOAMI: &str = "/v1/whoami";
 /// `GET`: every schedule.
 pub const SCHEDULES: &str = "/v1/schedules";
 /// `PUT`: create or replace a schedule; `GET`: read it; `DELETE`: delete it.
@@ -40,6 +42,10 @@ pub const READYZ: &str = "/readyz";
 pub const METRICS: &str = "/metrics";
 /// `GET`: the OpenAPI description of this protocol.
 pub const OPENAPI: &str = "/openapi.yaml";
+/// `GET`: the web dashboard's page (not part of the JSON protocol).
+pub const UI: &str = "/ui";
+/// `GET`: a file of the web dashboard (script, style sheet, icon).
+pub const UI_ASSET: &str = "/ui/{asset}";
 
 /// [`QUEUE`] for `queue`, for clients (the name percent-encoded).
 pub fn queue_path(queue: &str) -> String {

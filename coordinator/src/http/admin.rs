@@ -9,9 +9,9 @@ use runlease_protocol::admin::{
 };
 use runlease_protocol::limits::{
     DEFAULT_LIST_LIMIT, MAX_BULK_IDS, MAX_LIST_LIMIT, MAX_RATE, MAX_RETENTION_MS, MAX_RUNNING_LIMIT,
-    MIN_RATE_PER_S,
+    MIN_RATE_PER_S, THROUGHPUT_WINDOW_MS,
 };
-use runlease_protocol::producer::QueueSummary;
+use runlease_protocol::producer::{QueueSummary, Throughput};
 use runlease_protocol::{ErrorCode, JobState, QueueName};
 
 use crate::auth::{Action, Caller};
@@ -24,6 +24,7 @@ use crate::store::queues::{QueueFigures, QueueSettings, RateLimit, SettingsChang
 
 /// A queue's figures as the protocol answers them.
 pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
+    let ended = |s: JobState| figures.ended_recently.get(&s).copied().unwrap_or(0);
     QueueSummary {
         queue: figures.queue,
         counts: figures
@@ -35,6 +36,12 @@ pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
         lease_expiries: figures.lease_expiries,
         retries: figures.retries,
         held_by_limits: figures.held_by_limits,
+        throughput: Throughput {
+            window_ms: THROUGHPUT_WINDOW_MS,
+            done: ended(JobState::Done),
+            failed: ended(JobState::Failed),
+            cancelled: ended(JobState::Cancelled),
+        },
         settings: wire_settings(&figures.settings),
     }
 }

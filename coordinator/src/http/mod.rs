@@ -8,6 +8,7 @@
 //! - [`admin`]: job listing, bulk actions, one queue's figures and settings.
 //! - [`schedules`]: cron schedules.
 //! - [`views`]: the store's rows as protocol answers.
+//! - [`ui`]: the web dashboard's built-in files.
 
 pub mod admin;
 pub mod error;
@@ -16,6 +17,7 @@ pub mod jobs;
 pub mod leases;
 pub mod ops;
 pub mod schedules;
+pub mod ui;
 pub mod views;
 
 use std::sync::Arc;
@@ -95,6 +97,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::READYZ, get(ops::readyz))
         .route(routes::METRICS, get(ops::metrics))
         .route(routes::OPENAPI, get(ops::openapi))
+        .route(routes::WHOAMI, get(ops::whoami))
+        .route(routes::UI, get(ui::page))
+        .route("/ui/", get(ui::page))
+        .route(routes::UI_ASSET, get(ui::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))

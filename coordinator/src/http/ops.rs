@@ -3,10 +3,11 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use runlease_protocol::ErrorCode;
-use runlease_protocol::producer::ListQueuesResponse;
+use runlease_protocol::QueueName;
+use runlease_protocol::producer::{ListQueuesResponse, WhoamiResponse};
 use serde_json::json;
 
 use crate::auth::{Action, Caller};
@@ -106,5 +107,40 @@ pub async fn queues(
     queues.retain(|q| caller.may_use_queue(&q.queue));
     Ok(Json(ListQueuesResponse {
         queues: queues.into_iter().map(admin::queue_summary).collect(),
+    }))
+}
+
+/// `GET /v1/whoami`: the caller's role and queues, so a client (the
+/// dashboard) can offer only what the coordinator would allow. Without an
+/// `Authorization` header it answers `role: null` instead of 401 (telling a
+/// page whether to ask for a key); a key it does not know is 401 as
+/// everywhere. Without keys configured the caller is the open admin.
+pub async fn whoami(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    caller: Result<Caller, ApiError>,
+) -> Result<Json<WhoamiResponse>, ApiError> {
+    let caller = match caller {
+        Ok(caller) => caller,
+        Err(_) if !headers.contains_key(header::AUTHORIZATION) => {
+            return Ok(Json(WhoamiResponse {
+                role: None,
+                queues: None,
+                keys_configured: true,
+            }));
+        }
+        Err(e) => return Err(e),
+    };
+    let mut queues: Option<Vec<QueueName>> = caller
+        .queues
+        .as_ref()
+        .map(|qs| qs.iter().filter_map(|q| QueueName::new(q.clone()).ok()).collect());
+    if let Some(qs) = queues.as_mut() {
+        qs.sort_unstable();
+    }
+    Ok(Json(WhoamiResponse {
+        role: Some(caller.role.as_str().to_owned()),
+        queues,
+        keys_configured: !state.keys.is_empty(),
     }))
 }

@@ -73,6 +73,10 @@ pub struct QueueFigures {
     pub retries: i64,
     /// Due jobs its settings (pause, limits) keep from starting now.
     pub held_by_limits: i64,
+    /// Jobs that ended in the last minute
+    /// (`runlease_protocol::limits::THROUGHPUT_WINDOW_MS`), per terminal
+    /// state (still in it).
+    pub ended_recently: BTreeMap<JobState, i64>,
     /// Its settings.
     pub settings: QueueSettings,
 }
@@ -86,6 +90,7 @@ impl QueueFigures {
             lease_expiries: 0,
             retries: 0,
             held_by_limits: 0,
+            ended_recently: BTreeMap::new(),
             settings: QueueSettings::default(),
         }
     }
@@ -136,12 +141,14 @@ fn entry<'a>(
 impl Store {
     /// Figures of every queue that holds jobs, has tallies or has settings;
     /// with `only`, of that queue alone (always answered, empty or not).
-    /// `held` also counts the due jobs each paused or limited queue holds
-    /// back (a pass over that queue's backlog; a scrape leaves it out).
+    /// `detail` also counts the due jobs each paused or limited queue holds
+    /// back (a pass over that queue's backlog) and the jobs that ended in
+    /// the last minute (a range of `jobs_prune_idx` per queue and terminal
+    /// state); a scrape leaves both out.
     pub async fn queue_figures(
         &self,
         only: Option<&QueueName>,
-        held: bool,
+        detail: bool,
     ) -> Result<Vec<QueueFigures>, StoreError> {
         self.timed("queue_figures", || async move {
             let client = self.conn().await?;
@@ -198,7 +205,33 @@ impl Store {
                     f.settings = s;
                 }
             }
-            if held {
+            if detail {
+                // Only queues with terminal jobs can have ended any recently.
+                let ended: Vec<&str> = by_queue
+                    .values()
+                    .filter(|f| {
+                        [JobState::Done, JobState::Failed, JobState::Cancelled]
+                            .iter()
+                            .any(|s| f.counts.get(s).is_some_and(|n| *n > 0))
+                    })
+                    .map(|f| f.queue.as_str())
+                    .collect();
+                let mut recent = Vec::new();
+                if !ended.is_empty() {
+                    let stmt = client.prepare_cached(sql::QUEUE_THROUGHPUT).await?;
+                    for row in client.query(&stmt, &[&ended]).await? {
+                        let queue: String = col(&row, "queue")?;
+                        let state: String = col(&row, "state")?;
+                        let state: JobState =
+                            state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
+                        recent.push((queue, state, col::<i64>(&row, "n")?));
+                    }
+                }
+                for (queue, state, n) in recent {
+                    if let Some(f) = by_queue.get_mut(&queue) {
+                        f.ended_recently.insert(state, n);
+                    }
+                }
                 let held_stmt = client.prepare_cached(sql::QUEUE_HELD_BACK).await?;
                 for f in by_queue.values_mut() {
                     let s = &f.settings;
@@ -268,5 +301,17 @@ impl Store {
             Ok(settings_from_row(&row)?.1)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runlease_protocol::limits::THROUGHPUT_WINDOW_MS;
+
+    #[test]
+    fn the_throughput_statement_counts_the_window_the_protocol_names() {
+        assert_eq!(THROUGHPUT_WINDOW_MS, 60_000);
+        assert!(sql::QUEUE_THROUGHPUT.contains("now() - interval '1 minute'"));
     }
 }

@@ -44,6 +44,8 @@ pub const LEASE_REAP: &str = include_str!("sql/lease_reap.sql");
 pub const QUEUE_LIVE_COUNTS: &str = include_str!("sql/queue_live_counts.sql");
 /// Terminal totals per queue, from the tallies.
 pub const QUEUE_TALLIES: &str = include_str!("sql/queue_tallies.sql");
+/// Jobs of queues that ended within a recent window.
+pub const QUEUE_THROUGHPUT: &str = include_str!("sql/queue_throughput.sql");
 /// Fold the tally deltas.
 pub const JOB_TALLY_FOLD: &str = include_str!("sql/job_tally_fold.sql");
 /// Settings of queues.
@@ -102,6 +104,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("lease_reap", LEASE_REAP),
     ("queue_live_counts", QUEUE_LIVE_COUNTS),
     ("queue_tallies", QUEUE_TALLIES),
+    ("queue_throughput", QUEUE_THROUGHPUT),
     ("job_tally_fold", JOB_TALLY_FOLD),
     ("queue_settings_list", QUEUE_SETTINGS_LIST),
     ("queue_settings_update", QUEUE_SETTINGS_UPDATE),

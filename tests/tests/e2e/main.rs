@@ -10,6 +10,7 @@ mod bulk;
 mod cli;
 mod cli_operations;
 mod cli_schedules;
+mod dashboard;
 mod database_faults;
 mod dispatch;
 mod fencing;

@@ -5,7 +5,7 @@ use runlease_protocol::{ErrorCode, routes};
 use runlease_tests::{TestCoordinator, TestDb};
 
 /// Every path the coordinator routes, as `protocol/src/routes.rs` names them.
-const ROUTES: [&str; 20] = [
+const ROUTES: [&str; 21] = [
     routes::JOBS,
     routes::JOBS_BATCH,
     routes::JOBS_BULK,
@@ -22,6 +22,7 @@ const ROUTES: [&str; 20] = [
     routes::QUEUE,
     routes::SCHEDULES,
     routes::SCHEDULE,
+    routes::WHOAMI,
     routes::HEALTHZ,
     routes::READYZ,
     routes::METRICS,
