@@ -198,7 +198,7 @@ pub struct LeaseRef {
 
 /// Whether an attempt recorded as `recorded` (outcome, worker) is `outcome`
 /// already applied under `lease`: same worker, matching outcome.
-fn is_repeat(recorded: Option<&(AttemptOutcome, String)>, lease: &LeaseRef, outcome: &Outcome) -> bool {
+fn is_repeat(recorded: Option<&Ended>, lease: &LeaseRef, outcome: &Outcome) -> bool {
     recorded.is_some_and(|(o, worker)| worker == lease.worker_id.as_str() && outcome.matches(*o))
 }
 
@@ -232,6 +232,9 @@ impl Finished {
         })
     }
 }
+
+/// How an attempt ended, as its chronology row says: outcome and worker.
+type Ended = (AttemptOutcome, String);
 
 /// What a finish answers for one item.
 #[derive(Debug, Clone)]
@@ -568,7 +571,7 @@ impl Store {
                 .copied()
                 .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
                 .collect();
-            let mut now: HashMap<(Uuid, i64), (Finished, Option<(AttemptOutcome, String)>)> = HashMap::new();
+            let mut now: HashMap<(Uuid, i64), (Finished, Option<Ended>)> = HashMap::new();
             if !missed.is_empty() {
                 let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
                 let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
