@@ -3,7 +3,7 @@
 
 use stateright::Property;
 
-use super::state::{Ended, JobState, Reply, Stage, World};
+use super::state::{Ended, Job, JobState, Kind, Stage, World};
 use super::{Action, ProtocolModel};
 
 /// At most one worker runs each job under a lease the coordinator granted it
@@ -31,10 +31,11 @@ pub const SAFETY: [&str; 4] = [
 
 /// Scenarios the correct model must reach (`sometimes`): a check that
 /// explores too little fails on these instead of passing vacuously.
-pub const SOMETIMES: [&str; 5] = [
+pub const SOMETIMES: [&str; 6] = [
     "every job terminal",
-    "a stale finishing call is answered lease_lost",
-    "a job is done after its lease was reaped",
+    "a stale finishing call waits in a batch",
+    "a finishing call repeated after a lost answer waits to be answered ok",
+    "a reaped job is claimed again",
     "a job is done under its third lease",
     "a cancel is acknowledged by its worker",
 ];
@@ -43,39 +44,58 @@ pub const SOMETIMES: [&str; 5] = [
 pub(super) fn all() -> Vec<Property<ProtocolModel>> {
     vec![
         Property::always(ONE_LIVE_LEASE, |_, s: &World| one_live_lease(s)),
-        Property::always(CURRENT_LEASE_ONLY, |_, s: &World| {
-            s.jobs
-                .iter()
-                .all(|j| j.attempts.iter().all(|a| a.run_lease == a.by_lease))
-        }),
+        Property::always(CURRENT_LEASE_ONLY, |_, s: &World| !s.stale_write),
         Property::always(ACK_NEVER_LOST, |_, s: &World| ack_never_lost(s)),
         Property::always(ONE_ROW_PER_ENDED_LEASE, |_, s: &World| one_row_per_ended_lease(s)),
         Property::always(EVERY_JOB_TERMINATES, can_terminate),
         Property::sometimes(SOMETIMES[0], |_, s: &World| s.all_terminal()),
         Property::sometimes(SOMETIMES[1], |_, s: &World| {
-            s.workers.iter().any(|w| {
-                matches!(
-                    w.held.and_then(|h| h.finish).map(|f| f.stage),
-                    Some(Stage::Answered(_, Reply::LeaseLost))
-                )
+            // An item of an ended lease that is no repeat: it will be
+            // answered lease_lost.
+            s.coordinators.iter().flat_map(|c| &c.batch).any(|i| {
+                let job = &s.jobs[usize::from(i.job)];
+                i.run_lease < job.run_lease && !recorded(job, i.run_lease, i.worker, i.kind)
             })
         }),
         Property::sometimes(SOMETIMES[2], |_, s: &World| {
-            s.jobs.iter().any(|j| {
-                j.state == JobState::Done && j.attempts.iter().any(|a| a.outcome == Ended::LeaseExpired)
+            s.workers.iter().zip(0..).any(|(w, ix)| {
+                w.held.is_some_and(|h| {
+                    h.finish.is_some_and(|f| {
+                        f.retry
+                            && matches!(f.stage, Stage::Sent(_))
+                            && recorded(&s.jobs[usize::from(h.job)], h.run_lease, ix, f.kind)
+                    })
+                })
             })
         }),
         Property::sometimes(SOMETIMES[3], |_, s: &World| {
-            s.jobs
-                .iter()
-                .any(|j| j.state == JobState::Done && j.run_lease == 3)
+            s.jobs.iter().any(|j| {
+                j.state == JobState::Running
+                    && j.attempts
+                        .last()
+                        .is_some_and(|a| a.outcome == Ended::LeaseExpired)
+            })
         }),
         Property::sometimes(SOMETIMES[4], |_, s: &World| {
             s.jobs
                 .iter()
-                .any(|j| j.attempts.iter().any(|a| a.outcome == Ended::Cancelled))
+                .any(|j| j.state == JobState::Done && j.run_lease == 3)
+        }),
+        Property::sometimes(SOMETIMES[5], |_, s: &World| {
+            s.jobs.iter().any(|j| {
+                j.state == JobState::Cancelled
+                    && j.attempts.last().is_some_and(|a| a.outcome == Ended::Cancelled)
+            })
         }),
     ]
+}
+
+/// Whether `job`'s chronology records `kind` under `run_lease` by `worker`
+/// (what makes a repeated call a 200).
+fn recorded(job: &Job, run_lease: u8, worker: u8, kind: Kind) -> bool {
+    job.attempts
+        .iter()
+        .any(|a| a.run_lease == run_lease && a.worker == worker && kind.matches(a.outcome))
 }
 
 fn one_live_lease(s: &World) -> bool {
@@ -105,19 +125,11 @@ fn ack_never_lost(s: &World) -> bool {
 }
 
 fn one_row_per_ended_lease(s: &World) -> bool {
-    s.jobs.iter().all(|j| {
-        let ended = if j.state == JobState::Running {
-            j.run_lease - 1
-        } else {
-            j.run_lease
-        };
-        j.attempts.len() == usize::from(ended)
-            && j
-                .attempts
-                .iter()
-                .zip(1..)
-                .all(|(a, lease)| a.run_lease == lease)
-    })
+    !s.misordered_row
+        && s.jobs.iter().all(|j| {
+            let running = u8::from(j.state == JobState::Running);
+            j.rows + running == j.run_lease
+        })
 }
 
 /// Steps the witness may take before it gives up (far more than any run of
@@ -129,8 +141,7 @@ const WITNESS_STEPS: usize = 256;
 /// finishes what it holds, retries a call whose answer was lost, claims
 /// what is queued), every coordinator keeps committing and reaping, and time
 /// passes for leases nobody runs, ends with every job terminal. The run
-/// takes the first enabled step in this order: deliver an answer, commit a
-/// batch, write a reap, send a finishing call (complete, or the call whose
+/// takes the first enabled step in this order: commit a batch, write a reap, send a finishing call (complete, or the call whose
 /// answer was lost), enqueue, claim, let an unheld lease expire, read an
 /// expired lease. Claims are not bounded here.
 ///
@@ -166,7 +177,6 @@ pub fn can_terminate(model: &ProtocolModel, s: &World) -> bool {
 /// for steps it never takes.
 fn rank(action: Action) -> Option<u8> {
     Some(match action {
-        Action::Deliver { .. } => 0,
         Action::Commit { .. } => 1,
         Action::ReapWrite { .. } => 2,
         // `enabled` lists a working worker's complete first, through the

@@ -70,7 +70,7 @@ impl Kind {
 }
 
 /// One `job_attempts` row.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Attempt {
     /// The row's `run_lease`: the job's `run_lease` when the statement wrote it.
     pub run_lease: u8,
@@ -78,14 +78,10 @@ pub struct Attempt {
     pub worker: u8,
     /// The row's `outcome`.
     pub outcome: Ended,
-    /// The lease the writer carried (a finishing call's token, or the lease
-    /// the reaper read). Not a column: the model keeps it to check that no
-    /// outcome lands under a lease other than the one it was meant for.
-    pub by_lease: u8,
 }
 
 /// One `jobs` row, as far as the protocol reads it.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Job {
     /// `state`.
     pub state: JobState,
@@ -101,7 +97,15 @@ pub struct Job {
     pub owner: Option<u8>,
     /// `cancel_requested_at IS NOT NULL`.
     pub cancel_requested: bool,
-    /// The job's `job_attempts` rows, oldest first (append-only).
+    /// How many `job_attempts` rows the job has.
+    pub rows: u8,
+    /// The rows a later step can still read, oldest first: the latest, and
+    /// those of a lease that a worker, a batch item or an unconfirmed
+    /// acknowledgement still names (only `attempt_get.sql`, for such a
+    /// lease, ever reads a row). Rows no step can read again are dropped
+    /// from the model's state, or every path to the same world would count
+    /// as a world of its own; the properties on rows are checked as each
+    /// row is written.
     pub attempts: Vec<Attempt>,
 }
 
@@ -115,13 +119,14 @@ impl Job {
             live: false,
             owner: None,
             cancel_requested: false,
+            rows: 0,
             attempts: Vec::new(),
         }
     }
 }
 
-/// An answer a coordinator sent a worker's finishing call.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// An answer a coordinator gives a worker's finishing call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Reply {
     /// 200: the outcome took effect (now or by an earlier call).
     Ok,
@@ -130,38 +135,41 @@ pub enum Reply {
 }
 
 /// Where a worker's finishing call is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
-    /// Waiting in coordinator `c`'s finish batch, not answered yet.
+    /// Sent to coordinator `c`: waiting in its finish batch, or written and
+    /// about to be answered (the answer arrives with the commit step).
     Sent(u8),
-    /// Coordinator `c`'s answer is on its way.
-    Answered(u8, Reply),
-    /// The answer was lost (network, or the coordinator crashed): the worker
-    /// sends the same call again.
+    /// The answer was lost (network, timeout, or the coordinator crashed):
+    /// the worker sends the same call again.
     Unanswered,
 }
 
 /// A finishing call a worker made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Finish {
     /// What it asks for.
     pub kind: Kind,
     /// Where it is.
     pub stage: Stage,
+    /// Whether this is a repeat after a lost answer.
+    pub retry: bool,
 }
 
 /// A lease a worker holds, as the worker sees it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Held {
     /// The job.
     pub job: u8,
     /// The lease's `run_lease` (in the token).
     pub run_lease: u8,
     /// The attempt number the claim answered (what a guard on `attempt`
-    /// would compare).
+    /// would compare; 0 in the variants that never read it, so it does not
+    /// tell worlds apart).
     pub attempt: u8,
     /// The coordinator's last answer on this lease (the claim, or a
-    /// heartbeat `renewed`) granted it, and the lease has not expired since.
+    /// heartbeat `renewed`) granted it, the lease has not expired since, and
+    /// the worker still runs the handler (it stops before it finishes).
     pub granted: bool,
     /// `None` while the worker runs the handler and heartbeats; the
     /// finishing call once it has stopped.
@@ -169,7 +177,7 @@ pub struct Held {
 }
 
 /// A worker process.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Worker {
     /// The lease it holds; one at a time (`max_jobs` 1).
     pub held: Option<Held>,
@@ -184,14 +192,14 @@ pub struct Item {
     pub job: u8,
     /// The token's lease.
     pub run_lease: u8,
-    /// The token's attempt (only a broken guard reads it).
+    /// The token's attempt (only [`super::Variant::GuardOnAttempt`] reads it).
     pub attempt: u8,
     /// The token's worker, whom the answer goes to.
     pub worker: u8,
 }
 
 /// A coordinator's volatile memory: what a crash loses.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Coordinator {
     /// Finishing calls gathered for the next commit, sorted (a batch is a
     /// set: its statements order the rows themselves).
@@ -213,22 +221,27 @@ pub struct Ack {
 }
 
 /// Faults and admin actions used so far (each has a bound).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Used {
-    /// Answers lost (claim, heartbeat or finish).
+    /// Answers lost (claim or finish).
     pub lost_answers: u8,
     /// Coordinator crashes.
     pub crashes: u8,
-    /// Workers that dropped a lease without a word (SIGKILL, self-fencing).
-    pub worker_crashes: u8,
     /// Cancels.
     pub cancels: u8,
     /// Admin retries.
     pub admin_retries: u8,
 }
 
+impl Used {
+    /// Faults and admin actions used, of every kind.
+    pub fn total(&self) -> u8 {
+        self.lost_answers + self.crashes + self.cancels + self.admin_retries
+    }
+}
+
 /// The whole world at one instant.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct World {
     /// The `jobs` rows with their chronology.
     pub jobs: Vec<Job>,
@@ -236,8 +249,16 @@ pub struct World {
     pub workers: Vec<Worker>,
     /// The coordinator processes.
     pub coordinators: Vec<Coordinator>,
-    /// Every 200 a worker received for a finishing call, sorted, once each.
+    /// The 200s workers received for a finishing call whose row is not (yet)
+    /// in the chronology, sorted. An acknowledgement whose row exists is
+    /// dropped: rows are never removed, so it can never be lost again.
     pub acks: Vec<Ack>,
+    /// A row was written under a lease other than the one its writer
+    /// carried (a finishing call's token, or the lease the reaper read).
+    pub stale_write: bool,
+    /// A row was written for a lease that is not the one after the job's
+    /// last row (a lease ended twice, or one skipped).
+    pub misordered_row: bool,
     /// Faults and admin actions used.
     pub used: Used,
 }

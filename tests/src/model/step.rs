@@ -2,9 +2,7 @@
 //! write to a job mirrors one statement of `coordinator/src/store/sql/`, with
 //! its guard; the comments name it.
 
-use super::state::{
-    Ack, Attempt, Ended, Finish, Held, Item, JobState, Kind, Reply, Stage, World,
-};
+use super::state::{Ack, Attempt, Ended, Finish, Held, Item, JobState, Kind, Reply, Stage, World};
 use super::{Action, ProtocolModel, Variant};
 
 impl ProtocolModel {
@@ -15,6 +13,8 @@ impl ProtocolModel {
     /// claims.
     pub(super) fn enabled(&self, s: &World, faults: bool, out: &mut Vec<Action>) {
         let b = &self.bounds;
+        let bounded = faults;
+        let faults = faults && s.used.total() < b.disruptions;
         let lose = faults && s.used.lost_answers < b.lost_answers;
         for (j, job) in s.jobs.iter().enumerate() {
             if job.state == JobState::Absent {
@@ -26,7 +26,7 @@ impl ProtocolModel {
             match &worker.held {
                 None => {
                     for (j, job) in s.jobs.iter().enumerate() {
-                        if job.state == JobState::Queued && (!faults || job.run_lease < b.max_leases) {
+                        if job.state == JobState::Queued && (!bounded || job.run_lease < b.max_leases) {
                             out.push(Action::Claim {
                                 worker: worker_ix,
                                 job: j as u8,
@@ -42,33 +42,10 @@ impl ProtocolModel {
                         }
                     }
                 }
-                Some(held) => {
-                    match held.finish {
-                        None => {
-                            out.push(Action::Heartbeat {
-                                worker: worker_ix,
-                                lost: false,
-                            });
-                            if lose {
-                                out.push(Action::Heartbeat {
-                                    worker: worker_ix,
-                                    lost: true,
-                                });
-                            }
-                            for kind in Kind::ALL {
-                                for via in 0..b.coordinators {
-                                    out.push(Action::SendFinish {
-                                        worker: worker_ix,
-                                        kind,
-                                        via,
-                                    });
-                                }
-                            }
-                        }
-                        Some(Finish {
-                            kind,
-                            stage: Stage::Unanswered,
-                        }) => {
+                Some(held) => match held.finish {
+                    None => {
+                        out.push(Action::Heartbeat { worker: worker_ix });
+                        for kind in Kind::ALL {
                             for via in 0..b.coordinators {
                                 out.push(Action::SendFinish {
                                     worker: worker_ix,
@@ -77,24 +54,29 @@ impl ProtocolModel {
                                 });
                             }
                         }
-                        Some(Finish {
-                            stage: Stage::Answered(..),
-                            ..
-                        }) => {
-                            out.push(Action::Deliver { worker: worker_ix });
-                            if lose {
-                                out.push(Action::LoseAnswer { worker: worker_ix });
-                            }
+                    }
+                    Some(Finish {
+                        kind,
+                        stage: Stage::Unanswered,
+                        ..
+                    }) => {
+                        for via in 0..b.coordinators {
+                            out.push(Action::SendFinish {
+                                worker: worker_ix,
+                                kind,
+                                via,
+                            });
                         }
-                        Some(Finish {
-                            stage: Stage::Sent(_),
-                            ..
-                        }) => {}
                     }
-                    if faults && s.used.worker_crashes < b.worker_crashes {
-                        out.push(Action::WorkerCrash { worker: worker_ix });
+                    Some(Finish {
+                        stage: Stage::Sent(_),
+                        ..
+                    }) => {
+                        if lose {
+                            out.push(Action::LoseAnswer { worker: worker_ix });
+                        }
                     }
-                }
+                },
             }
         }
         for (c, coordinator) in s.coordinators.iter().enumerate() {
@@ -142,14 +124,7 @@ impl ProtocolModel {
     /// coordinator is a restart that changes nothing).
     fn has_volatile(&self, s: &World, c: u8) -> bool {
         let coordinator = &s.coordinators[c as usize];
-        !coordinator.batch.is_empty()
-            || coordinator.reaping.is_some()
-            || s.workers.iter().any(|w| {
-                matches!(
-                    w.held.and_then(|h| h.finish).map(|f| f.stage),
-                    Some(Stage::Answered(from, _)) if from == c
-                )
-            })
+        !coordinator.batch.is_empty() || coordinator.reaping.is_some()
     }
 
     /// Whether a finishing call or heartbeat carrying `held` matches the job
@@ -197,7 +172,11 @@ impl ProtocolModel {
                 let held = Held {
                     job,
                     run_lease: row.run_lease,
-                    attempt: row.attempt,
+                    attempt: if self.variant == Variant::GuardOnAttempt {
+                        row.attempt
+                    } else {
+                        0
+                    },
                     granted: true,
                     finish: None,
                 };
@@ -207,7 +186,7 @@ impl ProtocolModel {
                     n.workers[worker as usize].held = Some(held);
                 }
             }
-            Action::Heartbeat { worker, lost } => {
+            Action::Heartbeat { worker } => {
                 // lease_heartbeat.sql: guarded on (id, state = 'running',
                 // run_lease); renews the expiry (an expired lease not yet
                 // reaped too: the guard is on the lease, not on its expiry).
@@ -220,9 +199,7 @@ impl ProtocolModel {
                 if matched {
                     row.live = true;
                 }
-                if lost {
-                    n.used.lost_answers += 1;
-                } else if matched {
+                if matched {
                     // `renewed` or `cancel_requested`: both renew the lease.
                     if let Some(h) = n.workers[worker as usize].held.as_mut() {
                         h.granted = true;
@@ -234,14 +211,15 @@ impl ProtocolModel {
             }
             Action::SendFinish { worker, kind, via } => {
                 let held = n.workers[worker as usize].held?;
-                match held.finish {
-                    None => {}
+                let retry = match held.finish {
+                    None => false,
                     Some(Finish {
                         kind: sent,
                         stage: Stage::Unanswered,
-                    }) if sent == kind => {}
+                        ..
+                    }) if sent == kind => true,
                     _ => return None,
-                }
+                };
                 let item = Item {
                     kind,
                     job: held.job,
@@ -253,13 +231,18 @@ impl ProtocolModel {
                 if let Err(at) = batch.binary_search(&item) {
                     batch.insert(at, item);
                 }
-                let stage = if self.variant == Variant::AckBeforeCommit {
-                    Stage::Answered(via, Reply::Ok)
-                } else {
-                    Stage::Sent(via)
-                };
-                if let Some(h) = n.workers[worker as usize].held.as_mut() {
-                    h.finish = Some(Finish { kind, stage });
+                if self.variant == Variant::AckBeforeCommit {
+                    // Answered 200 as it joins the batch.
+                    answer(&mut n, worker, kind, Reply::Ok);
+                } else if let Some(h) = n.workers[worker as usize].held.as_mut() {
+                    // The worker has stopped the handler: it no longer
+                    // counts on the lease, whatever the answer.
+                    h.granted = false;
+                    h.finish = Some(Finish {
+                        kind,
+                        stage: Stage::Sent(via),
+                        retry,
+                    });
                 }
             }
             Action::Commit { c } => {
@@ -269,32 +252,12 @@ impl ProtocolModel {
                 }
                 self.commit(&mut n, c, &batch);
             }
-            Action::Deliver { worker } => {
-                let held = n.workers[worker as usize].held?;
-                let Some(Finish {
-                    kind,
-                    stage: Stage::Answered(_, reply),
-                }) = held.finish
-                else {
-                    return None;
-                };
-                if reply == Reply::Ok {
-                    let ack = Ack {
-                        job: held.job,
-                        run_lease: held.run_lease,
-                        kind,
-                    };
-                    if let Err(at) = n.acks.binary_search(&ack) {
-                        n.acks.insert(at, ack);
-                    }
-                }
-                // Either way the attempt is over for the worker.
-                n.workers[worker as usize].held = None;
-            }
             Action::LoseAnswer { worker } => {
                 let h = n.workers[worker as usize].held.as_mut()?;
                 let f = h.finish.as_mut()?;
-                if !matches!(f.stage, Stage::Answered(..)) {
+                // The answer is lost, whether the batch has been written
+                // (it stands) or not yet (it will be, answering no one).
+                if !matches!(f.stage, Stage::Sent(_)) {
                     return None;
                 }
                 f.stage = Stage::Unanswered;
@@ -310,16 +273,12 @@ impl ProtocolModel {
                 coordinator.reaping = None;
                 for w in &mut n.workers {
                     if let Some(f) = w.held.as_mut().and_then(|h| h.finish.as_mut()) {
-                        if matches!(f.stage, Stage::Sent(from) | Stage::Answered(from, _) if from == c) {
+                        if f.stage == Stage::Sent(c) {
                             f.stage = Stage::Unanswered;
                         }
                     }
                 }
                 n.used.crashes += 1;
-            }
-            Action::WorkerCrash { worker } => {
-                n.workers[worker as usize].held.take()?;
-                n.used.worker_crashes += 1;
             }
             Action::Expire { job } => {
                 let row = &mut n.jobs[job as usize];
@@ -351,7 +310,8 @@ impl ProtocolModel {
                 let (job, read) = n.coordinators[c as usize].reaping.take()?;
                 let row = &mut n.jobs[job as usize];
                 let matched = row.state == JobState::Running
-                    && (self.variant == Variant::ReaperWithoutRecheck || (row.run_lease == read && !row.live));
+                    && (self.variant == Variant::ReaperWithoutRecheck
+                        || (row.run_lease == read && !row.live));
                 if matched {
                     row.state = if row.cancel_requested {
                         JobState::Cancelled
@@ -361,12 +321,7 @@ impl ProtocolModel {
                         JobState::Failed
                     };
                     row.live = false;
-                    row.attempts.push(Attempt {
-                        run_lease: row.run_lease,
-                        worker: row.owner.unwrap_or(u8::MAX),
-                        outcome: Ended::LeaseExpired,
-                        by_lease: read,
-                    });
+                    end_attempt(&mut n, job, Ended::LeaseExpired, read);
                 }
             }
             Action::Cancel { job } => {
@@ -393,6 +348,7 @@ impl ProtocolModel {
                 n.used.admin_retries += 1;
             }
         }
+        forget(&mut n);
         Some(n)
     }
 
@@ -427,18 +383,14 @@ impl ProtocolModel {
             };
             row.state = state;
             row.live = false;
-            row.attempts.push(Attempt {
-                run_lease: row.run_lease,
-                worker: row.owner.unwrap_or(u8::MAX),
-                outcome,
-                by_lease: item.run_lease,
-            });
-            applied.push((item.job, row.run_lease, item.kind));
+            let row_lease = row.run_lease;
+            end_attempt(n, item.job, outcome, item.run_lease);
+            applied.push((item.job, row_lease, item.kind));
         }
         // After the commit, each item is answered on its own: the outcome
         // its lease got in this batch (another kind of the same lease is
         // stale), else a repeat of what its lease's attempt row records.
-        let replies: Vec<(u8, Reply)> = batch
+        let replies: Vec<Reply> = batch
             .iter()
             .map(|item| {
                 let in_batch = applied
@@ -448,24 +400,93 @@ impl ProtocolModel {
                 let ok = match in_batch {
                     Some(kind) => kind == item.kind,
                     None => n.jobs[item.job as usize].attempts.iter().any(|a| {
-                        a.run_lease == item.run_lease && a.worker == item.worker && item.kind.matches(a.outcome)
+                        a.run_lease == item.run_lease
+                            && a.worker == item.worker
+                            && item.kind.matches(a.outcome)
                     }),
                 };
-                (item.worker, if ok { Reply::Ok } else { Reply::LeaseLost })
+                if ok { Reply::Ok } else { Reply::LeaseLost }
             })
             .collect();
-        for (worker, reply) in replies {
-            if let Some(f) = n.workers[worker as usize]
-                .held
-                .as_mut()
-                .and_then(|h| h.finish.as_mut())
-            {
-                // Only a caller still waiting on this coordinator hears it
-                // (with the answer sent before the commit, it already did).
-                if f.stage == Stage::Sent(c) {
-                    f.stage = Stage::Answered(c, reply);
-                }
+        for (item, reply) in batch.iter().zip(replies) {
+            // Only a caller still waiting on this coordinator hears it (with
+            // the answer sent before the commit, it already did).
+            let waiting = n.workers[item.worker as usize].held.is_some_and(|h| {
+                h.job == item.job
+                    && h.run_lease == item.run_lease
+                    && h.finish.is_some_and(|f| f.stage == Stage::Sent(c))
+            });
+            if waiting {
+                answer(n, item.worker, item.kind, reply);
             }
         }
+    }
+}
+
+/// `worker` receives `reply` to its finishing call of `kind`: the attempt
+/// is over for it either way; a 200 is an acknowledgement.
+fn answer(n: &mut World, worker: u8, kind: Kind, reply: Reply) {
+    let Some(held) = n.workers[worker as usize].held.take() else {
+        return;
+    };
+    if reply == Reply::Ok {
+        let ack = Ack {
+            job: held.job,
+            run_lease: held.run_lease,
+            kind,
+        };
+        if let Err(at) = n.acks.binary_search(&ack) {
+            n.acks.insert(at, ack);
+        }
+    }
+}
+
+/// Appends the row of the attempt that `job`'s current lease ran (the
+/// `recorded` CTE of every statement that ends one: `run_lease` and
+/// `worker_id` from the job row), written by a caller carrying `by_lease`;
+/// notes a row written under another lease, or out of lease order.
+fn end_attempt(n: &mut World, job: u8, outcome: Ended, by_lease: u8) {
+    let row = &mut n.jobs[job as usize];
+    let stale = row.run_lease != by_lease;
+    let misordered = row.run_lease != row.rows + 1;
+    row.rows += 1;
+    row.attempts.push(Attempt {
+        run_lease: row.run_lease,
+        worker: row.owner.unwrap_or(u8::MAX),
+        outcome,
+    });
+    n.stale_write |= stale;
+    n.misordered_row |= misordered;
+}
+
+/// Drops what no later step can read: acknowledgements whose row exists,
+/// and rows (other than each job's latest) of leases nothing names any more.
+fn forget(n: &mut World) {
+    let jobs = &n.jobs;
+    n.acks.retain(|ack| {
+        !jobs[ack.job as usize]
+            .attempts
+            .iter()
+            .any(|a| a.run_lease == ack.run_lease && ack.kind.matches(a.outcome))
+    });
+    let named = |job: u8, lease: u8, n: &World| {
+        n.workers
+            .iter()
+            .any(|w| w.held.is_some_and(|h| h.job == job && h.run_lease == lease))
+            || n.coordinators
+                .iter()
+                .any(|c| c.batch.iter().any(|i| i.job == job && i.run_lease == lease))
+            || n.acks.iter().any(|a| a.job == job && a.run_lease == lease)
+    };
+    for j in 0..n.jobs.len() {
+        let last = n.jobs[j].attempts.len().saturating_sub(1);
+        let keep: Vec<bool> = n.jobs[j]
+            .attempts
+            .iter()
+            .enumerate()
+            .map(|(i, a)| i == last || named(j as u8, a.run_lease, n))
+            .collect();
+        let mut keep = keep.into_iter();
+        n.jobs[j].attempts.retain(|_| keep.next().unwrap_or(true));
     }
 }
