@@ -8,13 +8,13 @@ use super::{Action, ProtocolModel, Variant};
 impl ProtocolModel {
     /// Pushes the actions `s` enables onto `out`, in a fixed order (the
     /// checker rebuilds counterexample paths from action indices). With
-    /// `faults` false, only the steps of a run without faults, cancels or
+    /// `explore` false, only the steps of a run without faults, cancels or
     /// admin actions (what the liveness witness may take), and no bound on
     /// claims.
-    pub(super) fn enabled(&self, s: &World, faults: bool, out: &mut Vec<Action>) {
+    pub(super) fn enabled(&self, s: &World, explore: bool, out: &mut Vec<Action>) {
         let b = &self.bounds;
-        let bounded = faults;
-        let faults = faults && s.used.total() < b.disruptions;
+        // Faults and admin actions: only while exploring, within their bounds.
+        let faults = explore && s.used.total() < b.disruptions;
         let lose = faults && s.used.lost_answers < b.lost_answers;
         for (j, job) in s.jobs.iter().enumerate() {
             if job.state == JobState::Absent {
@@ -26,7 +26,7 @@ impl ProtocolModel {
             match &worker.held {
                 None => {
                     for (j, job) in s.jobs.iter().enumerate() {
-                        if job.state == JobState::Queued && (!bounded || job.run_lease < b.max_leases) {
+                        if job.state == JobState::Queued && (!explore || job.run_lease < b.max_leases) {
                             out.push(Action::Claim {
                                 worker: worker_ix,
                                 job: j as u8,
@@ -272,10 +272,10 @@ impl ProtocolModel {
                 coordinator.batch.clear();
                 coordinator.reaping = None;
                 for w in &mut n.workers {
-                    if let Some(f) = w.held.as_mut().and_then(|h| h.finish.as_mut()) {
-                        if f.stage == Stage::Sent(c) {
-                            f.stage = Stage::Unanswered;
-                        }
+                    if let Some(f) = w.held.as_mut().and_then(|h| h.finish.as_mut())
+                        && f.stage == Stage::Sent(c)
+                    {
+                        f.stage = Stage::Unanswered;
                     }
                 }
                 n.used.crashes += 1;

@@ -40,10 +40,10 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
         let mut worker = worker.clone();
         if let Some(h) = worker.held.as_mut() {
             h.job = jobs[h.job as usize];
-            if let Some(f) = h.finish.as_mut() {
-                if let Stage::Sent(c) = f.stage {
-                    f.stage = Stage::Sent(coords[c as usize]);
-                }
+            if let Some(f) = h.finish.as_mut()
+                && let Stage::Sent(c) = f.stage
+            {
+                f.stage = Stage::Sent(coords[c as usize]);
             }
         }
         n.workers[workers[w] as usize] = worker;
@@ -87,6 +87,53 @@ pub fn representative(s: &World) -> World {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::state::Kind;
+    use crate::model::{Action, Bounds, ProtocolModel, Variant};
+    use stateright::Model;
+
+    /// A world with two jobs, one claimed by worker 1 and finished through
+    /// coordinator 1, the other claimed by worker 0.
+    fn busy_world() -> World {
+        let model = ProtocolModel::new(Variant::Correct, Bounds::two_jobs());
+        let steps = [
+            Action::Enqueue { job: 0 },
+            Action::Enqueue { job: 1 },
+            Action::Claim {
+                worker: 1,
+                job: 0,
+                lost: false,
+            },
+            Action::Claim {
+                worker: 0,
+                job: 1,
+                lost: false,
+            },
+            Action::SendFinish {
+                worker: 1,
+                kind: Kind::Complete,
+                via: 1,
+            },
+        ];
+        steps.iter().fold(model.initial(), |s, &a| {
+            model.next_state(&s, a).expect("each step applies")
+        })
+    }
+
+    #[test]
+    fn every_renumbering_has_the_same_representative() {
+        let s = busy_world();
+        let rep = representative(&s);
+        for jp in permutations(2) {
+            for wp in permutations(2) {
+                for cp in permutations(2) {
+                    assert_eq!(representative(&renamed(&s, &jp, &wp, &cp)), rep);
+                }
+            }
+        }
+        // And it is a renumbering of the world, not another world.
+        assert_eq!(rep.workers.iter().filter(|w| w.held.is_some()).count(), 2);
+        assert_eq!(rep.coordinators.iter().map(|c| c.batch.len()).sum::<usize>(), 1);
+    }
 
     #[test]
     fn permutations_are_all_orderings() {
