@@ -12,6 +12,8 @@
 //! - [`TestRedis`]: a redis-server of the test's own, to stop and restart.
 //! - [`LambdaEmulator`]: the example Lambda function under cargo-lambda's
 //!   Runtime API emulator; the events Lambda hands a function.
+//! - [`model`]: a model of the lease protocol, checked exhaustively for
+//!   small bounds (`tests/tests/model.rs`, `docs/model.md`).
 //!
 //! PostgreSQL must be running (`RUNLEASE_TEST_DATABASE_URL`, default
 //! `postgres://postgres@127.0.0.1:5432/postgres`); a test fails loudly, never
@@ -22,6 +24,7 @@
 pub mod api;
 pub mod cli;
 pub mod lambda;
+pub mod model;
 pub mod process;
 pub mod proxy;
 pub mod redis;
