@@ -131,3 +131,60 @@ pub fn json_requested(args: impl IntoIterator<Item = std::ffi::OsString>) -> boo
         .take_while(|a| a != "--")
         .any(|a| a == "--json")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(line: &[&str]) -> Vec<std::ffi::OsString> {
+        std::iter::once("runlease")
+            .chain(line.iter().copied())
+            .map(Into::into)
+            .collect()
+    }
+
+    #[test]
+    fn json_is_seen_anywhere_before_a_double_dash() {
+        assert!(json_requested(args(&["--json", "frobnicate"])));
+        assert!(json_requested(args(&["get", "--bad", "--json"])));
+        assert!(!json_requested(args(&["enqueue", "q", "--", "--json"])));
+        assert!(!json_requested(args(&["get", "--jsonx"])));
+        assert!(
+            !json_requested(vec!["--json".into()]),
+            "the program's own name is not an argument"
+        );
+    }
+
+    #[test]
+    fn an_answered_error_keeps_its_code_and_message_and_a_local_one_gets_a_local_code() {
+        let f = Failure::from(Error::Forbidden("this key may not enqueue on q".into()));
+        assert_eq!(
+            (f.code.as_str(), f.message.as_str(), f.line.as_str(), f.exit),
+            (
+                "forbidden",
+                "this key may not enqueue on q",
+                "forbidden: this key may not enqueue on q",
+                1
+            )
+        );
+        let f = Failure::from(Error::Server {
+            status: 500,
+            message: "internal error".into(),
+        });
+        assert_eq!(
+            (f.code.as_str(), f.message.as_str()),
+            ("internal", "internal error")
+        );
+        let f = Failure::from(Error::Transport("connection refused".into()));
+        assert_eq!(
+            (f.code.as_str(), f.message.as_str()),
+            (UNREACHABLE, "cannot reach the coordinator: connection refused")
+        );
+        assert_eq!(Failure::from(Error::Decode("eof".into())).code, BAD_ANSWER);
+        assert_eq!(
+            Failure::from(Error::Config("bad URL".into())).code,
+            INVALID_ARGUMENT
+        );
+        assert_eq!(Failure::timed_out("still queued").exit, EXIT_TIMED_OUT);
+    }
+}
