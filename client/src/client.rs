@@ -118,9 +118,8 @@ fn decode_error(status: StatusCode, retry_after: Option<Duration>, bytes: &[u8])
         (Some(ErrorCode::LeaseLost), _) => Error::LeaseLost(message),
         (Some(ErrorCode::Conflict), _) => Error::Conflict(message),
         (Some(ErrorCode::NotFound), _) | (None, 404) => Error::NotFound(message),
-        (Some(ErrorCode::Unauthorized | ErrorCode::Forbidden), _) | (None, 401 | 403) => {
-            Error::Unauthorized(message)
-        }
+        (Some(ErrorCode::Unauthorized), _) | (None, 401) => Error::Unauthorized(message),
+        (Some(ErrorCode::Forbidden), _) | (None, 403) => Error::Forbidden(message),
         (Some(ErrorCode::Overloaded), _) | (None, 429 | 503) => Error::Overloaded { retry_after, message },
         (
             Some(

@@ -13,9 +13,12 @@ pub enum Error {
     /// No such job (or route).
     #[error("not found: {0}")]
     NotFound(String),
-    /// The key is missing, unknown (401) or lacks the role or queue (403).
+    /// The key is missing or unknown (401 `unauthorized`).
     #[error("unauthorized: {0}")]
     Unauthorized(String),
+    /// The key lacks the role or the queue this call needs (403 `forbidden`).
+    #[error("forbidden: {0}")]
+    Forbidden(String),
     /// The job is in a state that does not allow this (409 `conflict`).
     #[error("conflict: {0}")]
     Conflict(String),
@@ -64,6 +67,45 @@ impl Error {
             self,
             Error::Transport(_) | Error::Overloaded { .. } | Error::Server { .. }
         )
+    }
+
+    /// The protocol's error code when the coordinator answered the error
+    /// (`not_found`, `conflict`, ...; `internal` for any 5xx other than
+    /// `overloaded`); `None` when it arose on this side: the coordinator
+    /// unreachable, an answer that does not parse, a wait that ran out, bad
+    /// client settings.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Error::LeaseLost(_) => Some(ErrorCode::LeaseLost),
+            Error::NotFound(_) => Some(ErrorCode::NotFound),
+            Error::Unauthorized(_) => Some(ErrorCode::Unauthorized),
+            Error::Forbidden(_) => Some(ErrorCode::Forbidden),
+            Error::Conflict(_) => Some(ErrorCode::Conflict),
+            Error::Invalid { code, .. } => Some(*code),
+            Error::Overloaded { .. } => Some(ErrorCode::Overloaded),
+            Error::Server { .. } => Some(ErrorCode::Internal),
+            Error::Transport(_) | Error::Decode(_) | Error::WaitTimedOut(_) | Error::Config(_) => None,
+        }
+    }
+
+    /// The coordinator's own message for an error it answered, or this
+    /// side's description of the others (the text of [`Error::code`]'s
+    /// error, without the prefix `Display` adds).
+    pub fn message(&self) -> String {
+        match self {
+            Error::LeaseLost(m)
+            | Error::NotFound(m)
+            | Error::Unauthorized(m)
+            | Error::Forbidden(m)
+            | Error::Conflict(m)
+            | Error::Invalid { message: m, .. }
+            | Error::Overloaded { message: m, .. }
+            | Error::Server { message: m, .. }
+            | Error::Transport(m)
+            | Error::Decode(m)
+            | Error::Config(m) => m.clone(),
+            Error::WaitTimedOut(_) => self.to_string(),
+        }
     }
 
     /// The delay the coordinator asked for, if any.

@@ -5,7 +5,9 @@
 //! - [`worker`]: the worker runtime (handlers per queue, concurrency, batched
 //!   heartbeats, self-fencing, drain, deadline mode).
 //! - [`Error`]: what a caller branches on.
-//! - `src/bin/runlease.rs`: the `runlease` CLI (feature `cli`).
+//! - `src/bin/runlease/`: the `runlease` CLI (feature `cli`): `args` (the
+//!   command line), `failure` (errors and their `--json` codes), `output`,
+//!   and one module per verb with sub-verbs.
 
 pub mod client;
 pub mod error;

@@ -53,7 +53,7 @@ async fn the_cli_drives_a_job_and_prints_what_the_protocol_answers() {
     let waiter = {
         let url = url.clone();
         let id = id.clone();
-        tokio::spawn(async move { runlease(&url, &["wait", &id, "--timeout-secs", "30"], None).await })
+        tokio::spawn(async move { runlease(&url, &["wait", &id, "--wait-ms", "30000"], None).await })
     };
     let lease = api.claim_one("mail", "w").await;
     assert_eq!(lease.job_id.to_string(), id);

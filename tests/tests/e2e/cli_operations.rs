@@ -203,17 +203,24 @@ async fn cli_bulk_retry_refuses_without_yes_and_retries_the_failed_jobs_with_it(
     for part in ["would retry", "queue emails", "state failed", "4 match", "--yes"] {
         assert!(err.contains(part), "{part:?} missing: {err}");
     }
-    let err = refused(
-        &runlease(
-            &url,
-            &[
-                "--json", "jobs", "retry", "--queue", "emails", "--state", "failed",
-            ],
-            None,
-        )
-        .await,
+    // With --json: the count on stdout, the refusal as JSON on stderr.
+    let out = runlease(
+        &url,
+        &[
+            "--json", "jobs", "retry", "--queue", "emails", "--state", "failed",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(1));
+    let counted: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(counted, json!({"matched": 4, "exact": true, "changed": 0}));
+    let err: Value = serde_json::from_str(stderr(&out).trim()).unwrap();
+    assert_eq!(err["error"]["code"], "not_confirmed");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("4 match"),
+        "{err}"
     );
-    assert!(err.contains("4 match"), "{err}");
     // Narrowed by ids and by creation time, counted from the listing.
     let one = failed[0].to_string();
     let err = refused(

@@ -8,6 +8,7 @@ mod bad_input;
 mod batching;
 mod bulk;
 mod cli;
+mod cli_conventions;
 mod cli_operations;
 mod cli_schedules;
 mod dashboard;

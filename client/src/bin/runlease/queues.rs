@@ -1,0 +1,117 @@
+//! `queues`: every queue's figures, or one queue's figures and settings, and
+//! the admin's changes to them (pause, resume, limits, retention).
+
+use runlease_client::Client;
+use runlease_client::protocol::admin::UpdateQueueRequest;
+
+use crate::args::QueuesCommand;
+use crate::failure::Failure;
+use crate::output::{limit_text, print_json, print_queue, print_queues, rate_text, retention_text};
+
+/// `queues` and its sub-verbs (`list` when none is given).
+pub async fn run_queues(client: &Client, command: Option<QueuesCommand>, json: bool) -> Result<(), Failure> {
+    match command {
+        None | Some(QueuesCommand::List) => {
+            let queues = client.queues().await?;
+            if json {
+                print_json(&serde_json::json!({ "queues": queues }))?
+            } else {
+                print_queues(&queues)
+            }
+        }
+        Some(QueuesCommand::Show { queue }) => {
+            let summary = client.queue(&queue).await?;
+            if json {
+                print_json(&summary)?
+            } else {
+                print_queue(&summary)
+            }
+        }
+        Some(QueuesCommand::Pause { queue }) => pause(client, &queue, true, json).await?,
+        Some(QueuesCommand::Resume { queue }) => pause(client, &queue, false, json).await?,
+        Some(QueuesCommand::Limit {
+            queue,
+            max_running,
+            max_running_per_key,
+            rate,
+        }) => {
+            if max_running.is_none() && max_running_per_key.is_none() && rate.is_none() {
+                return Err(Failure::invalid(
+                    "nothing to change: pass --max-running, --max-running-per-key or --rate (a value, or none to clear it)",
+                ));
+            }
+            let change = UpdateQueueRequest {
+                max_running: max_running.map(|v| v.0),
+                max_running_per_key: max_running_per_key.map(|v| v.0),
+                rate_limit: rate.map(|v| v.0),
+                ..UpdateQueueRequest::default()
+            };
+            let summary = client.update_queue(&queue, &change).await?;
+            if json {
+                print_json(&summary)?
+            } else {
+                let set = &summary.settings;
+                println!(
+                    "queue {}: max_running {}, max_running_per_key {}, rate_limit {}",
+                    summary.queue,
+                    limit_text(set.max_running),
+                    limit_text(set.max_running_per_key),
+                    rate_text(set.rate_limit)
+                );
+            }
+        }
+        Some(QueuesCommand::Retention {
+            queue,
+            done_ms,
+            failed_ms,
+        }) => {
+            if done_ms.is_none() && failed_ms.is_none() {
+                return Err(Failure::invalid(
+                    "nothing to change: pass --done-ms or --failed-ms (a number of ms, 0 for forever, or default)",
+                ));
+            }
+            let change = UpdateQueueRequest {
+                retention_done_ms: done_ms.map(|v| v.0),
+                retention_failed_ms: failed_ms.map(|v| v.0),
+                ..UpdateQueueRequest::default()
+            };
+            let summary = client.update_queue(&queue, &change).await?;
+            if json {
+                print_json(&summary)?
+            } else {
+                let set = &summary.settings;
+                println!(
+                    "queue {}: retention_done {}, retention_failed {}",
+                    summary.queue,
+                    retention_text(set.retention_done_ms),
+                    retention_text(set.retention_failed_ms)
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pauses (`paused`) or resumes a queue.
+async fn pause(client: &Client, queue: &str, paused: bool, json: bool) -> Result<(), Failure> {
+    let change = UpdateQueueRequest {
+        paused: Some(Some(paused)),
+        ..UpdateQueueRequest::default()
+    };
+    let summary = client.update_queue(queue, &change).await?;
+    let queued = summary.counts.get("queued").copied().unwrap_or(0);
+    if json {
+        print_json(&summary)?
+    } else if paused {
+        println!(
+            "queue {} paused: it takes enqueues and hands out no claims until `runlease queues resume {}` ({queued} queued)",
+            summary.queue, summary.queue,
+        );
+    } else {
+        println!(
+            "queue {} resumed: claims get its jobs again ({queued} queued)",
+            summary.queue
+        );
+    }
+    Ok(())
+}
