@@ -475,7 +475,7 @@ async fn a_lease_from_a_long_parked_claim_is_not_fenced_at_once() {
     let worker = Worker::builder(client(c.api.base()))
         .concurrency(1)
         // Parks far longer than the lease TTL before the job arrives.
-        .claim_wait(Duration::from_secs(20))
+        .claim_wait(Duration::from_secs(5))
         .handle(q("late"), |ctx: JobContext| async move {
             tokio::time::sleep(Duration::from_millis(1_500)).await;
             if ctx.is_cancelled() {
