@@ -115,6 +115,9 @@ pub struct Metrics {
     pub request_duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     /// Requests (claim slots, for claims) written per statement.
     pub batch_size: Family<BatchLabels, Histogram, fn() -> Histogram>,
+    /// Finishing or heartbeat requests handed to their batcher and not yet
+    /// being written (waiting for a flusher or for company).
+    pub batch_gathering: Family<BatchLabels, Gauge>,
     /// Connections in the pool.
     pub pool_size: Gauge,
     /// Idle connections in the pool.
@@ -188,6 +191,7 @@ impl Metrics {
             job_waiters: Gauge::default(),
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
             batch_size: Family::new_with_constructor(batch_histogram as fn() -> Histogram),
+            batch_gathering: Family::default(),
             pool_size: Gauge::default(),
             pool_available: Gauge::default(),
             pool_waiting: Gauge::default(),
@@ -303,6 +307,11 @@ impl Metrics {
             "batch_size",
             "Requests (claim slots, for claims) written per statement",
             m.batch_size.clone(),
+        );
+        registry.register(
+            "batch_gathering",
+            "Finishing or heartbeat requests gathered for their next batch, not yet being written",
+            m.batch_gathering.clone(),
         );
         registry.register(
             "db_pool_size",

@@ -137,6 +137,38 @@ impl Api {
             .unwrap_or(0.0)
     }
 
+    /// Polls sample `sample` of `/metrics` (as [`Api::metric`] reads it)
+    /// until `pred` holds, 20 s at most; answers the value seen. `what`
+    /// names the condition in the failure message.
+    pub async fn until_metric(&self, sample: &str, what: &str, pred: impl Fn(f64) -> bool) -> f64 {
+        let started = std::time::Instant::now();
+        loop {
+            let value = self.metric(sample).await;
+            if pred(value) {
+                return value;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{what}: {sample} is still {value} after 20 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until `n` claims are parked on this coordinator (each has
+    /// looked at PostgreSQL once, found nothing, and waits for a wake-up).
+    pub async fn until_claims_parked(&self, n: u32) {
+        self.until_metric("runlease_claim_waiters", "claims parked", |v| v >= f64::from(n))
+            .await;
+    }
+
+    /// Waits until `n` job reads are parked on this coordinator (each has
+    /// read its job once, found it not terminal, and waits for a wake-up).
+    pub async fn until_reads_parked(&self, n: u32) {
+        self.until_metric("runlease_job_waiters", "job reads parked", |v| v >= f64::from(n))
+            .await;
+    }
+
     /// POST raw bytes (for malformed bodies).
     pub async fn post_raw(&self, path: &str, body: Vec<u8>) -> (u16, Value) {
         let rb = self

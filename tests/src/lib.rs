@@ -53,6 +53,16 @@ pub use sqs::TestSqs;
 /// The shared secret test coordinators sign lease tokens with.
 pub const TEST_SECRET: &str = "runlease-test-secret";
 
+/// A claim re-check interval far longer than any wake-up test runs (the
+/// most `RUNLEASE_CLAIM_RECHECK_MS` accepts; jittered, it never fires before
+/// 45 s): a parked claim or read answered within [`WOKEN_WITHIN`] was woken,
+/// not found by its timer, so such a test fails when wake-ups break.
+pub const SLOW_RECHECK_MS: u64 = 60_000;
+
+/// How soon a woken long-poll must answer in a wake-up test: generous for a
+/// loaded machine, and well before the [`SLOW_RECHECK_MS`] timer could fire.
+pub const WOKEN_WITHIN: Duration = Duration::from_secs(10);
+
 /// URL of the maintenance database the harness creates test databases from.
 pub fn admin_url() -> String {
     std::env::var("RUNLEASE_TEST_DATABASE_URL")

@@ -14,6 +14,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use runlease_protocol::worker::HeartbeatStatus;
 
-use crate::metrics::Metrics;
+use crate::metrics::{BatchLabels, Metrics};
 use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
 use crate::store::{Store, StoreError};
 
@@ -86,6 +87,8 @@ type FlushFn<Req, Resp> = dyn Fn(Arc<Vec<Req>>) -> std::pin::Pin<Box<dyn Future<
 pub struct Batcher<Req, Resp> {
     tx: Option<mpsc::UnboundedSender<Pending<Req, Resp>>>,
     flush: Arc<FlushFn<Req, Resp>>,
+    /// `runlease_batch_gathering` of this batcher's kind.
+    gathering: Gauge,
 }
 
 impl<Req, Resp> Clone for Batcher<Req, Resp> {
@@ -93,6 +96,7 @@ impl<Req, Resp> Clone for Batcher<Req, Resp> {
         Self {
             tx: self.tx.clone(),
             flush: self.flush.clone(),
+            gathering: self.gathering.clone(),
         }
     }
 }
@@ -117,12 +121,22 @@ where
         F: Fn(Arc<Vec<Req>>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Vec<Resp>, StoreError>> + Send + 'static,
     {
+        let gathering = metrics
+            .batch_gathering
+            .get_or_create(&BatchLabels {
+                kind: name.to_owned(),
+            })
+            .clone();
         let flush: Arc<FlushFn<Req, Resp>> = Arc::new(move |reqs: Arc<Vec<Req>>| {
             metrics.batch(name, reqs.len());
             Box::pin(flush(reqs))
         });
         if !settings.enabled {
-            return Self { tx: None, flush };
+            return Self {
+                tx: None,
+                flush,
+                gathering,
+            };
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
         let f = flush.clone();
@@ -130,6 +144,7 @@ where
         let flushers = Arc::new(Semaphore::new(settings.flushers.max(1)));
         let in_flight = TaskTracker::new();
         let tasks = in_flight.clone();
+        let gathered = gathering.clone();
         tracker.spawn(async move {
             while let Some(first) = rx.recv().await {
                 // Wait for a free flusher first: requests arriving meanwhile
@@ -154,6 +169,7 @@ where
                         Err(_) => break,
                     }
                 }
+                gathered.dec_by(batch.len() as i64);
                 let f = f.clone();
                 tasks.spawn(async move {
                     flush_batch(name, &*f, batch).await;
@@ -165,7 +181,11 @@ where
             tasks.wait().await;
         });
         drop(in_flight);
-        Self { tx: Some(tx), flush }
+        Self {
+            tx: Some(tx),
+            flush,
+            gathering,
+        }
     }
 
     /// Writes `req` with the next batch (or alone, with batching off) and
@@ -178,8 +198,12 @@ where
                 .ok_or_else(|| StoreError::Database("a flush answered nothing".into()));
         };
         let (reply, answer) = oneshot::channel();
-        tx.send(Pending { req, reply })
-            .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
+        // Counted before the send, so the loop's decrement never comes first.
+        self.gathering.inc();
+        tx.send(Pending { req, reply }).map_err(|_| {
+            self.gathering.dec();
+            StoreError::Unavailable("the coordinator is shutting down".into())
+        })?;
         answer
             .await
             .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?

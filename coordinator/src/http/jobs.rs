@@ -219,7 +219,9 @@ pub async fn get_job(
     let deadline = Instant::now() + Duration::from_millis(wait_ms);
     // Subscribed before the first read: a completion in between still wakes us.
     let mut wakes = state.wake.subscribe_jobs();
-    let _waiting = (wait_ms > 0).then(|| WaiterGauge::new(&state.metrics.job_waiters));
+    // Counted from the first look that found the job unfinished: a parked
+    // read is one a wake-up (or the timer) must answer.
+    let mut waiting = None;
     loop {
         let job = visible_job(&state, &caller, id).await?;
         record_job(&job);
@@ -227,6 +229,7 @@ pub async fn get_job(
         if job.state.is_terminal() || now >= deadline || state.shutdown.is_cancelled() {
             return Ok(Json(views::job(job)));
         }
+        waiting.get_or_insert_with(|| WaiterGauge::new(&state.metrics.job_waiters));
         let nap = jittered(state.recheck).min(deadline - now);
         tokio::select! {
             () = next_job_wake(&mut wakes, id) => {}

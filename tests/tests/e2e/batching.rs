@@ -1,10 +1,10 @@
 //! Batching: concurrent requests share statements, yet each is answered with
 //! its own outcome, only after its batch committed.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use runlease_protocol::{JobState, RunLease};
-use runlease_tests::{TestCoordinator, TestDb};
+use runlease_tests::{SLOW_RECHECK_MS, TestCoordinator, TestDb, WOKEN_WITHIN};
 use serde_json::json;
 
 /// A gathering window wide enough that concurrent requests share a batch.
@@ -114,16 +114,34 @@ async fn futures_like_join(
 #[tokio::test]
 async fn shutdown_flushes_a_half_gathered_batch() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.batch_max_delay_ms = 1_000).await;
+    // A gathering window longer than the test: only shutdown can end it.
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.batch_max_delay_ms = 60_000).await;
     let job = c.api.enqueue("q", json!(1)).await;
     let lease = c.api.claim_one("q", "w").await;
     let api = c.api.clone();
     let pending = tokio::spawn(async move { api.complete(&lease, json!("flushed")).await });
     // The complete is gathered, waiting for company, when shutdown begins.
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    c.api
+        .until_metric(
+            "runlease_batch_gathering{kind=\"finish\"}",
+            "the complete is gathered",
+            |v| v == 1.0,
+        )
+        .await;
+    assert_eq!(
+        c.api.job(job.id).await.state,
+        JobState::Running,
+        "not written yet"
+    );
+    let stopping = Instant::now();
     c.stop().await.unwrap();
     let (status, body) = pending.await.unwrap();
     assert_eq!(status, 200, "answered after its batch committed: {body}");
+    assert!(
+        stopping.elapsed() < Duration::from_secs(10),
+        "shutdown flushed the batch instead of waiting out its window ({:?})",
+        stopping.elapsed()
+    );
     let row = db
         .client()
         .await
@@ -137,28 +155,35 @@ async fn shutdown_flushes_a_half_gathered_batch() {
 #[tokio::test]
 async fn parked_claimers_of_a_queue_are_served_by_shared_claim_statements() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start(&db).await;
+    // Only the enqueue's wake-up can serve them in time.
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.claim_recheck_ms = SLOW_RECHECK_MS).await;
     let mut parked = Vec::new();
     for w in 0..40 {
         let api = c.api.clone();
         parked.push(tokio::spawn(async move {
-            api.claim_wait("shared", &format!("w{w}"), 2, 20_000).await
+            let leases = api.claim_wait("shared", &format!("w{w}"), 2, 20_000).await;
+            (leases, Instant::now())
         }));
     }
-    // Let them all park.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    c.api.until_claims_parked(40).await;
     let (_, before) = c.api.get_text("/metrics").await;
     assert_eq!(metric(&before, "runlease_claim_waiters"), 40.0, "{before}");
     let statements_before = metric(&before, "runlease_batch_size_count{kind=\"claim\"}");
     let jobs: Vec<_> = (0..80)
         .map(|i| json!({"queue": "shared", "payload": i}))
         .collect();
+    let enqueued_at = Instant::now();
     assert_eq!(c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await.0, 201);
 
     let mut seen = std::collections::HashSet::new();
     for p in parked {
-        let leases = p.await.unwrap();
+        let (leases, answered_at) = p.await.unwrap();
         assert_eq!(leases.len(), 2, "each parked claimer gets what it asked for");
+        let woken = answered_at - enqueued_at;
+        assert!(
+            woken < WOKEN_WITHIN,
+            "served on the enqueue's wake-up ({woken:?})"
+        );
         for l in leases {
             assert!(seen.insert(l.job_id), "a job handed out twice");
         }
@@ -175,18 +200,30 @@ async fn parked_claimers_of_a_queue_are_served_by_shared_claim_statements() {
 #[tokio::test]
 async fn the_per_request_mode_gives_the_same_answers() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.batching = false).await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.batching = false;
+        cfg.claim_recheck_ms = SLOW_RECHECK_MS;
+    })
+    .await;
     let job = c.api.enqueue("q", json!(1)).await;
     let lease = c.api.claim_one("q", "w").await;
     assert_eq!(c.api.heartbeat(&lease).await, "renewed");
     assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
     assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
     assert_eq!(c.api.job(job.id).await.state, JobState::Done);
+    // A parked claim of its own wakes on the enqueue, not on its timer.
     let api = c.api.clone();
-    let parked = tokio::spawn(async move { api.claim_wait("q", "w", 1, 20_000).await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let parked = tokio::spawn(async move {
+        let leases = api.claim_wait("q", "w", 1, 20_000).await;
+        (leases, Instant::now())
+    });
+    c.api.until_claims_parked(1).await;
+    let enqueued_at = Instant::now();
     let second = c.api.enqueue("q", json!(2)).await;
-    assert_eq!(parked.await.unwrap()[0].job_id, second.id);
+    let (leases, answered_at) = parked.await.unwrap();
+    assert_eq!(leases.first().map(|l| l.job_id), Some(second.id));
+    let woken = answered_at - enqueued_at;
+    assert!(woken < WOKEN_WITHIN, "woken by the enqueue ({woken:?})");
 }
 
 #[tokio::test]

@@ -7,7 +7,6 @@
 //! they share a nextest group of one thread (`.config/nextest.toml`).
 
 use std::net::SocketAddr;
-use std::time::Duration;
 
 use runlease_client::protocol::{AttemptOutcome, JobState};
 use runlease_tests::lambda::{FUNCTION, LambdaEmulator, scheduled_event, sqs_event};
@@ -140,6 +139,24 @@ async fn a_job_enqueued_on_an_sqs_bound_queue_is_run_by_the_function_the_wake_up
     let other = c.api.job(other.id).await;
     assert_eq!(other.state, JobState::Queued);
     assert!(other.attempts.is_empty(), "never claimed");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Every wake-up consumed: none is owed (every claimable job's due time
+    // is signalled, so no pass sends another), the coordinator sent exactly
+    // the four the test received, and none is left in SQS.
+    let owed = db
+        .scalar(
+            "SELECT count(*) FROM jobs WHERE state IN ('queued', 'enqueue_failed')
+               AND dispatched_run_at IS DISTINCT FROM run_at",
+            &[],
+        )
+        .await;
+    assert_eq!(owed, 0, "no wake-up still to send");
+    let sent = c
+        .api
+        .metric("runlease_sqs_wakeups_sent_total{queue=\"le-emails\"}")
+        .await
+        + c.api
+            .metric("runlease_sqs_wakeups_sent_total{queue=\"le-other\"}")
+            .await;
+    assert_eq!(sent, 4.0, "one wake-up per enqueue, none sent again");
     assert_eq!(sqs.counts(&queue_url).await, (0, 0), "every wake-up consumed");
 }

@@ -545,7 +545,25 @@ async fn a_lease_is_not_renewed_past_the_jobs_timeout() {
     req.timeout_ms = Some(200);
     let created = c.api.enqueue_with(req).await;
     let lease = c.api.claim_one("q", "w").await;
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    // Until the attempt's timeout has passed on PostgreSQL's clock, the one
+    // the heartbeat statement compares with.
+    let client = db.client().await;
+    let started = std::time::Instant::now();
+    while !client
+        .query_one(
+            "SELECT now() > claimed_at + timeout_ms * interval '1 millisecond' FROM jobs WHERE id = $1",
+            &[&created.id.0],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "the 200 ms timeout never passed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     let status = c.api.heartbeat(&lease).await;
     assert_eq!(
         status,

@@ -1,33 +1,39 @@
 //! Long-polls: parked claims wake on a local enqueue; parked reads wake on a
-//! terminal state; both answer normally when their wait runs out.
+//! terminal state; both answer normally when their wait runs out. The wake-up
+//! tests re-check PostgreSQL only every minute, so only a wake-up can answer
+//! them in time.
 
 use std::time::{Duration, Instant};
 
 use runlease_protocol::JobState;
-use runlease_tests::{TestCoordinator, TestDb};
+use runlease_tests::{SLOW_RECHECK_MS, TestCoordinator, TestDb, WOKEN_WITHIN};
 use serde_json::json;
+
+fn slow_recheck(cfg: &mut runlease_coordinator::config::Config) {
+    cfg.claim_recheck_ms = SLOW_RECHECK_MS;
+}
 
 #[tokio::test]
 async fn a_parked_claim_wakes_on_a_local_enqueue() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start(&db).await;
+    let c = TestCoordinator::start_with(&db, slow_recheck).await;
     let api = c.api.clone();
     let parked = tokio::spawn(async move {
-        let started = Instant::now();
         let leases = api.claim_wait("wake", "w", 1, 30_000).await;
-        (leases, started.elapsed())
+        (leases, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Parked: it has looked at the empty queue and waits.
+    c.api.until_claims_parked(1).await;
     let enqueued_at = Instant::now();
     let job = c.api.enqueue("wake", json!("hello")).await;
-    let (leases, waited) = parked.await.unwrap();
-    assert_eq!(leases.len(), 1);
+    let (leases, answered_at) = parked.await.unwrap();
+    assert_eq!(leases.len(), 1, "the parked claim got the job");
     assert_eq!(leases[0].job_id, job.id);
+    let woken = answered_at - enqueued_at;
     assert!(
-        waited < Duration::from_secs(20),
-        "the claim was woken, not timed out ({waited:?})"
+        woken < WOKEN_WITHIN,
+        "woken by the enqueue, not by the re-check timer ({woken:?})"
     );
-    assert!(enqueued_at.elapsed() < Duration::from_secs(20));
 }
 
 #[tokio::test]
@@ -59,23 +65,25 @@ async fn a_parked_claim_finds_a_job_that_becomes_due() {
 #[tokio::test]
 async fn a_parked_read_answers_when_the_job_is_done() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start(&db).await;
+    let c = TestCoordinator::start_with(&db, slow_recheck).await;
     let job = c.api.enqueue("q", json!(1)).await;
     let api = c.api.clone();
     let waiter = tokio::spawn(async move {
-        let started = Instant::now();
         let (status, body) = api.get(&format!("/v1/jobs/{}?wait_ms=30000", job.id)).await;
-        (status, body, started.elapsed())
+        (status, body, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Parked: it has read the job queued and waits.
+    c.api.until_reads_parked(1).await;
     let lease = c.api.claim_one("q", "w").await;
+    let completed_at = Instant::now();
     assert_eq!(c.api.complete(&lease, json!("r")).await.0, 200);
-    let (status, body, waited) = waiter.await.unwrap();
+    let (status, body, answered_at) = waiter.await.unwrap();
     assert_eq!(status, 200);
     assert_eq!(body["state"], json!(JobState::Done));
+    let woken = answered_at - completed_at;
     assert!(
-        waited < Duration::from_secs(20),
-        "woken by the completion ({waited:?})"
+        woken < WOKEN_WITHIN,
+        "woken by the completion, not by the re-check timer ({woken:?})"
     );
 
     // A read of a job that stays running answers as it is after the wait.

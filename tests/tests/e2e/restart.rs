@@ -63,7 +63,9 @@ async fn shutdown_answers_parked_claims_and_finishes_in_flight_requests() {
     let api = c.api.clone();
     let created = c.api.enqueue("q", json!(1)).await;
     let read = tokio::spawn(async move { api.get(&format!("/v1/jobs/{}?wait_ms=60000", created.id)).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both are parked (each looked once and waits) when shutdown begins.
+    c.api.until_claims_parked(1).await;
+    c.api.until_reads_parked(1).await;
     let started = Instant::now();
     c.stop().await.unwrap();
     assert!(
@@ -84,7 +86,7 @@ async fn sigterm_drains_and_exits_zero() {
     let mut process = CoordinatorProcess::start(&db, &[]).await;
     let api = process.api.clone();
     let parked = tokio::spawn(async move { api.claim_wait("q", "w", 1, 60_000).await });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    process.api.until_claims_parked(1).await;
     process.terminate();
     let status = tokio::time::timeout(Duration::from_secs(20), process.child.wait())
         .await

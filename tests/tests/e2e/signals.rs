@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_client::{Client, JobContext, JobError, Worker};
-use runlease_tests::{CoordinatorProcess, TestCoordinator, TestDb, TestRedis};
+use runlease_tests::{CoordinatorProcess, SLOW_RECHECK_MS, TestCoordinator, TestDb, TestRedis, WOKEN_WITHIN};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 fn slow_timers(redis: &TestRedis) -> Vec<(&'static str, String)> {
     vec![
         ("RUNLEASE_REDIS_URL", redis.url()),
-        ("RUNLEASE_CLAIM_RECHECK_MS", "30000".into()),
+        ("RUNLEASE_CLAIM_RECHECK_MS", SLOW_RECHECK_MS.to_string()),
     ]
 }
 
@@ -25,43 +25,48 @@ async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another()
     let redis = TestRedis::start().await;
     let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
     let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
-    // Let B's subscription settle (it is up once /readyz says so).
-    for _ in 0..100 {
-        if b.api.get("/readyz").await.1["redis"] == "ok" && a.api.get("/readyz").await.1["redis"] == "ok" {
-            break;
-        }
+    // Both subscriptions are up once /readyz says so.
+    let started = Instant::now();
+    while a.api.get("/readyz").await.1["redis"] != "ok" || b.api.get("/readyz").await.1["redis"] != "ok" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "/readyz never reported redis ok on both coordinators"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
     let api_b = b.api.clone();
     let parked = tokio::spawn(async move {
-        let started = Instant::now();
         let leases = api_b.claim_wait("cross", "on-b", 1, 25_000).await;
-        (leases, started.elapsed())
+        (leases, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Parked on B: it has looked at the empty queue and waits.
+    b.api.until_claims_parked(1).await;
+    let enqueued_at = Instant::now();
     let job = a.api.enqueue("cross", json!("through A")).await;
-    let (leases, waited) = parked.await.unwrap();
+    let (leases, answered_at) = parked.await.unwrap();
     assert_eq!(leases.first().map(|l| l.job_id), Some(job.id));
+    let woken = answered_at - enqueued_at;
     assert!(
-        waited < Duration::from_secs(10),
-        "woken through Redis, not by the 30 s timer ({waited:?})"
+        woken < WOKEN_WITHIN,
+        "woken through Redis, not by the re-check timer ({woken:?})"
     );
 
     // A read parked on A answers when the job is completed through B.
     let api_a = a.api.clone();
     let read = tokio::spawn(async move {
-        let started = Instant::now();
         let (status, body) = api_a.get(&format!("/v1/jobs/{}?wait_ms=25000", job.id)).await;
-        (status, body, started.elapsed())
+        (status, body, Instant::now())
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    a.api.until_reads_parked(1).await;
+    let completed_at = Instant::now();
     assert_eq!(b.api.complete(&leases[0], json!("done on B")).await.0, 200);
-    let (status, body, waited) = read.await.unwrap();
+    let (status, body, answered_at) = read.await.unwrap();
     assert_eq!((status, body["state"].as_str()), (200, Some("done")));
+    let woken = answered_at - completed_at;
     assert!(
-        waited < Duration::from_secs(10),
-        "woken through Redis ({waited:?})"
+        woken < WOKEN_WITHIN,
+        "woken through Redis, not by the re-check timer ({woken:?})"
     );
 }
 

@@ -222,7 +222,10 @@ async fn a_partitioned_worker_fences_itself_and_nothing_of_its_attempt_lands() {
     assert_eq!(c.api.complete(&lease, json!("healthy result")).await.0, 200);
 
     proxy.heal();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // The partition is over once the fenced worker reaches the coordinator
+    // again: its next claim parks there (nobody else is claiming). Whatever
+    // it still had to say about its attempt could now land, and must not.
+    c.api.until_claims_parked(1).await;
     stop.cancel();
     let report = run.await.unwrap();
     assert_eq!(report.completed, 0);
@@ -440,14 +443,16 @@ async fn a_lost_complete_answer_is_retried_and_the_job_is_not_run_again() {
     let stop = CancellationToken::new();
     let run = tokio::spawn(worker.run(stop.clone()));
     wait_for_state(&c, job.id, JobState::Done).await;
-    // Give the retried complete time to come back through the proxy.
-    for _ in 0..100 {
-        if proxy.swallowed() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The coordinator has answered the finish twice: the answer the proxy
+    // swallowed, and the retry's, which reaches the worker (its drain waits
+    // for the job's finish to end).
+    c.api
+        .until_metric(
+            "runlease_request_duration_seconds_count{route=\"/v1/finish\",method=\"POST\",status=\"2xx\"}",
+            "the retried finish was answered",
+            |v| v >= 2.0,
+        )
+        .await;
     stop.cancel();
     let report = run.await.unwrap();
     assert_eq!(proxy.swallowed(), 1, "one answer was lost on the way");
@@ -482,7 +487,18 @@ async fn a_lease_from_a_long_parked_claim_is_not_fenced_at_once() {
         .unwrap();
     let stop = CancellationToken::new();
     let run = tokio::spawn(worker.run(stop.clone()));
+    c.api.until_claims_parked(1).await;
+    // The scenario itself: the claim stays parked 2.5 TTLs.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        c.api
+            .metric(
+                "runlease_request_duration_seconds_count{route=\"/v1/claim\",method=\"POST\",status=\"2xx\"}"
+            )
+            .await,
+        0.0,
+        "no claim answered yet: the one parked since before is the one the job goes to"
+    );
     let job = c.api.enqueue("late", json!(1)).await;
     wait_for_state(&c, job.id, JobState::Done).await;
     stop.cancel();
