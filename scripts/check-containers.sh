@@ -89,7 +89,7 @@ trap cleanup EXIT
 remove_run_objects() {
   local c
   for c in $(podman ps -a --format '{{.Names}}' 2>/dev/null | grep -E "^$run_prefix-"); do
-    podman rm -f -t 0 "$c" >/dev/null 2>&1
+    podman rm -f -v -t 0 "$c" >/dev/null 2>&1
   done
   podman network rm -f "$run_prefix-net" >/dev/null 2>&1 || true
   podman volume rm -f "$run_prefix-pgdata" >/dev/null 2>&1 || true
@@ -309,8 +309,10 @@ run_image() {
     -e "RUNLEASE_API_KEYS=$api_keys" -e "RUNLEASE_SECRET=$secret" \
     "$coordinator_image" >/dev/null
   until_true 60 "/readyz ready on the published port $port" ready "$port"
-  echo "readyz: $(curl -fsS "http://127.0.0.1:$port/readyz")"
-  curl -fsS "http://127.0.0.1:$port/readyz" | grep -q '"redis":"ok"' || fail "/readyz does not report Redis ok"
+  local readyz
+  readyz="$(curl -fsS "http://127.0.0.1:$port/readyz")"
+  echo "readyz: $readyz"
+  [[ "$readyz" == *'"redis":"ok"'* ]] || fail "/readyz does not report Redis ok"
 
   local applied expected
   applied="$(podman exec "$pg" psql -U postgres -d runlease -Atc 'SELECT count(*) FROM runlease_migrations')"
@@ -352,7 +354,7 @@ run_image() {
   echo "job $job after the worker's drain: $state"
   [ "$state" = completed ] || [ "$state" = queued ] || fail "job $job is $state after the worker drained"
   stop_within "$coord" "$(stop_grace coordinator)"
-  podman logs "$coord" 2>&1 | grep -q 'shutdown signal received: draining' || fail "$coord did not log its drain"
+  [[ "$(podman logs "$coord" 2>&1)" == *'shutdown signal received: draining'* ]] || fail "$coord did not log its drain"
   remove_run_objects
 }
 
@@ -371,10 +373,13 @@ health_ticker() {
   done
 }
 
+# The project's containers, networks and volumes (named ones by their label,
+# anonymous ones as those that were not there before `up`).
+volumes_before=""
 project_objects() {
-  podman ps -a --filter "label=com.docker.compose.project=$compose_project" --format '{{.Names}}'
-  podman volume ls --filter "label=com.docker.compose.project=$compose_project" --format '{{.Name}}'
-  podman network ls --format '{{.Name}}' | grep -E "^${compose_project}_" || true
+  podman ps -a --filter "label=com.docker.compose.project=$compose_project" --format 'container {{.Names}}'
+  podman network ls --format '{{.Name}}' | sed -n "s/^\(${compose_project}_.*\)/network \1/p"
+  comm -13 <(printf '%s\n' "$volumes_before" | sort) <(podman volume ls -q | sort) | sed 's/^/volume /'
 }
 
 run_compose() {
@@ -387,7 +392,10 @@ run_compose() {
   health_ticker &
   ticker_pid=$!
 
-  [ -z "$(project_objects)" ] || compose down -v --remove-orphans --timeout 5
+  # What an interrupted run left.
+  [ -z "$(podman ps -aq --filter "label=com.docker.compose.project=$compose_project")" ] ||
+    compose down -v --remove-orphans --timeout 5
+  volumes_before="$(podman volume ls -q)"
   port="$(free_port)"
   export RUNLEASE_HTTP_PORT="$port"
   compose_ready=1
@@ -402,7 +410,7 @@ run_compose() {
   job="$(enqueue "$port" '{"sleep_ms": 300}')"
   until_true 60 "job $job completed by the compose file's worker" job_is "$port" "$job" completed
   echo "job $job: completed by the compose file's worker"
-  compose logs --no-color worker | grep -q "$job" || fail "the worker's log does not mention job $job"
+  [[ "$(compose logs --no-color worker)" == *"$job"* ]] || fail "the worker's log does not mention job $job"
 
   local start=$SECONDS
   compose down -v
