@@ -341,7 +341,7 @@ run_image() {
     python3 /app/python_worker.py --queue default --concurrency 4 >/dev/null
   local job
   job="$(enqueue "$port" '{"sleep_ms": 300}')"
-  until_true 60 "job $job completed by the worker's container" job_is "$port" "$job" done
+  until_true 60 "job $job completed by the worker's container" job_is "$port" "$job" "done"
   echo "job $job: done, by $worker"
 
   # Drains: the worker with a job in hand (it finishes it within its
@@ -352,7 +352,7 @@ run_image() {
   local state
   state="$(job_state "$port" "$job")"
   echo "job $job after the worker's drain: $state"
-  [ "$state" = done ] || [ "$state" = queued ] || fail "job $job is $state after the worker drained"
+  [ "$state" = "done" ] || [ "$state" = queued ] || fail "job $job is $state after the worker drained"
   stop_within "$coord" "$(stop_grace coordinator)"
   [[ "$(podman logs "$coord" 2>&1)" == *'shutdown signal received: draining'* ]] || fail "$coord did not log its drain"
   remove_run_objects
@@ -408,7 +408,7 @@ run_compose() {
 
   local job
   job="$(enqueue "$port" '{"sleep_ms": 300}')"
-  until_true 60 "job $job completed by the compose file's worker" job_is "$port" "$job" done
+  until_true 60 "job $job completed by the compose file's worker" job_is "$port" "$job" "done"
   echo "job $job: done, by the compose file's worker"
   [[ "$(compose logs --no-color worker)" == *"$job"* ]] || fail "the worker's log does not mention job $job"
 
