@@ -44,6 +44,10 @@ echo "== infra/docker-compose.yml"
 
 echo "== infra/Dockerfile (hadolint $("$PYTOOLS/hadolint" --version | awk '{print $NF}'))"
 "$PYTOOLS/hadolint" --failure-threshold style infra/Dockerfile
+# The local stand-ins of the base images (scripts/check-containers.sh).
+for containerfile in infra/stand-ins/*/Containerfile; do
+  "$PYTOOLS/hadolint" --failure-threshold style "$containerfile"
+done
 # Self-test: a Dockerfile with typical mistakes must fail.
 broken="$(mktemp)"
 trap 'rm -f "$broken"' EXIT
