@@ -449,8 +449,11 @@ async fn claim_loop(
                     inner.added.notify_one();
                     let inner = inner.clone();
                     let finisher = finisher.clone();
+                    // trace_id and traceparent: the producer's trace, which this span joins.
                     let span = tracing::info_span!(
-                        "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue
+                        "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue,
+                        trace_id = lease.traceparent.as_ref().map(|t| t.trace_id()),
+                        traceparent = lease.traceparent.as_ref().map(|t| t.as_str()),
                     );
                     jobs.spawn(
                         async move {

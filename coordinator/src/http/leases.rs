@@ -83,7 +83,7 @@ pub async fn claim(
         .map(|r| {
             let job = r;
             state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
-            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, "job claimed");
+            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %req.worker_id, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
                 lease_token: state.tokens.mint(job.id, job.run_lease, &req.worker_id),
@@ -96,6 +96,7 @@ pub async fn claim(
                 lease_ttl_ms: millis(terms.ttl),
                 heartbeat_interval_ms: millis(terms.heartbeat_interval),
                 timeout_ms: millis(timeout),
+                traceparent: job.traceparent,
             }
         })
         .collect();

@@ -20,6 +20,7 @@ mod lambda_worker;
 mod lifecycle;
 mod listing;
 mod long_poll;
+mod metrics_cardinality;
 mod openapi;
 mod python_worker;
 mod queue_settings;
@@ -30,6 +31,7 @@ mod schedules;
 mod secrets;
 mod signals;
 mod store;
+mod trace_context;
 mod typescript_worker;
 mod worker;
 
