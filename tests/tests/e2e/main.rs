@@ -25,6 +25,7 @@ mod openapi;
 mod python_worker;
 mod queue_settings;
 mod reaping;
+mod redis_tls;
 mod restart;
 mod retention;
 mod schedules;
