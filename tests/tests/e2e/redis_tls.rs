@@ -91,7 +91,7 @@ struct TlsRedis {
 impl TlsRedis {
     async fn start(dir: &Path) -> Self {
         let port = free_port();
-        let child = Command::new("redis-server")
+        let mut child = Command::new("redis-server")
             .args([
                 "--bind",
                 "127.0.0.1",
@@ -114,6 +114,8 @@ impl TlsRedis {
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("the TLS redis-server did not start on port {port} (built without TLS support?)");
     }
 }
