@@ -14,11 +14,12 @@ use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, ListQueuesResponse, QueueSummary,
 };
 use runlease_protocol::schedules::{ListSchedulesResponse, PutScheduleRequest, Schedule};
+use runlease_protocol::trace::TRACEPARENT;
 use runlease_protocol::worker::{
     ClaimRequest, ClaimResponse, CompleteRequest, FailRequest, FinishRequest, FinishResponse,
     HeartbeatRequest, HeartbeatResponse, ReleaseRequest,
 };
-use runlease_protocol::{ErrorBody, ErrorCode, Job, JobId, JobState, QueueName, routes};
+use runlease_protocol::{ErrorBody, ErrorCode, Job, JobId, JobState, QueueName, TraceParent, routes};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -87,6 +88,7 @@ impl ClientBuilder {
             key: self.key,
             timeout: self.timeout,
             retry: self.retry,
+            traceparent: None,
         })
     }
 }
@@ -100,6 +102,7 @@ pub struct Client {
     key: Option<String>,
     timeout: Duration,
     retry: RetryPolicy,
+    traceparent: Option<TraceParent>,
 }
 
 /// Whether a call may be repeated after a transient failure.
@@ -174,6 +177,9 @@ impl Client {
         if let Some(key) = &self.key {
             rb = rb.bearer_auth(key);
         }
+        if let Some(traceparent) = &self.traceparent {
+            rb = rb.header(TRACEPARENT, traceparent.as_str());
+        }
         if let Some(body) = body {
             rb = rb.json(body);
         }
@@ -219,6 +225,17 @@ impl Client {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// The same client sending `traceparent` (W3C Trace Context) with every
+    /// request: jobs it enqueues carry the producer's trace to their
+    /// workers, and the coordinator's spans join it. Clones share the
+    /// connection pool, so a clone per traced operation is cheap.
+    pub fn with_traceparent(&self, traceparent: TraceParent) -> Self {
+        Self {
+            traceparent: Some(traceparent),
+            ..self.clone()
         }
     }
 

@@ -154,6 +154,11 @@ pub struct Config {
     /// A job meets the SLO when it is terminal within this many ms of enqueue.
     #[arg(long, env = "RUNLEASE_SLO_MS", default_value_t = DEFAULT_SLO_MS)]
     pub slo_ms: u64,
+    /// Most distinct `queue` label values in metrics; further queues share
+    /// the label value `(other)` (queue names come from clients).
+    #[arg(long, env = "RUNLEASE_METRICS_MAX_QUEUES", default_value_t = crate::metrics::DEFAULT_METRICS_MAX_QUEUES,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
+    pub metrics_max_queues: usize,
     /// Most PostgreSQL connections this coordinator holds.
     #[arg(long, env = "RUNLEASE_DATABASE_POOL_SIZE", default_value_t = DEFAULT_DATABASE_POOL_SIZE,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
@@ -334,6 +339,16 @@ impl Config {
         }
         if self.max_body_bytes < 1024 {
             return Err("RUNLEASE_MAX_BODY_BYTES must be at least 1024".into());
+        }
+        let bindings = crate::dispatch::parse_bindings(self.sqs_queues.as_deref().unwrap_or_default())?;
+        if !crate::dispatch::SQS_BUILT_IN && !bindings.is_empty() {
+            // Ignoring them would leave those queues' Lambda workers never woken.
+            let mut queues: Vec<&str> = bindings.keys().map(|q| q.as_str()).collect();
+            queues.sort_unstable();
+            return Err(format!(
+                "RUNLEASE_SQS_QUEUES binds {}, but this coordinator was built without SQS dispatch (cargo feature `sqs`); unset RUNLEASE_SQS_QUEUES or run a build with default features",
+                queues.join(", ")
+            ));
         }
         Ok(())
     }

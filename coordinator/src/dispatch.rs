@@ -6,23 +6,43 @@
 //! per job). A message is a hint (`{"queue": q, "jobs": n}`): the woken
 //! worker claims from the coordinator over HTTP. Sends that fail leave the
 //! jobs unmarked, so the next pass sends again; jobs stay claimable meanwhile.
+//!
+//! The sender ([`Dispatcher`]) needs the AWS SDK and is built with the `sqs`
+//! cargo feature (on by default). The bindings' parsing is always built, so
+//! a build without the feature refuses a configuration that names SQS
+//! queues instead of ignoring it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
+#[cfg(feature = "sqs")]
+use std::collections::HashSet;
+#[cfg(feature = "sqs")]
 use std::sync::{Arc, Mutex};
+#[cfg(feature = "sqs")]
 use std::time::Duration;
 
+#[cfg(feature = "sqs")]
 use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
 use runlease_protocol::QueueName;
+#[cfg(feature = "sqs")]
 use tokio::sync::broadcast;
+#[cfg(feature = "sqs")]
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "sqs")]
 use crate::metrics::{Metrics, QueueLabels};
+#[cfg(feature = "sqs")]
 use crate::store::{Store, StoreError};
+#[cfg(feature = "sqs")]
 use crate::wake::{Wake, jittered};
 
+/// Whether this build can send SQS wake-ups (the `sqs` cargo feature).
+pub const SQS_BUILT_IN: bool = cfg!(feature = "sqs");
+
 /// Most jobs one pass signals per queue.
+#[cfg(feature = "sqs")]
 const DISPATCH_BATCH: i64 = 10_000;
 /// SQS's limit of entries per `SendMessageBatch`.
+#[cfg(feature = "sqs")]
 const SQS_BATCH: usize = 10;
 
 /// Parses `RUNLEASE_SQS_QUEUES`: comma-separated `queue=sqs_queue_url`.
@@ -71,6 +91,7 @@ pub struct DispatchReport {
 }
 
 /// The SQS dispatcher of one coordinator.
+#[cfg(feature = "sqs")]
 #[derive(Clone)]
 pub struct Dispatcher {
     store: Store,
@@ -83,6 +104,7 @@ pub struct Dispatcher {
     failing: Arc<Mutex<HashSet<QueueName>>>,
 }
 
+#[cfg(feature = "sqs")]
 impl Dispatcher {
     /// A dispatcher for `bindings`, sending through `sqs`.
     pub fn new(

@@ -17,7 +17,8 @@
 //! - [`scheduler`]: the schedule loop: one job per fire time.
 //! - [`batch`]: gathering claims, heartbeats and finishes into shared statements.
 //! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
-//! - [`metrics`]: Prometheus metrics.
+//! - [`metrics`]: Prometheus metrics (queue labels capped).
+//! - [`telemetry`]: log output, trace context, the optional OTLP exporter.
 
 pub mod auth;
 pub mod batch;
@@ -31,6 +32,7 @@ pub mod prune;
 pub mod reaper;
 pub mod scheduler;
 pub mod store;
+pub mod telemetry;
 pub mod token;
 pub mod wake;
 
@@ -45,7 +47,6 @@ use crate::auth::ApiKeys;
 use crate::batch::claims::ClaimBatcher;
 use crate::batch::{BatchSettings, Finisher, Renewer};
 use crate::config::Config;
-use crate::dispatch::Dispatcher;
 use crate::flow::FlowControl;
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
@@ -134,7 +135,10 @@ pub async fn serve(
             "lease tokens are signed with the first RUNLEASE_SECRET key and verified with every one"
         );
     }
-    let metrics = Arc::new(Metrics::new(Duration::from_millis(config.slo_ms)));
+    let metrics = Arc::new(Metrics::with_max_queues(
+        Duration::from_millis(config.slo_ms),
+        config.metrics_max_queues,
+    ));
     let store = connect_and_migrate(&config)
         .await?
         .count_timeouts_in(metrics.db_timeouts.clone())
@@ -179,20 +183,14 @@ pub async fn serve(
     let scheduler = Scheduler::new(store.clone(), wake.clone(), metrics.clone(), config.max_attempts);
     tracker.spawn(scheduler.run(shutdown.child_token()));
 
-    let bindings =
-        dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default()).map_err(Error::Config)?;
-    if !bindings.is_empty() {
-        let sqs = Dispatcher::sqs_client(config.sqs_endpoint.as_deref()).await;
-        let dispatcher = Dispatcher::new(
-            store.clone(),
-            sqs,
-            bindings,
-            config.sqs_jobs_per_wakeup,
-            Duration::from_millis(config.sqs_dispatch_interval_ms),
-            metrics.clone(),
-        );
-        tracing::info!(queues = ?config.sqs_queues, "SQS wake-ups for Lambda workers");
-        tracker.spawn(dispatcher.run(wake.clone(), shutdown.child_token()));
+    // A build without the `sqs` feature refused SQS bindings in `validate`.
+    #[cfg(feature = "sqs")]
+    {
+        let bindings = dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default())
+            .map_err(Error::Config)?;
+        if !bindings.is_empty() {
+            start_dispatch(&config, bindings, &store, &metrics, &wake, &tracker, &shutdown).await;
+        }
     }
 
     let recheck = Duration::from_millis(config.claim_recheck_ms);
@@ -246,14 +244,31 @@ pub async fn serve(
     Ok(())
 }
 
-/// Starts tracing: `RUST_LOG` filters (default `info`), JSON lines when asked.
-pub fn init_tracing(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
-    let _ = if json {
-        builder.json().try_init()
-    } else {
-        builder.try_init()
-    };
+/// Starts the SQS dispatcher for `bindings` (not empty).
+#[cfg(feature = "sqs")]
+async fn start_dispatch(
+    config: &Config,
+    bindings: std::collections::HashMap<runlease_protocol::QueueName, String>,
+    store: &Store,
+    metrics: &Arc<Metrics>,
+    wake: &Wake,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) {
+    let sqs = dispatch::Dispatcher::sqs_client(config.sqs_endpoint.as_deref()).await;
+    let dispatcher = dispatch::Dispatcher::new(
+        store.clone(),
+        sqs,
+        bindings,
+        config.sqs_jobs_per_wakeup,
+        Duration::from_millis(config.sqs_dispatch_interval_ms),
+        metrics.clone(),
+    );
+    tracing::info!(queues = ?config.sqs_queues, "SQS wake-ups for Lambda workers");
+    tracker.spawn(dispatcher.run(wake.clone(), shutdown.child_token()));
+}
+
+/// Starts tracing (see [`telemetry::init`]); keep the answer until exit.
+pub fn init_tracing(json: bool) -> telemetry::Telemetry {
+    telemetry::init(json)
 }

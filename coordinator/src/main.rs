@@ -17,7 +17,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    runlease_coordinator::init_tracing(cli.config.log_json);
+    // Dropped last: spans still buffered for the OTLP collector are sent.
+    let _telemetry = runlease_coordinator::init_tracing(cli.config.log_json);
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => runlease_coordinator::migrate(&cli.config).await,
         Command::Serve => {

@@ -1,7 +1,12 @@
 //! Prometheus metrics: one counter family per job transition and failure
 //! path, queue depth (read at scrape time), long-poll waiters, request
-//! latency per route, pool use and the SLO share.
+//! latency per route, pool use and the SLO share. Per-queue families are
+//! [`Capped`]: at most `RUNLEASE_METRICS_MAX_QUEUES` queue label values
+//! ([`queue_cap`]).
 
+pub mod queue_cap;
+
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
@@ -14,8 +19,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use runlease_protocol::JobState;
 
+pub use crate::metrics::queue_cap::{Capped, OVERFLOW_QUEUE, QueueCap, QueueLabelled};
 use crate::store::OperationLabels;
 use crate::store::rows::JobRow;
+
+/// Default `RUNLEASE_METRICS_MAX_QUEUES`: distinct queue label values.
+pub const DEFAULT_METRICS_MAX_QUEUES: usize = 100;
 
 /// Label set of per-queue metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -40,6 +49,41 @@ pub struct LimitLabels {
     pub queue: String,
     /// `max_running`, `max_running_per_key` or `rate_limit`.
     pub limit: String,
+}
+
+impl QueueLabelled for QueueLabels {
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+    fn with_queue(&self, queue: &str) -> Self {
+        Self {
+            queue: queue.to_owned(),
+        }
+    }
+}
+
+impl QueueLabelled for DepthLabels {
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+    fn with_queue(&self, queue: &str) -> Self {
+        Self {
+            queue: queue.to_owned(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+impl QueueLabelled for LimitLabels {
+    fn queue(&self) -> &str {
+        &self.queue
+    }
+    fn with_queue(&self, queue: &str) -> Self {
+        Self {
+            queue: queue.to_owned(),
+            limit: self.limit.clone(),
+        }
+    }
 }
 
 /// Label set of refused finishing calls.
@@ -79,34 +123,36 @@ fn latency_histogram() -> Histogram {
 /// Every metric of the coordinator.
 pub struct Metrics {
     registry: Registry,
+    /// The bound on queue label values, shared by every per-queue family.
+    pub queue_cap: Arc<QueueCap>,
     /// Jobs enqueued (new, not idempotent repeats).
-    pub enqueued: Family<QueueLabels, Counter>,
+    pub enqueued: Capped<QueueLabels, Counter>,
     /// Leases handed out.
-    pub claimed: Family<QueueLabels, Counter>,
+    pub claimed: Capped<QueueLabels, Counter>,
     /// Jobs completed.
-    pub completed: Family<QueueLabels, Counter>,
+    pub completed: Capped<QueueLabels, Counter>,
     /// Jobs that ended `failed`.
-    pub failed: Family<QueueLabels, Counter>,
+    pub failed: Capped<QueueLabels, Counter>,
     /// Failed or expired attempts after which the job was queued again.
-    pub retried: Family<QueueLabels, Counter>,
+    pub retried: Capped<QueueLabels, Counter>,
     /// Jobs that ended `cancelled`.
-    pub cancelled: Family<QueueLabels, Counter>,
+    pub cancelled: Capped<QueueLabels, Counter>,
     /// Leases given back by their worker.
-    pub released: Family<QueueLabels, Counter>,
+    pub released: Capped<QueueLabels, Counter>,
     /// Leases the reaper took back.
-    pub leases_expired: Family<QueueLabels, Counter>,
+    pub leases_expired: Capped<QueueLabels, Counter>,
     /// Worker calls refused as `lease_lost`.
     pub lease_lost: Family<ActionLabels, Counter>,
     /// Tokens that failed verification (malformed or forged).
     pub forged_tokens: Counter,
     /// Jobs marked `enqueue_failed` because their wake-up could not be sent.
-    pub enqueue_failed_marks: Family<QueueLabels, Counter>,
+    pub enqueue_failed_marks: Capped<QueueLabels, Counter>,
     /// `enqueue_failed` jobs the repair loop moved back to `queued`.
-    pub enqueue_failed_repairs: Family<QueueLabels, Counter>,
+    pub enqueue_failed_repairs: Capped<QueueLabels, Counter>,
     /// Jobs per queue and state, read from PostgreSQL at scrape time.
-    pub depth: Family<DepthLabels, Gauge>,
+    pub depth: Capped<DepthLabels, Gauge>,
     /// Age of the oldest due claimable job per queue, seconds.
-    pub oldest_queued_age: Family<QueueLabels, Gauge<f64, AtomicU64>>,
+    pub oldest_queued_age: Capped<QueueLabels, Gauge<f64, AtomicU64>>,
     /// Claims parked in a long-poll right now.
     pub claim_waiters: Gauge,
     /// Job reads parked in a long-poll right now.
@@ -129,11 +175,11 @@ pub struct Metrics {
     /// Reaper passes that failed.
     pub reaper_errors: Counter,
     /// Jobs enqueued by schedules, per queue.
-    pub schedule_fires: Family<QueueLabels, Counter>,
+    pub schedule_fires: Capped<QueueLabels, Counter>,
     /// Schedule passes that failed.
     pub schedule_errors: Counter,
     /// Claim passes in which a limit held back at least one slot.
-    pub claims_held_back: Family<LimitLabels, Counter>,
+    pub claims_held_back: Capped<LimitLabels, Counter>,
     /// Refreshes of the flow-control view that failed.
     pub flow_refresh_errors: Counter,
     /// Database operations that ran past their deadline, per operation.
@@ -141,25 +187,25 @@ pub struct Metrics {
     /// Database operations retried after a deadlock or serialization failure, per operation.
     pub db_retries: Family<OperationLabels, Counter>,
     /// Terminal jobs deleted by retention, per queue and state.
-    pub jobs_pruned: Family<DepthLabels, Counter>,
+    pub jobs_pruned: Capped<DepthLabels, Counter>,
     /// Prune passes (or tally folds) that failed.
     pub prune_errors: Counter,
     /// Jobs changed by bulk actions, per action.
     pub bulk_changed: Family<ActionLabels, Counter>,
     /// Queue settings changed, per queue.
-    pub settings_changes: Family<QueueLabels, Counter>,
+    pub settings_changes: Capped<QueueLabels, Counter>,
     /// Wake-ups that could not be published to Redis.
     pub redis_publish_failures: Counter,
     /// SQS wake-up messages sent.
-    pub sqs_wakeups_sent: Family<QueueLabels, Counter>,
+    pub sqs_wakeups_sent: Capped<QueueLabels, Counter>,
     /// SQS sends that failed (their jobs are signalled again next pass).
-    pub sqs_send_failures: Family<QueueLabels, Counter>,
+    pub sqs_send_failures: Capped<QueueLabels, Counter>,
     /// SQS sends that went through after an earlier one failed.
-    pub sqs_send_retries: Family<QueueLabels, Counter>,
+    pub sqs_send_retries: Capped<QueueLabels, Counter>,
     /// Jobs that reached a terminal state.
-    pub terminal: Family<QueueLabels, Counter>,
+    pub terminal: Capped<QueueLabels, Counter>,
     /// Jobs that reached a terminal state within the SLO.
-    pub terminal_within_slo: Family<QueueLabels, Counter>,
+    pub terminal_within_slo: Capped<QueueLabels, Counter>,
     /// Share of terminal jobs that met the SLO, since start.
     pub slo_ratio: Gauge<f64, AtomicU64>,
     slo_counted: Counter,
@@ -168,25 +214,34 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    /// Registers every metric; `slo` is `RUNLEASE_SLO_MS`.
+    /// Registers every metric; `slo` is `RUNLEASE_SLO_MS`; queue labels
+    /// capped at [`DEFAULT_METRICS_MAX_QUEUES`].
     pub fn new(slo: Duration) -> Self {
+        Self::with_max_queues(slo, DEFAULT_METRICS_MAX_QUEUES)
+    }
+
+    /// Registers every metric; `slo` is `RUNLEASE_SLO_MS`, `max_queues`
+    /// `RUNLEASE_METRICS_MAX_QUEUES`.
+    pub fn with_max_queues(slo: Duration, max_queues: usize) -> Self {
         let mut registry = Registry::with_prefix("runlease");
+        let cap = Arc::new(QueueCap::new(max_queues));
         let m = Self {
+            queue_cap: cap.clone(),
             registry: Registry::default(),
-            enqueued: Family::default(),
-            claimed: Family::default(),
-            completed: Family::default(),
-            failed: Family::default(),
-            retried: Family::default(),
-            cancelled: Family::default(),
-            released: Family::default(),
-            leases_expired: Family::default(),
+            enqueued: Capped::new(cap.clone()),
+            claimed: Capped::new(cap.clone()),
+            completed: Capped::new(cap.clone()),
+            failed: Capped::new(cap.clone()),
+            retried: Capped::new(cap.clone()),
+            cancelled: Capped::new(cap.clone()),
+            released: Capped::new(cap.clone()),
+            leases_expired: Capped::new(cap.clone()),
             lease_lost: Family::default(),
             forged_tokens: Counter::default(),
-            enqueue_failed_marks: Family::default(),
-            enqueue_failed_repairs: Family::default(),
-            depth: Family::default(),
-            oldest_queued_age: Family::default(),
+            enqueue_failed_marks: Capped::new(cap.clone()),
+            enqueue_failed_repairs: Capped::new(cap.clone()),
+            depth: Capped::new(cap.clone()),
+            oldest_queued_age: Capped::new(cap.clone()),
             claim_waiters: Gauge::default(),
             job_waiters: Gauge::default(),
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
@@ -199,20 +254,20 @@ impl Metrics {
             reaper_errors: Counter::default(),
             db_timeouts: Family::default(),
             db_retries: Family::default(),
-            claims_held_back: Family::default(),
-            schedule_fires: Family::default(),
+            claims_held_back: Capped::new(cap.clone()),
+            schedule_fires: Capped::new(cap.clone()),
             schedule_errors: Counter::default(),
             flow_refresh_errors: Counter::default(),
-            jobs_pruned: Family::default(),
+            jobs_pruned: Capped::new(cap.clone()),
             prune_errors: Counter::default(),
             bulk_changed: Family::default(),
-            settings_changes: Family::default(),
+            settings_changes: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
-            sqs_wakeups_sent: Family::default(),
-            sqs_send_failures: Family::default(),
-            sqs_send_retries: Family::default(),
-            terminal: Family::default(),
-            terminal_within_slo: Family::default(),
+            sqs_wakeups_sent: Capped::new(cap.clone()),
+            sqs_send_failures: Capped::new(cap.clone()),
+            sqs_send_retries: Capped::new(cap.clone()),
+            terminal: Capped::new(cap.clone()),
+            terminal_within_slo: Capped::new(cap.clone()),
             slo_ratio: Gauge::default(),
             slo_counted: Counter::default(),
             slo_met: Counter::default(),
@@ -397,6 +452,16 @@ impl Metrics {
             "jobs_terminal_within_slo",
             "Jobs terminal within RUNLEASE_SLO_MS of enqueue",
             m.terminal_within_slo.clone(),
+        );
+        registry.register(
+            "metrics_queue_labels",
+            "Distinct queue label values in use (at most RUNLEASE_METRICS_MAX_QUEUES, the overflow value not counted)",
+            cap.labels.clone(),
+        );
+        registry.register(
+            "metrics_queue_overflow",
+            "Observations of queues past RUNLEASE_METRICS_MAX_QUEUES, recorded under queue=\"(other)\"",
+            cap.overflowed.clone(),
         );
         registry.register(
             "slo_ratio",

@@ -190,6 +190,9 @@ pub struct Job {
     pub error: Option<String>,
     /// A cancel was requested while the job was running.
     pub cancel_requested: bool,
+    /// The W3C `traceparent` the producer enqueued the job with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<crate::trace::TraceParent>,
     /// The chronology: one entry per run lease, oldest first (absent from
     /// a listing's jobs).
     #[serde(default)]

@@ -13,6 +13,7 @@
 //! - [`worker`]: claim, heartbeat, complete, fail, release, finish.
 //! - [`error`]: the error body and its codes.
 //! - [`routes`]: the HTTP paths.
+//! - [`trace`]: W3C `traceparent`, carried from an enqueue to each lease.
 //! - [`limits`]: numeric bounds every side validates against.
 
 pub mod admin;
@@ -23,8 +24,10 @@ pub mod limits;
 pub mod producer;
 pub mod routes;
 pub mod schedules;
+pub mod trace;
 pub mod worker;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use ids::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
 pub use job::{Attempt, AttemptOutcome, Job, JobState};
+pub use trace::TraceParent;

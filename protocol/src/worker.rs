@@ -5,6 +5,7 @@ use serde_json::Value;
 
 use crate::ids::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
 use crate::job::JobState;
+use crate::trace::TraceParent;
 
 fn default_max_jobs() -> u32 {
     1
@@ -63,6 +64,10 @@ pub struct Lease {
     pub heartbeat_interval_ms: u64,
     /// The attempt must end within this many ms of the claim.
     pub timeout_ms: u64,
+    /// The W3C `traceparent` the producer enqueued the job with, if any:
+    /// the worker's span for this job joins that trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<TraceParent>,
 }
 
 /// `POST /v1/heartbeat`: renew many leases at once.

@@ -104,8 +104,11 @@ impl Claiming {
             inner.added.notify_one();
             let inner = inner.clone();
             let finisher = self.finisher.clone();
+            // trace_id and traceparent: the producer's trace, which this span joins.
             let span = tracing::info_span!(
-                "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue
+                "job", job_id = %lease.job_id, run_lease = lease.run_lease.0, queue = %lease.queue,
+                trace_id = lease.traceparent.as_ref().map(|t| t.trace_id()),
+                traceparent = lease.traceparent.as_ref().map(|t| t.as_str()),
             );
             self.jobs
                 .spawn(run_job(inner, finisher, handler, lease, held, permit).instrument(span));

@@ -6,7 +6,8 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use runlease_protocol::{ErrorCode, JobId, QueueName};
+use runlease_protocol::trace::TRACEPARENT;
+use runlease_protocol::{ErrorCode, JobId, QueueName, TraceParent};
 use serde::de::DeserializeOwned;
 
 use crate::auth::{Action, Caller};
@@ -62,6 +63,40 @@ impl<S: Send + Sync> FromRequestParts<S> for JobIdPath {
         raw.parse::<JobId>()
             .map(JobIdPath)
             .map_err(|_| ApiError::bad_request(format!("job id {raw:?} is not a UUID")))
+    }
+}
+
+/// The W3C `traceparent` header of a request, when there is exactly one
+/// and it is valid. Anything else is ignored (as the W3C recommendation asks
+/// of a receiver): the job is stored without trace context, never refused.
+pub struct TraceContext(pub Option<TraceParent>);
+
+impl TraceContext {
+    /// Reads the header of `headers`.
+    pub fn from_headers(headers: &axum::http::HeaderMap) -> Option<TraceParent> {
+        let mut values = headers.get_all(TRACEPARENT).iter();
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return None;
+        };
+        match value
+            .to_str()
+            .map_err(|_| "not visible ASCII")
+            .and_then(|v| TraceParent::parse(v).map_err(|e| e.0))
+        {
+            Ok(t) => Some(t),
+            Err(why) => {
+                tracing::debug!(why, "ignored an invalid traceparent header");
+                None
+            }
+        }
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for TraceContext {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(TraceContext(Self::from_headers(&parts.headers)))
     }
 }
 

@@ -12,13 +12,13 @@ use runlease_protocol::limits::{
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery,
 };
-use runlease_protocol::{ErrorCode, Job, JobId};
+use runlease_protocol::{ErrorCode, Job, JobId, TraceParent};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
 use crate::http::AppState;
 use crate::http::error::ApiError;
-use crate::http::extract::{JobIdPath, JsonBody, QueryParams, require};
+use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, require};
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
 use crate::store::LeaseSettings;
@@ -30,14 +30,28 @@ fn record_job(job: &JobRow) {
     let span = tracing::Span::current();
     span.record("job_id", tracing::field::display(job.id));
     span.record("run_lease", job.run_lease.0);
+    // The job's trace context, also where the request carried none (a
+    // cancel or a read by another service).
+    if let Some(t) = &job.traceparent {
+        span.record("trace_id", t.trace_id());
+        span.record("traceparent", t.as_str());
+    }
 }
 
 /// Validates and permission-checks one enqueue request.
-fn new_job(state: &AppState, caller: &Caller, req: EnqueueJobRequest) -> Result<NewJob, ApiError> {
+/// `traceparent` is the request's trace context, stored with the job.
+fn new_job(
+    state: &AppState,
+    caller: &Caller,
+    req: EnqueueJobRequest,
+    traceparent: Option<&TraceParent>,
+) -> Result<NewJob, ApiError> {
     if !caller.may_use_queue(&req.queue) {
         return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
-    validate_enqueue(req, state.store.lease_settings()).map_err(ApiError::invalid)
+    let mut job = validate_enqueue(req, state.store.lease_settings()).map_err(ApiError::invalid)?;
+    job.traceparent = traceparent.cloned();
+    Ok(job)
 }
 
 /// An enqueue request checked against the protocol's bounds, with the
@@ -85,6 +99,7 @@ fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<Ne
         timeout_ms: req.timeout_ms,
         idempotency_key: req.idempotency_key,
         concurrency_key: req.concurrency_key,
+        traceparent: None,
     })
 }
 
@@ -101,7 +116,12 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
                 queue: e.job.queue.to_string(),
             })
             .inc();
-        tracing::info!(job_id = %e.job.id, queue = %e.job.queue, "job enqueued");
+        tracing::info!(
+            job_id = %e.job.id,
+            queue = %e.job.queue,
+            trace_id = e.job.traceparent.as_ref().map(TraceParent::trace_id),
+            "job enqueued"
+        );
         if !queues.contains(&e.job.queue) {
             queues.push(e.job.queue.clone());
         }
@@ -142,10 +162,11 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
 pub async fn enqueue(
     State(state): State<AppState>,
     caller: Caller,
+    TraceContext(traceparent): TraceContext,
     JsonBody(req): JsonBody<EnqueueJobRequest>,
 ) -> Result<(StatusCode, Json<Job>), ApiError> {
     require(&caller, Action::Enqueue)?;
-    let job = new_job(&state, &caller, req)?;
+    let job = new_job(&state, &caller, req, traceparent.as_ref())?;
     let mut enqueued = state.store.enqueue(vec![job]).await?;
     announce(&state, &mut enqueued).await?;
     let Some(first) = enqueued.into_iter().next() else {
@@ -164,6 +185,7 @@ pub async fn enqueue(
 pub async fn enqueue_batch(
     State(state): State<AppState>,
     caller: Caller,
+    TraceContext(traceparent): TraceContext,
     JsonBody(req): JsonBody<EnqueueBatchRequest>,
 ) -> Result<(StatusCode, Json<EnqueueBatchResponse>), ApiError> {
     require(&caller, Action::Enqueue)?;
@@ -177,7 +199,7 @@ pub async fn enqueue_batch(
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
-            new_job(&state, &caller, r).map_err(|e| ApiError {
+            new_job(&state, &caller, r, traceparent.as_ref()).map_err(|e| ApiError {
                 message: format!("jobs[{i}]: {}", e.message),
                 ..e
             })

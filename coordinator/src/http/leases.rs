@@ -93,7 +93,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
         .map(|r| {
             let job = r;
             state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
-            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, "job claimed");
+            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
                 lease_token: state.tokens.mint(job.id, job.run_lease, &worker),
@@ -106,6 +106,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
                 lease_ttl_ms: millis(terms.ttl),
                 heartbeat_interval_ms: millis(terms.heartbeat_interval),
                 timeout_ms: millis(timeout),
+                traceparent: job.traceparent,
             }
         })
         .collect();

@@ -119,8 +119,9 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
-/// A span per request (job handlers record `job_id` and `run_lease` in it)
-/// and its duration per route.
+/// A span per request (job handlers record `job_id` and `run_lease` in it,
+/// and the job's trace context when it has one; a `traceparent` header puts
+/// the span in the caller's trace) and its duration per route.
 async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let route = request
         .extensions()
@@ -135,7 +136,12 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         job_id = tracing::field::Empty,
         run_lease = tracing::field::Empty,
         status = tracing::field::Empty,
+        trace_id = tracing::field::Empty,
+        traceparent = tracing::field::Empty,
     );
+    if let Some(traceparent) = extract::TraceContext::from_headers(request.headers()) {
+        crate::telemetry::join_trace(&span, &traceparent);
+    }
     let started = Instant::now();
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status();

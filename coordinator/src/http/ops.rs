@@ -1,6 +1,8 @@
 //! Operations endpoints: health, readiness, metrics, queue figures, the
 //! OpenAPI description.
 
+use std::collections::HashMap;
+
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, header};
@@ -69,20 +71,30 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             // keep their last figures.
             m.depth.clear();
             m.oldest_queued_age.clear();
-            for q in queues {
+            // Queues past RUNLEASE_METRICS_MAX_QUEUES share one label value:
+            // their depths add up and the oldest age is the oldest of them.
+            let mut depth: HashMap<(String, &'static str), i64> = HashMap::new();
+            let mut oldest: HashMap<String, i64> = HashMap::new();
+            for q in &queues {
+                let label = m.queue_cap.label(q.queue.as_str());
                 for (s, n) in &q.counts {
-                    m.depth
-                        .get_or_create(&DepthLabels {
-                            queue: q.queue.to_string(),
-                            state: s.as_str().to_owned(),
-                        })
-                        .set(*n);
+                    *depth.entry((label.to_owned(), s.as_str())).or_default() += *n;
                 }
-                m.oldest_queued_age
-                    .get_or_create(&QueueLabels {
-                        queue: q.queue.to_string(),
+                let age = oldest.entry(label.to_owned()).or_default();
+                *age = (*age).max(q.oldest_queued_age_ms.unwrap_or(0));
+            }
+            for ((queue, state), n) in depth {
+                m.depth
+                    .get_or_create(&DepthLabels {
+                        queue,
+                        state: state.to_owned(),
                     })
-                    .set(q.oldest_queued_age_ms.unwrap_or(0) as f64 / 1000.0);
+                    .set(n);
+            }
+            for (queue, age_ms) in oldest {
+                m.oldest_queued_age
+                    .get_or_create(&QueueLabels { queue })
+                    .set(age_ms as f64 / 1000.0);
             }
         }
         // The rest of the metrics are still worth answering.

@@ -27,6 +27,7 @@ pub fn job(row: JobRow) -> Job {
         result: row.result,
         error: row.error,
         cancel_requested: row.cancel_requested_at.is_some(),
+        traceparent: row.traceparent,
         attempts: row.attempts.into_iter().map(attempt).collect(),
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{JobId, JobState, QueueName};
+use runlease_protocol::{JobId, JobState, QueueName, TraceParent};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -35,6 +35,8 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     /// Concurrency key.
     pub concurrency_key: Option<String>,
+    /// The producer's W3C trace context.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// A job answered by an enqueue: new, or the original of a repeated key.
@@ -86,6 +88,10 @@ impl Store {
             let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
             let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
             let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
+            let traceparents: Vec<Option<&str>> = jobs
+                .iter()
+                .map(|j| j.traceparent.as_ref().map(TraceParent::as_str))
+                .collect();
             let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
             let rows = tx
                 .query(
@@ -101,6 +107,7 @@ impl Store {
                         &timeouts,
                         &keys,
                         &concurrency,
+                        &traceparents,
                     ],
                 )
                 .await?;

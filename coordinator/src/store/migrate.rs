@@ -39,6 +39,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "flow_control",
         sql: include_str!("../../../migrations/0004_flow_control.sql"),
     },
+    Migration {
+        version: 5,
+        name: "trace_context",
+        sql: include_str!("../../../migrations/0005_trace_context.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

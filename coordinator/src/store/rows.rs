@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::error::Error;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, WorkerId};
+use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, TraceParent, WorkerId};
 use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Type};
@@ -87,6 +87,8 @@ pub struct JobRow {
     pub owned_by: Option<String>,
     /// Time of the latest claim.
     pub claimed_at: Option<DateTime<Utc>>,
+    /// The producer's W3C trace context.
+    pub traceparent: Option<TraceParent>,
     /// The chronology, oldest first, the running attempt last; empty until
     /// attached ([`assemble`]).
     pub attempts: Vec<AttemptRow>,
@@ -117,6 +119,18 @@ fn bad_row(e: impl std::fmt::Display) -> StoreError {
 /// Reads queue column `name` of `row` as a queue name.
 pub fn queue_col(row: &Row, name: &str) -> Result<QueueName, StoreError> {
     QueueName::new(col::<String>(row, name)?).map_err(bad_row)
+}
+
+/// Reads the `traceparent` column. A statement that lists its columns and
+/// leaves this one out answers `None` rather than fail, since the trace
+/// context is a hint for observability, never a reason to refuse a job; a
+/// value that is not a valid traceparent (written by hand) is read as none.
+fn traceparent_col(row: &Row) -> Result<Option<TraceParent>, StoreError> {
+    let Some(i) = row.columns().iter().position(|c| c.name() == "traceparent") else {
+        return Ok(None);
+    };
+    let text: Option<&str> = row.try_get(i).map_err(bad_row)?;
+    Ok(text.and_then(|t| TraceParent::parse(t).ok()))
 }
 
 /// Reads column `name` of `row`; a missing or mistyped column is a store fault.
@@ -150,6 +164,7 @@ impl JobRow {
             cancel_requested_at: col(row, "cancel_requested_at")?,
             owned_by: col(row, "owned_by")?,
             claimed_at: col(row, "claimed_at")?,
+            traceparent: traceparent_col(row)?,
             attempts: Vec::new(),
         })
     }

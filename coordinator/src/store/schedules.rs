@@ -202,6 +202,8 @@ impl Store {
                         fire.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
                     )),
                     concurrency_key: None,
+                    // A schedule's jobs start traces of their own.
+                    traceparent: None,
                 };
                 // Committed before the schedule moves on: a crash in between
                 // repeats this fire time, and its key answers the same job.

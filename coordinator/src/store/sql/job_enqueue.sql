@@ -3,19 +3,20 @@
 -- $3 jsonb[] payloads, $4 int[] priorities, $5 timestamptz[] run_at (NULL: now()
 -- plus the delay), $6 bigint[] delay_ms (NULL: 0), $7 int[] max_attempts,
 -- $8 bigint[] timeout_ms (NULL: the coordinator default, applied at claim),
--- $9 text[] idempotency keys (NULL: none), $10 text[] concurrency keys (NULL: none).
+-- $9 text[] idempotency keys (NULL: none), $10 text[] concurrency keys (NULL: none),
+-- $11 text[] W3C traceparents (NULL: none).
 -- Index: jobs_idempotency_key_uniq. A job whose (queue, key) already exists is
 -- skipped and the caller reads the original with job_get_by_idempotency_key.
 -- Locking: inserts only; a concurrent insert of the same key waits for the first
 -- to commit, then is skipped.
 INSERT INTO jobs (id, queue, payload, priority, run_at, max_attempts, timeout_ms, idempotency_key,
-                  concurrency_key)
+                  concurrency_key, traceparent)
 SELECT t.id, t.queue, t.payload, t.priority,
        coalesce(t.run_at, now() + coalesce(t.delay_ms, 0) * interval '1 millisecond'),
-       t.max_attempts, t.timeout_ms, t.idempotency_key, t.concurrency_key
+       t.max_attempts, t.timeout_ms, t.idempotency_key, t.concurrency_key, t.traceparent
 FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::timestamptz[],
-            $6::bigint[], $7::int[], $8::bigint[], $9::text[], $10::text[])
+            $6::bigint[], $7::int[], $8::bigint[], $9::text[], $10::text[], $11::text[])
      AS t(id, queue, payload, priority, run_at, delay_ms, max_attempts, timeout_ms, idempotency_key,
-          concurrency_key)
+          concurrency_key, traceparent)
 ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *
