@@ -157,8 +157,8 @@ pub enum Action {
         via: u8,
     },
     /// Coordinator `c` writes its finish batch in one transaction
-    /// (`lease_complete.sql`, `lease_fail.sql`, `lease_release.sql`, then
-    /// `attempt_get.sql` for the items no guard matched) and answers every
+    /// (`lease_finish.sql`, then `lease_finish_missed.sql` for the items no
+    /// guard matched) and answers every
     /// caller still waiting for it.
     Commit {
         /// The coordinator.

@@ -31,13 +31,13 @@ impl JobState {
 /// How an attempt ended: the `attempt_outcome` of its `job_attempts` row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Ended {
-    /// `lease_complete.sql`.
+    /// A complete item of `lease_finish.sql`.
     Completed,
-    /// `lease_fail.sql` without a cancel requested.
+    /// A fail item of `lease_finish.sql` without a cancel requested.
     Failed,
-    /// `lease_release.sql` without a cancel requested.
+    /// A release item of `lease_finish.sql` without a cancel requested.
     Released,
-    /// `lease_fail.sql` or `lease_release.sql` with a cancel requested.
+    /// A fail or release item of `lease_finish.sql` with a cancel requested.
     Cancelled,
     /// `lease_reap.sql`.
     LeaseExpired,
@@ -101,7 +101,7 @@ pub struct Job {
     pub rows: u8,
     /// The rows a later step can still read, oldest first: the latest, and
     /// those of a lease that a worker, a batch item or an unconfirmed
-    /// acknowledgement still names (only `attempt_get.sql`, for such a
+    /// acknowledgement still names (only `lease_finish_missed.sql`, for such a
     /// lease, ever reads a row). Rows no step can read again are dropped
     /// from the model's state, or every path to the same world would count
     /// as a world of its own; the properties on rows are checked as each
@@ -186,7 +186,8 @@ pub struct Worker {
 /// One finishing call in a coordinator's batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Item {
-    /// The outcome (batches run completes, then fails, then releases).
+    /// The outcome (a batch is kept in the canonical order completes, fails,
+    /// releases: one of the orders `lease_finish.sql` can see).
     pub kind: Kind,
     /// The job.
     pub job: u8,

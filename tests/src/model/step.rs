@@ -128,8 +128,7 @@ impl ProtocolModel {
     }
 
     /// Whether a finishing call or heartbeat carrying `held` matches the job
-    /// row `job` (the guard of `lease_heartbeat.sql`, `lease_complete.sql`,
-    /// `lease_fail.sql`, `lease_release.sql`).
+    /// row `job` (the guard of `lease_heartbeat.sql` and `lease_finish.sql`).
     fn guard(&self, job: &super::state::Job, run_lease: u8, attempt: u8, heartbeat: bool) -> bool {
         if job.state != JobState::Running {
             return false;
@@ -352,10 +351,10 @@ impl ProtocolModel {
         Some(n)
     }
 
-    /// One finish transaction (`Store::finish`): `lease_complete.sql` for
-    /// the batch's completes, then `lease_fail.sql` for its fails, then
-    /// `lease_release.sql` for its releases, each guarded per row; after the
-    /// commit, `attempt_get.sql` tells a repeat of an outcome already applied
+    /// One finish statement (`Store::finish`, `lease_finish.sql`), each item
+    /// guarded per row, the first item of a lease applying (the batch is in
+    /// its canonical order: completes, fails, releases); after the commit,
+    /// `lease_finish_missed.sql` tells a repeat of an outcome already applied
     /// under the same lease by the same worker (200) from a stale lease (409).
     /// Then every caller is answered.
     fn commit(&self, n: &mut World, c: u8, batch: &[Item]) {
@@ -363,7 +362,7 @@ impl ProtocolModel {
         // `applied` map of `Store::finish`.
         let mut applied: Vec<(u8, u8, Kind)> = Vec::new();
         let max_attempts = self.bounds.max_attempts;
-        // The batch is sorted by kind: completes, fails, releases.
+        // The batch is in its canonical order: completes, fails, releases.
         for item in batch {
             let row = &mut n.jobs[item.job as usize];
             if !self.guard(row, item.run_lease, item.attempt, false) {
