@@ -156,7 +156,15 @@ impl PgCluster {
     /// `pg_ctl` with `-D` and `-l` (without `-l` the server would keep the
     /// caller's stdout open), waiting for the action to finish.
     fn ctl(&self, args: &[&str]) -> anyhow::Result<()> {
-        let mut all = vec!["-D", path_str(&self.data)?, "-l", path_str(&self.log)?, "-w", "-t", "60"];
+        let mut all = vec![
+            "-D",
+            path_str(&self.data)?,
+            "-l",
+            path_str(&self.log)?,
+            "-w",
+            "-t",
+            "60",
+        ];
         all.extend_from_slice(args);
         self.run("pg_ctl", &all)
     }
@@ -196,5 +204,6 @@ impl Drop for PgCluster {
 }
 
 fn path_str(p: &Path) -> anyhow::Result<&str> {
-    p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))
+    p.to_str()
+        .with_context(|| format!("{} is not UTF-8", p.display()))
 }

@@ -92,8 +92,15 @@ fn soak_args(mut it: impl Iterator<Item = String>) -> anyhow::Result<soak::SoakA
                 println!("{USAGE}");
                 std::process::exit(0);
             }
-            "--jobs" | "--rate" | "--coordinators" | "--workers" | "--concurrency" | "--redis-outage-s"
-            | "--seed" | "--coordinator-binary" | "--profile" => {
+            "--jobs"
+            | "--rate"
+            | "--coordinators"
+            | "--workers"
+            | "--concurrency"
+            | "--redis-outage-s"
+            | "--seed"
+            | "--coordinator-binary"
+            | "--profile" => {
                 let value = it.next().with_context(|| format!("{flag} needs a value"))?;
                 explicit.push((flag, value));
             }

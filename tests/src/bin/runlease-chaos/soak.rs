@@ -47,6 +47,8 @@ pub struct SoakArgs {
     pub stall_every: u64,
     /// Whether this is the short mode (one round of faults).
     pub short: bool,
+    /// The handlers' run time, ms, drawn per job from `lo..=hi`.
+    pub work_ms: (u64, u64),
 }
 
 impl SoakArgs {
@@ -57,7 +59,7 @@ impl SoakArgs {
             rate: 250.0,
             coordinators: 3,
             workers: 8,
-            concurrency: 16,
+            concurrency: 48,
             redis_outage: Duration::from_secs(30),
             coordinator_binary: PathBuf::new(),
             keep: false,
@@ -66,6 +68,7 @@ impl SoakArgs {
             ttl_ms: 5_000,
             stall_every: 2_000,
             short: false,
+            work_ms: (10, 1_000),
         }
     }
 
@@ -76,7 +79,8 @@ impl SoakArgs {
             jobs: 2_000,
             rate: 25.0,
             workers: 5,
-            concurrency: 6,
+            concurrency: 10,
+            work_ms: (20, 1_500),
             redis_outage: Duration::from_secs(10),
             gap: Duration::from_secs(3),
             stall_every: 400,
@@ -125,6 +129,12 @@ pub struct Faults {
     pub partitions: usize,
     /// Database-connection freezes.
     pub freezes: usize,
+    /// Workers stopped past their lease (ids).
+    pub stopped: Vec<String>,
+    /// Workers partitioned past their lease (ids).
+    pub partitioned: Vec<String>,
+    /// Answers 5xx other than 503 the producer got.
+    pub producer_server_errors: Vec<String>,
 }
 
 struct World {
@@ -193,7 +203,10 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<bool> {
 impl World {
     async fn build(dir: PathBuf, args: SoakArgs, t0: Instant) -> anyhow::Result<Self> {
         let pg = PgCluster::start(&dir.join("pg")).await?;
-        say(t0, &format!("PostgreSQL up on port {} (log {})", pg.port, pg.log().display()));
+        say(
+            t0,
+            &format!("PostgreSQL up on port {} (log {})", pg.port, pg.log().display()),
+        );
         let redis = TestRedis::start().await;
         say(t0, &format!("Redis up on port {}", redis.port));
         let mut coordinators = Vec::new();
@@ -259,6 +272,10 @@ impl World {
             .args(["worker", "--coordinator", &url, "--log"])
             .arg(&log)
             .args(["--id", &id, "--concurrency", &self.args.concurrency.to_string()])
+            .args([
+                "--work-ms",
+                &format!("{}..{}", self.args.work_ms.0, self.args.work_ms.1),
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -275,7 +292,9 @@ impl World {
     }
 
     async fn soak(&mut self) -> anyhow::Result<bool> {
-        let urls: Vec<String> = (0..self.coordinators.len()).map(|i| self.coordinator_url(i)).collect();
+        let urls: Vec<String> = (0..self.coordinators.len())
+            .map(|i| self.coordinator_url(i))
+            .collect();
         let producer = tokio::spawn(produce(
             urls,
             self.args.jobs,
@@ -292,8 +311,12 @@ impl World {
                 break;
             }
         }
-        let enqueue_took = producer.await??;
-        say(self.t0, &format!("all {} jobs enqueued ({enqueue_took:?})", self.args.jobs));
+        let (enqueue_took, server_errors) = producer.await??;
+        self.faults.producer_server_errors = server_errors;
+        say(
+            self.t0,
+            &format!("all {} jobs enqueued ({enqueue_took:?})", self.args.jobs),
+        );
         // The last freeze's frozen connections are given up by the
         // coordinators themselves; nothing else is left in a faulty state.
         self.drain().await?;
@@ -304,10 +327,13 @@ impl World {
         // The stalled first leases finish late; wait (bounded) for their
         // answers so the report can count their refusals.
         let deadline = Instant::now() + Duration::from_millis(self.args.ttl_ms * 2 + 15_000);
-        while verify::stalled_finishes(&self.logs, self.args.stall_every) < stalls && Instant::now() < deadline {
+        while verify::stalled_finishes(&self.logs, self.args.stall_every) < stalls
+            && Instant::now() < deadline
+        {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         self.stop_workers().await;
+        let counters = self.coordinator_counters().await;
         self.stop_coordinators().await;
         let expect = Expect {
             jobs: self.args.jobs,
@@ -322,12 +348,35 @@ impl World {
         for line in &self.faults.lines {
             println!("  {line}");
         }
-        let missing_faults = self.missing_faults();
+        let refused = |ids: &[String]| -> usize {
+            ids.iter()
+                .map(|id| report.refused_by_worker.get(id).copied().unwrap_or(0))
+                .sum()
+        };
+        let (by_stopped, by_partitioned) = (refused(&self.faults.stopped), refused(&self.faults.partitioned));
+        println!(
+            "  stale finishes refused: {by_stopped} from the stopped workers, {by_partitioned} from the partitioned worker"
+        );
+        println!("coordinator counters (each since its last start):");
+        for (name, value) in &counters {
+            println!("  {name:<42} {value}");
+        }
+        let mut missing_faults = self.missing_faults();
+        if by_stopped == 0 {
+            missing_faults.push("a stale finish from a stopped worker");
+        }
+        if by_partitioned == 0 {
+            missing_faults.push("a stale finish from a partitioned worker");
+        }
         report.print(&expect);
+        for e in &self.faults.producer_server_errors {
+            println!("  the producer got a server error: {e}");
+        }
         if !missing_faults.is_empty() {
             println!("faults that did not happen: {}", missing_faults.join(", "));
         }
-        let passed = report.passed() && missing_faults.is_empty();
+        let passed =
+            report.passed() && missing_faults.is_empty() && self.faults.producer_server_errors.is_empty();
         println!("verdict: {}", if passed { "PASS" } else { "FAIL" });
         Ok(passed)
     }
@@ -351,7 +400,9 @@ impl World {
 
     fn note(&mut self, line: String) {
         say(self.t0, &line);
-        self.faults.lines.push(format!("[{:>7.1} s] {line}", self.t0.elapsed().as_secs_f64()));
+        self.faults
+            .lines
+            .push(format!("[{:>7.1} s] {line}", self.t0.elapsed().as_secs_f64()));
     }
 
     async fn gap(&self) {
@@ -411,6 +462,7 @@ impl World {
         tokio::time::sleep(stopped_for).await;
         signal("CONT", pid)?;
         let id = self.workers[i].id.clone();
+        self.faults.stopped.push(id.clone());
         self.note(format!(
             "worker {id} stopped (SIGSTOP) for {stopped_for:?}, past its leases, then continued"
         ));
@@ -473,6 +525,7 @@ impl World {
             .find(|w| w.partitionable)
             .map(|w| w.id.clone())
             .unwrap_or_default();
+        self.faults.partitioned.push(id.clone());
         self.note(format!(
             "worker {id} partitioned from its coordinator for {held:?} (blackhole), then healed"
         ));
@@ -510,7 +563,9 @@ impl World {
             if started.elapsed() > bound {
                 say(
                     self.t0,
-                    &format!("{terminal} of {total} jobs terminal after {bound:?} of drain; verifying as they are"),
+                    &format!(
+                        "{terminal} of {total} jobs terminal after {bound:?} of drain; verifying as they are"
+                    ),
                 );
                 return Ok(());
             }
@@ -520,6 +575,43 @@ impl World {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// Sums of a few counters over the coordinators' `/metrics`.
+    async fn coordinator_counters(&self) -> Vec<(&'static str, f64)> {
+        let names = [
+            "runlease_leases_expired_total",
+            "runlease_lease_lost_total",
+            "runlease_db_timeouts_total",
+            "runlease_db_unavailable_total",
+            "runlease_redis_publish_failures_total",
+            "runlease_enqueue_failed_marks_total",
+            "runlease_enqueue_failed_repairs_total",
+            "runlease_reaper_errors_total",
+        ];
+        let mut sums: Vec<(&'static str, f64)> = names.iter().map(|n| (*n, 0.0)).collect();
+        let http = reqwest::Client::new();
+        for i in 0..self.coordinators.len() {
+            let url = format!("{}/metrics", self.coordinator_url(i));
+            let Ok(response) = http.get(&url).timeout(Duration::from_secs(10)).send().await else {
+                continue;
+            };
+            let Ok(text) = response.text().await else {
+                continue;
+            };
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                let name = line.split(['{', ' ']).next().unwrap_or("");
+                let value: f64 = line
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
+                if let Some(sum) = sums.iter_mut().find(|(n, _)| *n == name) {
+                    sum.1 += value;
+                }
+            }
+        }
+        sums
     }
 
     async fn stop_workers(&mut self) {
@@ -650,7 +742,7 @@ async fn produce(
     rate: f64,
     stall_every: u64,
     t0: Instant,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Vec<String>)> {
     let http = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(2))
         .build()?;
@@ -661,6 +753,7 @@ async fn produce(
     let mut target = 0;
     let mut n = 0;
     let mut said = Instant::now();
+    let mut server_errors = Vec::new();
     while n < jobs {
         let end = (n + batch).min(jobs);
         let body = json!({
@@ -685,6 +778,11 @@ async fn produce(
                 .await;
             match sent {
                 Ok(r) if r.status().as_u16() == 201 => break,
+                Ok(r) if r.status().is_server_error() && r.status().as_u16() != 503 => {
+                    let status = r.status();
+                    let text = r.text().await.unwrap_or_default();
+                    server_errors.push(format!("{url} answered {status}: {text}"));
+                }
                 Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
                     let status = r.status();
                     let text = r.text().await.unwrap_or_default();
@@ -704,5 +802,5 @@ async fn produce(
         next_at += every;
         tokio::time::sleep_until(next_at).await;
     }
-    Ok(started.elapsed())
+    Ok((started.elapsed(), server_errors))
 }

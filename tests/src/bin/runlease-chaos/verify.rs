@@ -49,10 +49,20 @@ struct Ack {
     action: String,
     status: String,
     result: Option<Value>,
+    worker: String,
 }
 
-fn read_logs(logs: &[PathBuf]) -> (Vec<Ack>, usize) {
+/// What the workers' logs hold: finishing answers, 5xx answers other than
+/// 503 (path and status), and lines a SIGKILL tore.
+struct Logs {
+    acks: Vec<Ack>,
+    server_errors: Vec<String>,
+    torn: usize,
+}
+
+fn read_logs(logs: &[PathBuf]) -> Logs {
     let mut acks = Vec::new();
+    let mut server_errors = Vec::new();
     let mut torn = 0;
     for path in logs {
         let Ok(file) = std::fs::File::open(path) else {
@@ -63,7 +73,14 @@ fn read_logs(logs: &[PathBuf]) -> (Vec<Ack>, usize) {
                 torn += 1;
                 continue;
             };
-            let parsed = serde_json::from_str::<Value>(&line).ok().and_then(|v| {
+            let value = serde_json::from_str::<Value>(&line).ok();
+            if let Some(v) = &value
+                && v["event"] == "server_error"
+            {
+                server_errors.push(format!("{} answered {}: {}", v["path"], v["http"], v["answer"]));
+                continue;
+            }
+            let parsed = value.and_then(|v| {
                 Some(Ack {
                     job: v["job_id"].as_str()?.parse().ok()?,
                     run_lease: v["run_lease"].as_i64()?,
@@ -71,6 +88,7 @@ fn read_logs(logs: &[PathBuf]) -> (Vec<Ack>, usize) {
                     action: v["action"].as_str()?.to_owned(),
                     status: v["status"].as_str()?.to_owned(),
                     result: v.get("result").cloned(),
+                    worker: v["worker"].as_str()?.to_owned(),
                 })
             });
             match parsed {
@@ -80,13 +98,17 @@ fn read_logs(logs: &[PathBuf]) -> (Vec<Ack>, usize) {
             }
         }
     }
-    (acks, torn)
+    Logs {
+        acks,
+        server_errors,
+        torn,
+    }
 }
 
 /// How many stalled first leases have logged their (late) finish.
 pub fn stalled_finishes(logs: &[PathBuf], stall_every: u64) -> usize {
     read_logs(logs)
-        .0
+        .acks
         .iter()
         .filter(|a| a.run_lease == 1 && jobs::Kind::of(a.n, stall_every) == jobs::Kind::Stall)
         .count()
@@ -129,6 +151,9 @@ pub struct Report {
     unknown: usize,
     unexpected: usize,
     torn_lines: usize,
+    server_errors: usize,
+    /// Stale finishes refused, per worker id.
+    pub refused_by_worker: HashMap<String, usize>,
     claimed_more_than_once: usize,
     finished_by_two_leases: usize,
     lease_expiries: i64,
@@ -170,6 +195,7 @@ impl Report {
             && self.acks_not_recorded == 0
             && self.refused_but_landed == 0
             && self.unexpected == 0
+            && self.server_errors == 0
             && self.chronology == 0
             && self.refused > 0
             && self.slo_share_ok
@@ -217,8 +243,14 @@ impl Report {
             self.claimed_more_than_once, self.finished_by_two_leases
         );
         println!(
-            "  worker answers: {} ok, {} refused as lease_lost (stale finishes; {} of them stalled handlers), {} unknown (gave up retrying), {} unexpected 4xx, {} torn log lines",
-            self.acks, self.refused, self.refused_stalls, self.unknown, self.unexpected, self.torn_lines
+            "  worker answers: {} ok, {} refused as lease_lost (stale finishes; {} of them stalled handlers), {} unknown (gave up retrying), {} unexpected 4xx, {} 5xx other than 503, {} torn log lines",
+            self.acks,
+            self.refused,
+            self.refused_stalls,
+            self.unknown,
+            self.unexpected,
+            self.server_errors,
+            self.torn_lines
         );
         println!(
             "  acknowledged but not in the record {}, refused but landed {}",
@@ -247,7 +279,11 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
 }
 
 /// Checks every job; `client` reaches the soak's database directly.
-pub async fn check(client: &tokio_postgres::Client, logs: &[PathBuf], expect: &Expect) -> anyhow::Result<Report> {
+pub async fn check(
+    client: &tokio_postgres::Client,
+    logs: &[PathBuf],
+    expect: &Expect,
+) -> anyhow::Result<Report> {
     let mut r = Report::default();
     let rows = client
         .query(
@@ -330,7 +366,9 @@ pub async fn check(client: &tokio_postgres::Client, logs: &[PathBuf], expect: &E
                     job.run_lease, result["run_lease"]
                 ));
             }
-            if result["n"].as_u64() != Some(job.n) || result["digest"].as_str() != Some(jobs::digest(job.n).as_str()) {
+            if result["n"].as_u64() != Some(job.n)
+                || result["digest"].as_str() != Some(jobs::digest(job.n).as_str())
+            {
                 r.wrong_digest += 1;
                 r.example(format!("job {id} (n {}) has a wrong result {result}", job.n));
             }
@@ -358,7 +396,11 @@ pub async fn check(client: &tokio_postgres::Client, logs: &[PathBuf], expect: &E
             let last = i + 1 == rows.len();
             bad |= a.claimed_ms > a.finished_ms;
             bad |= i > 0 && a.claimed_ms < rows[i - 1].finished_ms;
-            bad |= if last { a.state_after != job.state } else { a.state_after != "queued" };
+            bad |= if last {
+                a.state_after != job.state
+            } else {
+                a.state_after != "queued"
+            };
         }
         if bad {
             r.chronology += 1;
@@ -373,8 +415,16 @@ pub async fn check(client: &tokio_postgres::Client, logs: &[PathBuf], expect: &E
         }
     }
 
-    let (acks, torn) = read_logs(logs);
+    let Logs {
+        acks,
+        server_errors,
+        torn,
+    } = read_logs(logs);
     r.torn_lines = torn;
+    r.server_errors = server_errors.len();
+    for e in server_errors {
+        r.example(format!("a worker got a server error: {e}"));
+    }
     let mut finished_by: HashMap<Uuid, Vec<i64>> = HashMap::new();
     for a in &acks {
         let Some(job) = by_id.get(&a.job) else {
@@ -413,6 +463,7 @@ pub async fn check(client: &tokio_postgres::Client, logs: &[PathBuf], expect: &E
             }
             "refused" => {
                 r.refused += 1;
+                *r.refused_by_worker.entry(a.worker.clone()).or_default() += 1;
                 if a.run_lease == 1 && jobs::Kind::of(a.n, expect.stall_every) == jobs::Kind::Stall {
                     r.refused_stalls += 1;
                 }

@@ -112,6 +112,11 @@ impl Worker {
             .map_err(|e| e.to_string())?;
         let status = response.status().as_u16();
         let body = response.json::<Value>().await.unwrap_or(Value::Null);
+        if status >= 500 && status != 503 {
+            // 503 is the database being out of reach; any other 5xx is a bug
+            // the report counts.
+            self.log.write(&json!({"event": "server_error", "path": path, "http": status, "answer": body, "worker": self.id}));
+        }
         Ok((status, body))
     }
 
@@ -203,7 +208,9 @@ impl Worker {
             match self.post(path, body, Duration::from_secs(10)).await {
                 Ok((200, answer)) => return ("ok", 200, answer),
                 Ok((409, answer)) => return ("refused", 409, answer),
-                Ok((status, answer)) if status < 500 && status != 429 => return ("unexpected", status, answer),
+                Ok((status, answer)) if status < 500 && status != 429 => {
+                    return ("unexpected", status, answer);
+                }
                 Ok((status, answer)) if Instant::now() >= deadline => return ("unknown", status, answer),
                 Err(e) if Instant::now() >= deadline => return ("unknown", 0, Value::String(e)),
                 _ => tokio::time::sleep(Duration::from_millis(200)).await,
