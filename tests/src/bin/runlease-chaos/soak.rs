@@ -330,7 +330,7 @@ impl World {
         while verify::stalled_finishes(&self.logs, self.args.stall_every) < stalls
             && Instant::now() < deadline
         {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         self.stop_workers().await;
         let counters = self.coordinator_counters().await;
