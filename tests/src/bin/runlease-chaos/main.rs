@@ -23,13 +23,16 @@
 //! ```
 //!
 //! Layout: `cluster` (the private PostgreSQL), `jobs` (payloads and the
-//! results they determine), `worker` (the worker mode), `soak` (the world
-//! and the fault schedule), `verify` (the checks and the report).
+//! results they determine), `worker` (the worker mode), `process` (the
+//! coordinator processes, signals), `producer` (the enqueueing), `soak` (the
+//! world and the fault schedule), `verify` (the checks and the report).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cluster;
 mod jobs;
+mod process;
+mod producer;
 mod soak;
 mod verify;
 mod worker;

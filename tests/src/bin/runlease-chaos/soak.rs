@@ -8,16 +8,17 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use runlease_tests::{Proxy, TEST_SECRET, TestRedis};
-use serde_json::{Value, json};
+use runlease_tests::{Proxy, TestRedis};
 use tokio::process::{Child, Command};
 
 use crate::cluster::PgCluster;
 use crate::jobs::{self, Rng};
+use crate::process::{Coordinator, signal};
+use crate::producer::produce;
 use crate::verify::{self, Expect};
 
 /// The database the coordinators create on the soak's cluster.
-const DATABASE: &str = "chaos";
+pub const DATABASE: &str = "chaos";
 
 /// The soak's settings.
 pub struct SoakArgs {
@@ -90,17 +91,6 @@ impl SoakArgs {
     }
 }
 
-/// A coordinator process; its port stays the same across restarts.
-struct Coordinator {
-    index: usize,
-    port: u16,
-    /// Between it and PostgreSQL.
-    db_proxy: Proxy,
-    child: Option<Child>,
-    log: PathBuf,
-    starts: usize,
-}
-
 /// A worker process of this binary's `worker` mode.
 struct WorkerProc {
     id: String,
@@ -154,7 +144,8 @@ struct World {
     t0: Instant,
 }
 
-fn say(t0: Instant, what: &str) {
+/// Prints `what` with the time since the soak began.
+pub fn say(t0: Instant, what: &str) {
     println!("[{:>7.1} s] {what}", t0.elapsed().as_secs_f64());
 }
 
@@ -635,172 +626,4 @@ impl World {
         self.stop_workers().await;
         self.stop_coordinators().await;
     }
-}
-
-impl Coordinator {
-    /// Starts (or restarts) the process and waits until `/readyz` answers 200.
-    async fn start(&mut self, args: &SoakArgs, redis: &TestRedis) -> anyhow::Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log)?;
-        let database_url = format!(
-            "postgres://postgres@{}/{DATABASE}?sslmode=disable",
-            self.db_proxy.addr
-        );
-        let child = Command::new(&args.coordinator_binary)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("RUNLEASE_DATABASE_URL", database_url)
-            .env("RUNLEASE_REDIS_URL", redis.url())
-            .env("RUNLEASE_REDIS_PREFIX", "chaos")
-            .env("RUNLEASE_LISTEN", format!("127.0.0.1:{}", self.port))
-            .env("RUNLEASE_SECRET", TEST_SECRET)
-            .env("RUNLEASE_LEASE_TTL_MS", args.ttl_ms.to_string())
-            .env("RUNLEASE_HEARTBEAT_INTERVAL_MS", (args.ttl_ms / 5).to_string())
-            .env("RUNLEASE_REAPER_INTERVAL_MS", "500")
-            .env("RUNLEASE_DATABASE_POOL_SIZE", "10")
-            .env("RUNLEASE_SHUTDOWN_GRACE_MS", "5000")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
-            .with_context(|| format!("cannot start {}", args.coordinator_binary.display()))?;
-        self.child = Some(child);
-        self.starts += 1;
-        let http = reqwest::Client::new();
-        let url = format!("http://127.0.0.1:{}/readyz", self.port);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(child) = &mut self.child
-                && let Some(status) = child.try_wait()?
-            {
-                bail!(
-                    "coordinator {} exited during start ({status}); see {}",
-                    self.index,
-                    self.log.display()
-                );
-            }
-            let ready = http
-                .get(&url)
-                .timeout(Duration::from_secs(2))
-                .send()
-                .await
-                .is_ok_and(|r| r.status().as_u16() == 200);
-            if ready {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "coordinator {} was not ready within 60 s (start {}); see {}",
-                    self.index,
-                    self.starts,
-                    self.log.display()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    /// SIGTERM, then SIGKILL if it has not exited within 15 s.
-    async fn stop(&mut self) {
-        let Some(mut child) = self.child.take() else {
-            return;
-        };
-        if let Some(pid) = child.id() {
-            let _ = signal("TERM", pid);
-        }
-        if tokio::time::timeout(Duration::from_secs(15), child.wait())
-            .await
-            .is_err()
-        {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-        }
-    }
-}
-
-fn signal(name: &str, pid: u32) -> anyhow::Result<()> {
-    let status = std::process::Command::new("kill")
-        .args([&format!("-{name}"), &pid.to_string()])
-        .status()?;
-    if !status.success() {
-        bail!("kill -{name} {pid} failed");
-    }
-    Ok(())
-}
-
-/// Enqueues `jobs` jobs at `rate` per second in small batches, each through
-/// the next coordinator; a batch that gets no answer is sent again (to the
-/// next one) with the same idempotency keys until one accepts it. Answers
-/// how long it took.
-async fn produce(
-    urls: Vec<String>,
-    jobs: u64,
-    rate: f64,
-    stall_every: u64,
-    t0: Instant,
-) -> anyhow::Result<(Duration, Vec<String>)> {
-    let http = reqwest::Client::builder()
-        .connect_timeout(Duration::from_secs(2))
-        .build()?;
-    let batch = ((rate / 10.0).ceil() as u64).clamp(1, 1000);
-    let every = Duration::from_secs_f64(batch as f64 / rate);
-    let started = Instant::now();
-    let mut next_at = tokio::time::Instant::now();
-    let mut target = 0;
-    let mut n = 0;
-    let mut said = Instant::now();
-    let mut server_errors = Vec::new();
-    while n < jobs {
-        let end = (n + batch).min(jobs);
-        let body = json!({
-            "jobs": (n..end)
-                .map(|i| json!({
-                    "queue": jobs::QUEUE,
-                    "payload": jobs::payload(i, stall_every),
-                    "max_attempts": jobs::MAX_ATTEMPTS,
-                    "idempotency_key": jobs::idempotency_key(i),
-                }))
-                .collect::<Vec<Value>>()
-        });
-        let give_up = Instant::now() + Duration::from_secs(120);
-        loop {
-            let url = format!("{}/v1/jobs/batch", urls[target % urls.len()]);
-            target += 1;
-            let sent = http
-                .post(&url)
-                .json(&body)
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            match sent {
-                Ok(r) if r.status().as_u16() == 201 => break,
-                Ok(r) if r.status().is_server_error() && r.status().as_u16() != 503 => {
-                    let status = r.status();
-                    let text = r.text().await.unwrap_or_default();
-                    server_errors.push(format!("{url} answered {status}: {text}"));
-                }
-                Ok(r) if r.status().is_client_error() && r.status().as_u16() != 429 => {
-                    let status = r.status();
-                    let text = r.text().await.unwrap_or_default();
-                    bail!("the coordinator refused an enqueue batch: {status} {text}");
-                }
-                _ if Instant::now() > give_up => {
-                    bail!("no coordinator accepted jobs {n}..{end} within 120 s")
-                }
-                _ => tokio::time::sleep(Duration::from_millis(100)).await,
-            }
-        }
-        n = end;
-        if said.elapsed() > Duration::from_secs(15) {
-            say(t0, &format!("enqueued {n} of {jobs}"));
-            said = Instant::now();
-        }
-        next_at += every;
-        tokio::time::sleep_until(next_at).await;
-    }
-    Ok((started.elapsed(), server_errors))
 }
