@@ -18,7 +18,7 @@
 //! ```sh
 //! cargo build -p runlease-coordinator -p runlease-tests --bins
 //! target/debug/runlease-chaos --short          # a few minutes; what CI runs
-//! cargo build --release -p runlease-coordinator -p runlease-tests --bin runlease-chaos
+//! cargo build --release -p runlease-coordinator -p runlease-tests --bin runlease-coordinator --bin runlease-chaos
 //! target/release/runlease-chaos --jobs 100000  # the long soak
 //! ```
 //!
