@@ -7,6 +7,7 @@ mod auth;
 mod bad_input;
 mod batching;
 mod bulk;
+mod chaos;
 mod cli;
 mod cli_conventions;
 mod cli_operations;

@@ -1,0 +1,629 @@
+//! The soak's world and its fault schedule: PostgreSQL, Redis, coordinator
+//! processes behind database proxies, worker processes, a producer, and one
+//! fault after another until every job is enqueued; then the drain and the
+//! verification.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use runlease_tests::{Proxy, TestRedis};
+use tokio::process::{Child, Command};
+
+use crate::cluster::PgCluster;
+use crate::jobs::{self, Rng};
+use crate::process::{Coordinator, signal};
+use crate::producer::produce;
+use crate::verify::{self, Expect};
+
+/// The database the coordinators create on the soak's cluster.
+pub const DATABASE: &str = "chaos";
+
+/// The soak's settings.
+pub struct SoakArgs {
+    /// Jobs to enqueue.
+    pub jobs: u64,
+    /// Enqueue rate, jobs/s.
+    pub rate: f64,
+    /// Coordinator processes (2 or 3).
+    pub coordinators: usize,
+    /// Worker processes at any time.
+    pub workers: usize,
+    /// Jobs each worker holds at once.
+    pub concurrency: usize,
+    /// How long Redis stays stopped.
+    pub redis_outage: Duration,
+    /// The coordinator binary.
+    pub coordinator_binary: PathBuf,
+    /// Keep the temporary directory (logs, data) even when the soak passes.
+    pub keep: bool,
+    /// Seed of the victims' choice and the handlers' run times.
+    pub seed: u64,
+    /// Pause between two faults.
+    pub gap: Duration,
+    /// Lease TTL of the coordinators, ms.
+    pub ttl_ms: u64,
+    /// One job in this many stalls past its lease on its first run.
+    pub stall_every: u64,
+    /// Whether this is the short mode (one round of faults).
+    pub short: bool,
+    /// The handlers' run time, ms, drawn per job from `lo..=hi`.
+    pub work_ms: (u64, u64),
+}
+
+impl SoakArgs {
+    /// The long soak: 100,000 jobs, every fault repeated while they come in.
+    pub fn long() -> Self {
+        Self {
+            jobs: 100_000,
+            rate: 250.0,
+            coordinators: 3,
+            workers: 8,
+            concurrency: 48,
+            redis_outage: Duration::from_secs(30),
+            coordinator_binary: PathBuf::new(),
+            keep: false,
+            seed: 15,
+            gap: Duration::from_secs(8),
+            ttl_ms: 5_000,
+            stall_every: 2_000,
+            short: false,
+            work_ms: (10, 1_000),
+        }
+    }
+
+    /// The short soak CI runs: every fault once, within about three minutes
+    /// with debug binaries.
+    pub fn short() -> Self {
+        Self {
+            jobs: 2_000,
+            rate: 25.0,
+            workers: 5,
+            concurrency: 10,
+            work_ms: (20, 1_500),
+            redis_outage: Duration::from_secs(10),
+            gap: Duration::from_secs(3),
+            stall_every: 400,
+            short: true,
+            ..Self::long()
+        }
+    }
+}
+
+/// A worker process of this binary's `worker` mode.
+struct WorkerProc {
+    id: String,
+    url: String,
+    child: Child,
+    /// It reaches its coordinator through the partition proxy.
+    partitionable: bool,
+}
+
+/// What the schedule did, for the report.
+#[derive(Default)]
+pub struct Faults {
+    /// One line per fault injected.
+    pub lines: Vec<String>,
+    /// Worker processes SIGKILLed (and replaced).
+    pub workers_killed: usize,
+    /// Worker processes stopped past their lease.
+    pub workers_stopped: usize,
+    /// Coordinator processes SIGKILLed and restarted.
+    pub coordinators_killed: usize,
+    /// Redis outages.
+    pub redis_outages: usize,
+    /// PostgreSQL restarts that completed.
+    pub pg_restarts: usize,
+    /// Worker partitions past the TTL.
+    pub partitions: usize,
+    /// Database-connection freezes.
+    pub freezes: usize,
+    /// Workers stopped past their lease (ids).
+    pub stopped: Vec<String>,
+    /// Workers partitioned past their lease (ids).
+    pub partitioned: Vec<String>,
+    /// Answers 5xx other than 503 the producer got.
+    pub producer_server_errors: Vec<String>,
+}
+
+struct World {
+    dir: PathBuf,
+    args: SoakArgs,
+    pg: PgCluster,
+    redis: TestRedis,
+    coordinators: Vec<Coordinator>,
+    /// Between the partitionable worker and its coordinator.
+    worker_proxy: Proxy,
+    workers: Vec<WorkerProc>,
+    /// Every worker log ever written (killed workers' too).
+    logs: Vec<PathBuf>,
+    worker_serial: usize,
+    rng: Rng,
+    faults: Faults,
+    t0: Instant,
+}
+
+/// Prints `what` with the time since the soak began.
+pub fn say(t0: Instant, what: &str) {
+    println!("[{:>7.1} s] {what}", t0.elapsed().as_secs_f64());
+}
+
+/// Runs the soak; answers whether every target was met.
+pub async fn run(args: SoakArgs) -> anyhow::Result<bool> {
+    let dir = std::env::temp_dir().join(format!(
+        "runlease-chaos-{}-{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let t0 = Instant::now();
+    println!(
+        "runlease-chaos: {} jobs at {}/s, {} coordinators ({}), {} workers x {} slots, lease TTL {} ms; files in {}",
+        args.jobs,
+        args.rate,
+        args.coordinators,
+        args.coordinator_binary.display(),
+        args.workers,
+        args.concurrency,
+        args.ttl_ms,
+        dir.display()
+    );
+    let mut world = World::build(dir.clone(), args, t0).await?;
+    let outcome = world.soak().await;
+    world.shutdown().await;
+    let keep = world.args.keep;
+    let passed = match outcome {
+        Ok(passed) => passed,
+        Err(e) => {
+            println!("the soak could not run to the end: {e:#}");
+            println!("logs kept in {}", dir.display());
+            drop(world);
+            return Err(e);
+        }
+    };
+    drop(world);
+    if passed && !keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        println!("logs kept in {}", dir.display());
+    }
+    Ok(passed)
+}
+
+impl World {
+    async fn build(dir: PathBuf, args: SoakArgs, t0: Instant) -> anyhow::Result<Self> {
+        let pg = PgCluster::start(&dir.join("pg")).await?;
+        say(
+            t0,
+            &format!("PostgreSQL up on port {} (log {})", pg.port, pg.log().display()),
+        );
+        let redis = TestRedis::start().await;
+        say(t0, &format!("Redis up on port {}", redis.port));
+        let mut coordinators = Vec::new();
+        for index in 0..args.coordinators {
+            let mut c = Coordinator {
+                index,
+                port: runlease_tests::process::free_port(),
+                db_proxy: Proxy::start(pg.addr()).await,
+                child: None,
+                log: dir.join(format!("coordinator-{index}.log")),
+                starts: 0,
+            };
+            // One at a time: the first creates the database and migrates it.
+            c.start(&args, &redis).await?;
+            coordinators.push(c);
+        }
+        say(t0, &format!("{} coordinators ready", coordinators.len()));
+        let worker_proxy = Proxy::start(std::net::SocketAddr::from((
+            [127, 0, 0, 1],
+            coordinators[coordinators.len() - 1].port,
+        )))
+        .await;
+        let rng = Rng::new(args.seed);
+        let mut world = Self {
+            dir,
+            args,
+            pg,
+            redis,
+            coordinators,
+            worker_proxy,
+            workers: Vec::new(),
+            logs: Vec::new(),
+            worker_serial: 0,
+            rng,
+            faults: Faults::default(),
+            t0,
+        };
+        for i in 0..world.args.workers {
+            // The last worker goes through the partition proxy; the others
+            // are spread over the coordinators.
+            let (url, partitionable) = if i == world.args.workers - 1 {
+                (world.worker_proxy.url(), true)
+            } else {
+                (world.coordinator_url(i % world.coordinators.len()), false)
+            };
+            let w = world.spawn_worker(url, partitionable)?;
+            world.workers.push(w);
+        }
+        say(t0, &format!("{} workers started", world.workers.len()));
+        Ok(world)
+    }
+
+    fn coordinator_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.coordinators[i].port)
+    }
+
+    fn spawn_worker(&mut self, url: String, partitionable: bool) -> anyhow::Result<WorkerProc> {
+        let id = format!("chaos-w{}", self.worker_serial);
+        self.worker_serial += 1;
+        let log = self.dir.join(format!("{id}.jsonl"));
+        let stderr = std::fs::File::create(self.dir.join(format!("{id}.stderr")))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args(["worker", "--coordinator", &url, "--log"])
+            .arg(&log)
+            .args(["--id", &id, "--concurrency", &self.args.concurrency.to_string()])
+            .args([
+                "--work-ms",
+                &format!("{}..{}", self.args.work_ms.0, self.args.work_ms.1),
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start a worker process")?;
+        self.logs.push(log);
+        Ok(WorkerProc {
+            id,
+            url,
+            child,
+            partitionable,
+        })
+    }
+
+    async fn soak(&mut self) -> anyhow::Result<bool> {
+        let urls: Vec<String> = (0..self.coordinators.len())
+            .map(|i| self.coordinator_url(i))
+            .collect();
+        let producer = tokio::spawn(produce(
+            urls,
+            self.args.jobs,
+            self.args.rate,
+            self.args.stall_every,
+            self.t0,
+        ));
+        let mut round = 0;
+        loop {
+            round += 1;
+            say(self.t0, &format!("fault round {round}"));
+            self.fault_round(round).await?;
+            if self.args.short || producer.is_finished() {
+                break;
+            }
+        }
+        let (enqueue_took, server_errors) = producer.await??;
+        self.faults.producer_server_errors = server_errors;
+        say(
+            self.t0,
+            &format!("all {} jobs enqueued ({enqueue_took:?})", self.args.jobs),
+        );
+        // The last freeze's frozen connections are given up by the
+        // coordinators themselves; nothing else is left in a faulty state.
+        self.drain().await?;
+        let client = self.pg.connect(DATABASE).await?;
+        let stalls = (0..self.args.jobs)
+            .filter(|n| jobs::Kind::of(*n, self.args.stall_every) == jobs::Kind::Stall)
+            .count();
+        // The stalled first leases finish late; wait (bounded) for their
+        // answers so the report can count their refusals.
+        let deadline = Instant::now() + Duration::from_millis(self.args.ttl_ms * 2 + 15_000);
+        while verify::stalled_finishes(&self.logs, self.args.stall_every) < stalls
+            && Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+        self.stop_workers().await;
+        let counters = self.coordinator_counters().await;
+        self.stop_coordinators().await;
+        let expect = Expect {
+            jobs: self.args.jobs,
+            stall_every: self.args.stall_every,
+            slo: Duration::from_secs(25),
+            enqueue_took,
+            elapsed: self.t0.elapsed(),
+        };
+        let report = verify::check(&client, &self.logs, &expect).await?;
+        println!();
+        println!("faults injected:");
+        for line in &self.faults.lines {
+            println!("  {line}");
+        }
+        let refused = |ids: &[String]| -> usize {
+            ids.iter()
+                .map(|id| report.refused_by_worker.get(id).copied().unwrap_or(0))
+                .sum()
+        };
+        let (by_stopped, by_partitioned) = (refused(&self.faults.stopped), refused(&self.faults.partitioned));
+        println!(
+            "  stale finishes refused: {by_stopped} from the stopped workers, {by_partitioned} from the partitioned worker"
+        );
+        println!("coordinator counters (each since its last start):");
+        for (name, value) in &counters {
+            println!("  {name:<42} {value}");
+        }
+        let mut missing_faults = self.missing_faults();
+        if by_stopped == 0 {
+            missing_faults.push("a stale finish from a stopped worker");
+        }
+        if by_partitioned == 0 {
+            missing_faults.push("a stale finish from a partitioned worker");
+        }
+        report.print(&expect);
+        for e in &self.faults.producer_server_errors {
+            println!("  the producer got a server error: {e}");
+        }
+        if !missing_faults.is_empty() {
+            println!("faults that did not happen: {}", missing_faults.join(", "));
+        }
+        let passed =
+            report.passed() && missing_faults.is_empty() && self.faults.producer_server_errors.is_empty();
+        println!("verdict: {}", if passed { "PASS" } else { "FAIL" });
+        Ok(passed)
+    }
+
+    fn missing_faults(&self) -> Vec<&'static str> {
+        let f = &self.faults;
+        [
+            (f.workers_killed, "worker SIGKILL"),
+            (f.workers_stopped, "worker SIGSTOP past its lease"),
+            (f.coordinators_killed, "coordinator SIGKILL"),
+            (f.redis_outages, "Redis outage"),
+            (f.pg_restarts, "PostgreSQL restart"),
+            (f.partitions, "worker partition"),
+            (f.freezes, "database connection freeze"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n == 0)
+        .map(|(_, what)| what)
+        .collect()
+    }
+
+    fn note(&mut self, line: String) {
+        say(self.t0, &line);
+        self.faults
+            .lines
+            .push(format!("[{:>7.1} s] {line}", self.t0.elapsed().as_secs_f64()));
+    }
+
+    async fn gap(&self) {
+        tokio::time::sleep(self.args.gap).await;
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(self.args.ttl_ms)
+    }
+
+    async fn fault_round(&mut self, round: usize) -> anyhow::Result<()> {
+        self.gap().await;
+        self.kill_worker().await?;
+        self.gap().await;
+        self.stop_worker().await?;
+        self.gap().await;
+        self.kill_coordinator(round).await?;
+        self.gap().await;
+        self.redis_outage().await;
+        self.gap().await;
+        self.restart_postgres().await?;
+        self.gap().await;
+        self.partition_worker().await;
+        self.gap().await;
+        self.freeze_database(round);
+        Ok(())
+    }
+
+    /// A worker that is not behind the partition proxy, chosen at random.
+    fn victim(&mut self) -> usize {
+        let plain: Vec<usize> = (0..self.workers.len())
+            .filter(|i| !self.workers[*i].partitionable)
+            .collect();
+        plain[self.rng.next() as usize % plain.len()]
+    }
+
+    async fn kill_worker(&mut self) -> anyhow::Result<()> {
+        let i = self.victim();
+        let mut w = self.workers.remove(i);
+        w.child.start_kill()?;
+        let _ = w.child.wait().await;
+        let replacement = self.spawn_worker(w.url.clone(), false)?;
+        self.note(format!(
+            "worker {} SIGKILLed mid-job; {} replaces it",
+            w.id, replacement.id
+        ));
+        self.workers.insert(i, replacement);
+        self.faults.workers_killed += 1;
+        Ok(())
+    }
+
+    async fn stop_worker(&mut self) -> anyhow::Result<()> {
+        let i = self.victim();
+        let pid = self.workers[i].child.id().context("the worker exited")?;
+        let stopped_for = self.ttl() + Duration::from_secs(2);
+        signal("STOP", pid)?;
+        tokio::time::sleep(stopped_for).await;
+        signal("CONT", pid)?;
+        let id = self.workers[i].id.clone();
+        self.faults.stopped.push(id.clone());
+        self.note(format!(
+            "worker {id} stopped (SIGSTOP) for {stopped_for:?}, past its leases, then continued"
+        ));
+        self.faults.workers_stopped += 1;
+        Ok(())
+    }
+
+    async fn kill_coordinator(&mut self, round: usize) -> anyhow::Result<()> {
+        let i = round % self.coordinators.len();
+        let c = &mut self.coordinators[i];
+        if let Some(mut child) = c.child.take() {
+            child.start_kill()?;
+            let _ = child.wait().await;
+        }
+        let killed_at = Instant::now();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        c.start(&self.args, &self.redis).await?;
+        let back = killed_at.elapsed();
+        self.note(format!(
+            "coordinator {i} SIGKILLed and restarted (serving again after {back:.1?})"
+        ));
+        self.faults.coordinators_killed += 1;
+        Ok(())
+    }
+
+    async fn redis_outage(&mut self) {
+        self.redis.stop();
+        tokio::time::sleep(self.args.redis_outage).await;
+        self.redis.resume().await;
+        let outage = self.args.redis_outage;
+        self.note(format!("Redis stopped for {outage:?}, then started again"));
+        self.faults.redis_outages += 1;
+    }
+
+    async fn restart_postgres(&mut self) -> anyhow::Result<()> {
+        let before = self.pg.started_at().await?;
+        let took = self.pg.restart().await?;
+        let after = self.pg.started_at().await?;
+        if before == after {
+            bail!("PostgreSQL did not restart (start time {before} unchanged)");
+        }
+        self.note(format!(
+            "PostgreSQL restarted (pg_ctl restart -m fast, {took:.1?})"
+        ));
+        self.faults.pg_restarts += 1;
+        Ok(())
+    }
+
+    async fn partition_worker(&mut self) {
+        let held = self.ttl() + Duration::from_secs(3);
+        // Open connections stop forwarding and new ones go nowhere; nothing
+        // is closed, so the worker learns of it only by timing out.
+        self.worker_proxy.blackhole(true);
+        self.worker_proxy.freeze();
+        tokio::time::sleep(held).await;
+        self.worker_proxy.blackhole(false);
+        let id = self
+            .workers
+            .iter()
+            .find(|w| w.partitionable)
+            .map(|w| w.id.clone())
+            .unwrap_or_default();
+        self.faults.partitioned.push(id.clone());
+        self.note(format!(
+            "worker {id} partitioned from its coordinator for {held:?} (blackhole), then healed"
+        ));
+        self.faults.partitions += 1;
+    }
+
+    fn freeze_database(&mut self, round: usize) {
+        let i = (round + 1) % self.coordinators.len();
+        self.coordinators[i].db_proxy.freeze();
+        self.note(format!(
+            "coordinator {i}'s open PostgreSQL connections frozen (bytes held, nothing closed)"
+        ));
+        self.faults.freezes += 1;
+    }
+
+    /// Waits until every job is terminal (or a bound passes), saying how
+    /// far it got every 10 s.
+    async fn drain(&mut self) -> anyhow::Result<()> {
+        let client = self.pg.connect(DATABASE).await?;
+        let bound = Duration::from_secs(180);
+        let started = Instant::now();
+        let mut said = Instant::now();
+        loop {
+            let row = client
+                .query_one(
+                    "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed', 'cancelled')) FROM jobs WHERE queue = $1",
+                    &[&jobs::QUEUE],
+                )
+                .await?;
+            let (total, terminal): (i64, i64) = (row.get(0), row.get(1));
+            if total as u64 >= self.args.jobs && total == terminal {
+                say(self.t0, &format!("all {total} jobs terminal"));
+                return Ok(());
+            }
+            if started.elapsed() > bound {
+                say(
+                    self.t0,
+                    &format!(
+                        "{terminal} of {total} jobs terminal after {bound:?} of drain; verifying as they are"
+                    ),
+                );
+                return Ok(());
+            }
+            if said.elapsed() > Duration::from_secs(10) {
+                say(self.t0, &format!("draining: {terminal} of {total} terminal"));
+                said = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Sums of a few counters over the coordinators' `/metrics`.
+    async fn coordinator_counters(&self) -> Vec<(&'static str, f64)> {
+        let names = [
+            "runlease_leases_expired_total",
+            "runlease_lease_lost_total",
+            "runlease_db_timeouts_total",
+            "runlease_db_unavailable_total",
+            "runlease_redis_publish_failures_total",
+            "runlease_enqueue_failed_marks_total",
+            "runlease_enqueue_failed_repairs_total",
+            "runlease_reaper_errors_total",
+        ];
+        let mut sums: Vec<(&'static str, f64)> = names.iter().map(|n| (*n, 0.0)).collect();
+        let http = reqwest::Client::new();
+        for i in 0..self.coordinators.len() {
+            let url = format!("{}/metrics", self.coordinator_url(i));
+            let Ok(response) = http.get(&url).timeout(Duration::from_secs(10)).send().await else {
+                continue;
+            };
+            let Ok(text) = response.text().await else {
+                continue;
+            };
+            for line in text.lines().filter(|l| !l.starts_with('#')) {
+                let name = line.split(['{', ' ']).next().unwrap_or("");
+                let value: f64 = line
+                    .rsplit(' ')
+                    .next()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0.0);
+                if let Some(sum) = sums.iter_mut().find(|(n, _)| *n == name) {
+                    sum.1 += value;
+                }
+            }
+        }
+        sums
+    }
+
+    async fn stop_workers(&mut self) {
+        for w in &mut self.workers {
+            if let Some(pid) = w.child.id() {
+                let _ = signal("CONT", pid);
+            }
+            let _ = w.child.start_kill();
+            let _ = w.child.wait().await;
+        }
+    }
+
+    async fn stop_coordinators(&mut self) {
+        for c in &mut self.coordinators {
+            c.stop().await;
+        }
+    }
+
+    /// Leaves nothing running: called whether the soak passed or not.
+    async fn shutdown(&mut self) {
+        self.stop_workers().await;
+        self.stop_coordinators().await;
+    }
+}
