@@ -106,3 +106,255 @@ impl Cpu {
         (us(own), us(busy.saturating_sub(own)))
     }
 }
+
+/// utime + stime + cutime + cstime of process `pid`, in clock ticks (`None`
+/// once it has gone). The children's times matter for the postmaster: a
+/// backend that exits hands its CPU time to it when it is reaped.
+pub fn process_ticks(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = stat.rsplit_once(')')?.1;
+    // After the command name: state is field 3, utime field 14 … cstime 17.
+    Some(
+        after
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|f| f.parse::<u64>().ok())
+            .sum(),
+    )
+}
+
+/// CPU µs of clock ticks.
+pub fn ticks_us(ticks: u64) -> f64 {
+    ticks as f64 / TICKS_PER_SEC * 1e6
+}
+
+/// CPU time of every `postgres` process on the machine (the postmaster, its
+/// background processes, every backend, and through the postmaster's
+/// children's times every backend that has exited), in clock ticks. The
+/// whole server's work, including other clients of the same server.
+pub fn postgres_ticks() -> u64 {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "postgres")
+        })
+        .filter_map(process_ticks)
+        .sum()
+}
+
+/// The server's current WAL insert position, in bytes.
+pub async fn wal_lsn(client: &tokio_postgres::Client) -> i64 {
+    client
+        .query_one("SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Transactions committed or rolled back in database `db`, read once every
+/// backend's counters are in: after `settle` (a backend that went idle
+/// publishes within about ten seconds; one that exits, at once).
+pub async fn xacts_settled(db: &str, settle: Duration) -> i64 {
+    tokio::time::sleep(settle).await;
+    let admin = admin().await;
+    admin
+        .batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    admin
+        .query_one(
+            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+            &[&db],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits until no backend serves database `db` (its clients have gone and
+/// their counters are published).
+pub async fn backends_gone(db: &str) {
+    let admin = admin().await;
+    for _ in 0..500 {
+        let n: i64 = admin
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE datname = $1", &[&db])
+            .await
+            .unwrap()
+            .get(0);
+        if n == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("backends of {db} still there 10 s after their clients left");
+}
+
+/// Process ids of the backends serving database `db`.
+async fn backend_pids(admin: &tokio_postgres::Client, db: &str) -> Vec<u32> {
+    admin
+        .query("SELECT pid FROM pg_stat_activity WHERE datname = $1", &[&db])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, i32>(0).unsigned_abs())
+        .collect()
+}
+
+/// CPU time of the backends serving one database (autovacuum workers
+/// included), sampled from `/proc` every 10 ms while it runs: a backend
+/// that exits keeps its last sample. Backends seen at the start count from
+/// there; later ones from zero.
+pub struct BackendCpu {
+    stop: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<u64>,
+}
+
+impl BackendCpu {
+    /// Starts sampling the backends of `db`.
+    pub async fn start(db: &str) -> Self {
+        let admin = admin().await;
+        let db = db.to_owned();
+        let mut seen: std::collections::HashMap<u32, (u64, u64)> = backend_pids(&admin, &db)
+            .await
+            .into_iter()
+            .filter_map(|pid| process_ticks(pid).map(|t| (pid, (t, t))))
+            .collect();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let cancelled = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            let mut n = 0u64;
+            loop {
+                let done = tokio::select! {
+                    _ = tick.tick() => false,
+                    () = cancelled.cancelled() => true,
+                };
+                if n % 10 == 0 || done {
+                    for pid in backend_pids(&admin, &db).await {
+                        seen.entry(pid).or_insert((0, 0));
+                    }
+                }
+                n += 1;
+                for (pid, (_, last)) in seen.iter_mut() {
+                    if let Some(t) = process_ticks(*pid) {
+                        *last = t;
+                    }
+                }
+                if done {
+                    return seen
+                        .values()
+                        .map(|(first, last)| last.saturating_sub(*first))
+                        .sum();
+                }
+            }
+        });
+        BackendCpu { stop, task }
+    }
+
+    /// Takes a last sample and answers the ticks spent since the start.
+    pub async fn stop(self) -> u64 {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
+/// Where Debian's PostgreSQL 15 puts pg_waldump.
+const PG_WALDUMP: &str = "/usr/lib/postgresql/15/bin/pg_waldump";
+
+/// `pg_lsn` text of a WAL position in bytes.
+fn lsn_text(lsn: i64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
+}
+
+/// WAL bytes the server wrote for database `db` between `start` and `end`
+/// (positions in bytes), read back with pg_waldump: every record that
+/// touches one of its relations, and the commit and abort records of the
+/// transactions that wrote them. Other clients of the server do not count,
+/// nor does what belongs to no database (checkpoints, running-transaction
+/// snapshots). `None` if the WAL is no longer there or cannot be read.
+pub async fn database_wal(db: &str, start: i64, end: i64) -> Option<u64> {
+    use tokio::io::AsyncBufReadExt;
+    let admin = admin().await;
+    let oid: u32 = admin
+        .query_one("SELECT oid FROM pg_database WHERE datname = $1", &[&db])
+        .await
+        .ok()?
+        .get(0);
+    let dir: String = admin.query_one("SHOW data_directory", &[]).await.ok()?.get(0);
+    // pg_waldump reads the files: wait until the WAL up to `end` is on disk
+    // (the WAL writer flushes what commits did not within a fraction of a second).
+    for _ in 0..100 {
+        let flushed: i64 = admin
+            .query_one("SELECT (pg_current_wal_flush_lsn() - '0/0'::pg_lsn)::bigint", &[])
+            .await
+            .ok()?
+            .get(0);
+        if flushed >= end {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut child = tokio::process::Command::new(PG_WALDUMP)
+        .args([
+            "-p",
+            &format!("{dir}/pg_wal"),
+            "-s",
+            &lsn_text(start),
+            "-e",
+            &lsn_text(end),
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take()?).lines();
+    let mine = format!("/{oid}/");
+    let mut bytes = 0u64;
+    let mut writers = std::collections::HashSet::new();
+    let mut ends: Vec<(u64, u64)> = Vec::new();
+    while let Ok(Some(line)) = lines.next_line().await {
+        // rmgr: Heap len (rec/tot): 54/ 54, tx: 735, lsn: …, desc: …, blkref #0: rel 1663/16384/16385 blk 0
+        let Some((_, rest)) = line.split_once("(rec/tot):") else {
+            continue;
+        };
+        let total = rest
+            .split_once('/')
+            .and_then(|(_, t)| t.split(',').next())
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        let xid = rest
+            .split_once("tx:")
+            .and_then(|(_, t)| t.split(',').next())
+            .and_then(|t| t.trim().parse::<u64>().ok());
+        let (Some(total), Some(xid)) = (total, xid) else {
+            continue;
+        };
+        if line.starts_with("rmgr: Transaction") {
+            ends.push((xid, total));
+        } else if line.split(" rel ").skip(1).any(|r| {
+            r.split_once('/')
+                .is_some_and(|(_, after)| after.starts_with(&mine[1..]))
+        }) {
+            bytes += total;
+            if xid != 0 {
+                writers.insert(xid);
+            }
+        }
+    }
+    let status = child.wait().await.ok()?;
+    if !status.success() {
+        return None;
+    }
+    Some(
+        bytes
+            + ends
+                .iter()
+                .filter(|(x, _)| writers.contains(x))
+                .map(|(_, t)| t)
+                .sum::<u64>(),
+    )
+}
