@@ -88,6 +88,25 @@ impl Build {
     }
 }
 
+/// What drains in a round: a coordinator build, or graphile-worker.
+#[derive(Debug, Clone)]
+pub enum System {
+    /// A coordinator build, driven over HTTP.
+    Coordinator(Build),
+    /// graphile-worker from `tests/peers/graphile-worker` (a directory with
+    /// `drain.mjs` and its `node_modules`).
+    Graphile(PathBuf),
+}
+
+impl System {
+    fn name(&self) -> &str {
+        match self {
+            System::Coordinator(b) => &b.name,
+            System::Graphile(_) => "graphile-worker 0.17",
+        }
+    }
+}
+
 #[derive(Serialize)]
 struct ClaimBody<'a> {
     queues: [&'a str; 1],
@@ -138,6 +157,8 @@ struct Progress {
     ok: AtomicUsize,
     requests: AtomicU64,
     done_at: OnceLock<Instant>,
+    /// A finish the coordinator refused (4xx): the run cannot end.
+    refused: OnceLock<String>,
     done: tokio::sync::Notify,
 }
 
@@ -248,7 +269,16 @@ async fn worker(
         };
         // A finish is safe to repeat with the same tokens: go round again.
         let Ok(answer) = answer else { continue };
-        if !answer.status().is_success() {
+        let status = answer.status();
+        if status.is_client_error() {
+            let body = answer.text().await.unwrap_or_default();
+            let _ = progress
+                .refused
+                .set(format!("a finish answered {status}: {body}"));
+            progress.done.notify_one();
+            return latencies;
+        }
+        if !status.is_success() {
             continue;
         }
         let Ok(answer) = answer.json::<FinishAnswer>().await else {
@@ -276,7 +306,7 @@ async fn worker(
 #[derive(Debug, Clone, Copy)]
 struct Run {
     jobs_per_s: f64,
-    ride: bool,
+    mode: &'static str,
     xacts: f64,
     /// WAL bytes: drain, enqueue + drain.
     wal: (f64, f64),
@@ -316,6 +346,7 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
         ok: AtomicUsize::new(0),
         requests: AtomicU64::new(0),
         done_at: OnceLock::new(),
+        refused: OnceLock::new(),
         done: tokio::sync::Notify::new(),
     });
     let stop = CancellationToken::new();
@@ -341,11 +372,14 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
         })
         .collect();
     let waited = tokio::time::timeout(Duration::from_secs(600), async {
-        while progress.done_at.get().is_none() {
+        while progress.done_at.get().is_none() && progress.refused.get().is_none() {
             progress.done.notified().await;
         }
     })
     .await;
+    if let Some(refused) = progress.refused.get() {
+        anyhow::bail!("{}: {refused}", build.name);
+    }
     anyhow::ensure!(
         waited.is_ok(),
         "{}: {} of {jobs} jobs done after 10 minutes",
@@ -421,7 +455,7 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
     let xacts = (xacts_after - xacts_before - 2) as f64 / n;
     Ok(Run {
         jobs_per_s: n / elapsed.as_secs_f64(),
-        ride,
+        mode: mode_label(ride),
         xacts,
         db_wal,
         wal: (
@@ -440,6 +474,92 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
             percentile(&enqueue_to_start, 0.5),
             percentile(&enqueue_to_start, 0.99),
         ),
+    })
+}
+
+/// graphile-worker drained the same way: `drain.mjs` migrates its schema
+/// and enqueues `jobs` no-op jobs, then on a line from us runs one pool of
+/// `workers` concurrent jobs in its batched mode (a local queue fetching
+/// and locking many jobs per query, completions batched) and reports the
+/// drain's milliseconds. It talks to PostgreSQL directly: no HTTP, and the
+/// "coordinator" figures are its Node process. It deletes finished jobs, so
+/// there are no rows to time enqueue→start from.
+async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow::Result<Run> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let db = TestDb::empty().await;
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let admin = admin().await;
+    admin.batch_execute("CHECKPOINT").await?;
+    let wal_start = wal_lsn(&admin).await;
+    let mut child = tokio::process::Command::new("node")
+        .arg(dir.join("drain.mjs"))
+        .arg(format!("{}{sep}sslmode=disable", db.url))
+        .arg(jobs.to_string())
+        .arg(workers.to_string())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| anyhow::anyhow!("cannot run node: {e}"))?;
+    let pid = child.id().expect("node runs");
+    let mut stdin = child.stdin.take().expect("piped");
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    let line = lines.next_line().await?;
+    anyhow::ensure!(
+        line.as_deref() == Some("ready"),
+        "drain.mjs said {line:?}, not ready"
+    );
+    let xacts_before = xacts_settled(&db.name, SETTLE).await;
+    let wal_before = wal_lsn(&admin).await;
+    let pg_all = postgres_ticks();
+    let pg_own = BackendCpu::start(&db.name).await;
+    let node = process_ticks(pid).unwrap_or(0);
+    stdin.write_all(b"go\n").await?;
+    stdin.flush().await?;
+    let line = lines.next_line().await?.unwrap_or_default();
+    let node = process_ticks(pid).unwrap_or(0).saturating_sub(node);
+    let pg_own = pg_own.stop().await;
+    let pg_all = postgres_ticks().saturating_sub(pg_all);
+    let wal_after = wal_lsn(&admin).await;
+    let ms: f64 = line
+        .strip_prefix("done ")
+        .and_then(|m| m.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("drain.mjs said {line:?}, not done MS"))?;
+    if tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .is_err()
+    {
+        child.kill().await?;
+    }
+    backends_gone(&db.name).await;
+    let xacts_after = xacts_settled(&db.name, Duration::ZERO).await;
+    let left = db
+        .scalar("SELECT count(*) FROM graphile_worker._private_jobs", &[])
+        .await;
+    anyhow::ensure!(
+        left == 0,
+        "graphile-worker: {left} of {jobs} jobs left after the drain"
+    );
+    let n = jobs as f64;
+    let per_job = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / n);
+    Ok(Run {
+        jobs_per_s: n / (ms / 1e3),
+        mode: "local queue, batched completes",
+        xacts: (xacts_after - xacts_before) as f64 / n,
+        db_wal: (
+            per_job(database_wal(&db.name, wal_before, wal_after).await),
+            per_job(database_wal(&db.name, wal_start, wal_after).await),
+        ),
+        wal: (
+            (wal_after - wal_before) as f64 / n,
+            (wal_after - wal_start) as f64 / n,
+        ),
+        pg_cpu: (ticks_us(pg_own) / n, ticks_us(pg_all) / n),
+        coordinator_cpu: ticks_us(node) / n,
+        bench_cpu: f64::NAN,
+        requests: f64::NAN,
+        claim_to_complete: (f64::NAN, f64::NAN),
+        enqueue_to_start: (f64::NAN, f64::NAN),
     })
 }
 
@@ -472,35 +592,45 @@ fn print_roofline(r: &Roofline, label: &str) {
 }
 
 pub async fn report(
-    builds: &[Build],
+    systems: &[System],
     workers: &[usize],
     jobs: usize,
     concurrency: usize,
     rounds: usize,
 ) -> anyhow::Result<()> {
     let concurrency = u32::try_from(concurrency)?;
-    for b in builds {
-        anyhow::ensure!(
-            b.binary.exists(),
-            "{}: no such binary {}",
-            b.name,
-            b.binary.display()
-        );
+    for s in systems {
+        match s {
+            System::Coordinator(b) => anyhow::ensure!(
+                b.binary.exists(),
+                "{}: no such binary {}",
+                b.name,
+                b.binary.display()
+            ),
+            System::Graphile(dir) => anyhow::ensure!(
+                dir.join("node_modules/graphile-worker").exists(),
+                "no graphile-worker in {} (npm ci there first)",
+                dir.display()
+            ),
+        }
     }
     // (build, workers) → runs, each with the roofline run just before it.
     let mut runs: Vec<((usize, usize), Vec<(Run, f64)>)> = Vec::new();
     let mut rooflines: Vec<Roofline> = Vec::new();
     for round in 0..rounds {
         for &w in workers {
-            for (b, build) in builds.iter().enumerate() {
+            for (b, system) in systems.iter().enumerate() {
                 let r = roofline::run(jobs).await?;
                 print_roofline(&r, &format!("round {}: ", round + 1));
-                let d = drain(build, w, jobs, concurrency).await?;
+                let d = match system {
+                    System::Coordinator(build) => drain(build, w, jobs, concurrency).await?,
+                    System::Graphile(dir) => graphile(dir, w, jobs).await?,
+                };
                 eprintln!(
                     "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
                     round + 1,
-                    build.name,
-                    mode_label(d.ride),
+                    system.name(),
+                    d.mode,
                     d.jobs_per_s,
                     d.jobs_per_s / r.jobs_per_s,
                     d.xacts,
@@ -550,18 +680,15 @@ pub async fn report(
         all.join(", ")
     );
     for ((b, w), v) in &runs {
-        let rides: Vec<bool> = v.iter().map(|(r, _)| r.ride).collect();
-        let mode = if rides.iter().all(|&r| r) {
-            mode_label(true)
-        } else if rides.iter().all(|&r| !r) {
-            mode_label(false)
+        let mode = if v.iter().all(|(r, _)| r.mode == v[0].0.mode) {
+            v[0].0.mode
         } else {
             "mixed"
         };
         let all: Vec<String> = v.iter().map(|(r, _)| format!("{:.0}", r.jobs_per_s)).collect();
-        println!(
+        let row = format!(
             "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
-            builds[*b].name,
+            systems[*b].name(),
             med(v, |(r, _)| r.jobs_per_s),
             med(v, |(_, x)| *x),
             med(v, |(r, _)| r.xacts),
@@ -580,6 +707,25 @@ pub async fn report(
             med(v, |(r, _)| r.enqueue_to_start.1),
             all.join(", ")
         );
+        // graphile-worker has no HTTP requests nor rows to time.
+        println!("{}", row.replace("NaN / NaN", "–").replace("NaN", "–"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Build;
+
+    #[test]
+    fn builds_are_named_or_called_by_their_path() {
+        let b = Build::parse("old=/tmp/x/runlease-coordinator");
+        assert_eq!(
+            (b.name.as_str(), b.binary.to_str()),
+            ("old", Some("/tmp/x/runlease-coordinator"))
+        );
+        let b = Build::parse("target/release/runlease-coordinator");
+        assert_eq!(b.name, "target/release/runlease-coordinator");
+        assert_eq!(b.binary.to_str(), Some("target/release/runlease-coordinator"));
+    }
 }

@@ -32,7 +32,9 @@
 //!   complete of 100, 16 clients); drain jobs/s, × roofline, PostgreSQL
 //!   transactions, WAL bytes and CPU per job, coordinator CPU, HTTP requests
 //!   per job, claim→complete and enqueue→start p50/p99; medians of
-//!   `--repeat` interleaved rounds. See `drain.rs` and `roofline.rs`.
+//!   `--repeat` interleaved rounds. `--graphile tests/peers/graphile-worker`
+//!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
+//!   measured the same way. See `drain.rs` and `roofline.rs`.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
@@ -73,7 +75,8 @@ struct Args {
     parked: Option<usize>,
     history: Option<Vec<usize>>,
     flow: Option<Vec<std::path::PathBuf>>,
-    drain: Option<Vec<drain::Build>>,
+    drain: Option<Vec<drain::System>>,
+    graphile: Option<std::path::PathBuf>,
     workers_given: bool,
     modes: Option<Vec<throughput::Mode>>,
     lean: bool,
@@ -91,6 +94,7 @@ fn parse_args() -> anyhow::Result<Args> {
         history: None,
         flow: None,
         drain: None,
+        graphile: None,
         workers_given: false,
         modes: None,
         lean: false,
@@ -105,12 +109,12 @@ fn parse_args() -> anyhow::Result<Args> {
                 Some(list) => list
                     .split(',')
                     .filter(|b| !b.is_empty())
-                    .map(drain::Build::parse)
+                    .map(|b| drain::System::Coordinator(drain::Build::parse(b)))
                     .collect(),
-                None => vec![drain::Build {
+                None => vec![drain::System::Coordinator(drain::Build {
                     name: "this build".to_owned(),
                     binary: runlease_tests::process::coordinator_binary(),
-                }],
+                })],
             };
             args.drain = Some(builds);
             continue;
@@ -142,6 +146,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 args.modes = Some(modes.concat());
             }
+            "--graphile" => args.graphile = Some(value()?.into()),
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
             "--no-baseline" => args.baseline = false,
@@ -175,7 +180,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     "runlease-bench --parked 10000  parked long-polls on one coordinator: connections, memory"
                 );
                 println!(
-                    "runlease-bench --drain [NAME=]BINARY,... [--workers 16,256] [--jobs 20000] [--concurrency 8] [--repeat 3]  coordinator builds against the PostgreSQL roofline (pgbench)"
+                    "runlease-bench --drain [NAME=]BINARY,... [--graphile tests/peers/graphile-worker] [--workers 16,256] [--jobs 20000] [--concurrency 8] [--repeat 3]  coordinator builds (and graphile-worker) against the PostgreSQL roofline (pgbench)"
                 );
                 println!(
                     "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
@@ -200,13 +205,23 @@ async fn main() -> anyhow::Result<()> {
     if let Some(older) = &args.flow {
         return flow::report(older, args.jobs, args.repeat.max(1)).await;
     }
-    if let Some(builds) = &args.drain {
+    if let Some(mut systems) = args.drain.clone() {
+        if let Some(dir) = &args.graphile {
+            systems.push(drain::System::Graphile(dir.clone()));
+        }
         let workers = if args.workers_given {
             args.workers.clone()
         } else {
             vec![16, 256]
         };
-        return drain::report(builds, &workers, args.jobs, args.concurrency, args.repeat.max(1)).await;
+        return drain::report(
+            &systems,
+            &workers,
+            args.jobs,
+            args.concurrency,
+            args.repeat.max(1),
+        )
+        .await;
     }
     if let Some(sizes) = &args.history {
         return history::report(sizes, args.jobs).await;

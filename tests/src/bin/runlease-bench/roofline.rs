@@ -77,6 +77,16 @@ pub struct Roofline {
     pub pg_cpu: (f64, f64),
 }
 
+/// Transactions per second from pgbench's report (`tps = 423.1 (without
+/// initial connection time)`).
+fn tps(report: &str) -> Option<f64> {
+    report
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|t| t.parse().ok())
+}
+
 /// Runs the roofline over `jobs` rows in a database of its own.
 pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     let db = TestDb::empty().await;
@@ -130,12 +140,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
         "pgbench failed: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let tps: f64 = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("tps = "))
-        .and_then(|l| l.split_whitespace().next())
-        .and_then(|t| t.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no tps in pgbench's output: {stdout}"))?;
+    let tps = tps(&stdout).ok_or_else(|| anyhow::anyhow!("no tps in pgbench's output: {stdout}"))?;
     let transactions = (per_client * CLIENTS) as f64;
     let elapsed = transactions / tps;
     backends_gone(&db.name).await;
@@ -160,4 +165,14 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
         ),
         pg_cpu: (ticks_us(own) / n, ticks_us(all) / n),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tps_is_read_from_pgbench_report() {
+        let report = "transaction type: roofline.sql\nnumber of transactions actually processed: 208/208\nlatency average = 35.2 ms\ninitial connection time = 25.811 ms\ntps = 454.491223 (without initial connection time)\n";
+        assert_eq!(super::tps(report), Some(454.491223));
+        assert_eq!(super::tps("pgbench: error: connection failed"), None);
+    }
 }

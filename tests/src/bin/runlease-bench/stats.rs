@@ -270,6 +270,40 @@ fn lsn_text(lsn: i64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xffff_ffff)
 }
 
+/// What one line of pg_waldump says, as far as [`database_wal`] cares.
+#[derive(Debug, PartialEq, Eq)]
+enum WalRecord {
+    /// A commit or abort record (of any database: the caller keeps those of
+    /// transactions that wrote to its own).
+    End { xid: u64, bytes: u64 },
+    /// A record touching a relation of the database.
+    Mine { xid: u64, bytes: u64 },
+}
+
+/// Reads a pg_waldump line, e.g. `rmgr: Heap len (rec/tot): 54/ 54, tx:
+/// 735, lsn: 0/01A2B3C8, prev 0/01A2B390, desc: HOT_UPDATE …, blkref #0:
+/// rel 1663/16384/16385 blk 0`; `oid_slash` is the database's oid and a
+/// slash. Lines of other databases, and records of none, are `None`.
+fn wal_record(line: &str, oid_slash: &str) -> Option<WalRecord> {
+    let (_, rest) = line.split_once("(rec/tot):")?;
+    let bytes = rest
+        .split_once('/')
+        .and_then(|(_, t)| t.split(',').next())
+        .and_then(|t| t.trim().parse::<u64>().ok())?;
+    let xid = rest
+        .split_once("tx:")
+        .and_then(|(_, t)| t.split(',').next())
+        .and_then(|t| t.trim().parse::<u64>().ok())?;
+    if line.starts_with("rmgr: Transaction") {
+        return Some(WalRecord::End { xid, bytes });
+    }
+    let mine = line.split(" rel ").skip(1).any(|r| {
+        r.split_once('/')
+            .is_some_and(|(_, after)| after.starts_with(oid_slash))
+    });
+    mine.then_some(WalRecord::Mine { xid, bytes })
+}
+
 /// WAL bytes the server wrote for database `db` between `start` and `end`
 /// (positions in bytes), read back with pg_waldump: every record that
 /// touches one of its relations, and the commit and abort records of the
@@ -318,31 +352,15 @@ pub async fn database_wal(db: &str, start: i64, end: i64) -> Option<u64> {
     let mut writers = std::collections::HashSet::new();
     let mut ends: Vec<(u64, u64)> = Vec::new();
     while let Ok(Some(line)) = lines.next_line().await {
-        // rmgr: Heap len (rec/tot): 54/ 54, tx: 735, lsn: …, desc: …, blkref #0: rel 1663/16384/16385 blk 0
-        let Some((_, rest)) = line.split_once("(rec/tot):") else {
-            continue;
-        };
-        let total = rest
-            .split_once('/')
-            .and_then(|(_, t)| t.split(',').next())
-            .and_then(|t| t.trim().parse::<u64>().ok());
-        let xid = rest
-            .split_once("tx:")
-            .and_then(|(_, t)| t.split(',').next())
-            .and_then(|t| t.trim().parse::<u64>().ok());
-        let (Some(total), Some(xid)) = (total, xid) else {
-            continue;
-        };
-        if line.starts_with("rmgr: Transaction") {
-            ends.push((xid, total));
-        } else if line.split(" rel ").skip(1).any(|r| {
-            r.split_once('/')
-                .is_some_and(|(_, after)| after.starts_with(&mine[1..]))
-        }) {
-            bytes += total;
-            if xid != 0 {
-                writers.insert(xid);
+        match wal_record(&line, &mine[1..]) {
+            Some(WalRecord::End { xid, bytes }) => ends.push((xid, bytes)),
+            Some(WalRecord::Mine { xid, bytes: b }) => {
+                bytes += b;
+                if xid != 0 {
+                    writers.insert(xid);
+                }
             }
+            None => {}
         }
     }
     let status = child.wait().await.ok()?;
@@ -357,4 +375,48 @@ pub async fn database_wal(db: &str, start: i64, end: i64) -> Option<u64> {
                 .map(|(_, t)| t)
                 .sum::<u64>(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lsn_text_is_pg_lsn_notation() {
+        assert_eq!(lsn_text(0x1_6394_F958), "1/6394F958");
+        assert_eq!(lsn_text(0x10), "0/10");
+    }
+
+    #[test]
+    fn wal_records_of_the_database_its_commits_and_nothing_else() {
+        let mine = "rmgr: Btree       len (rec/tot):     98/    98, tx:          0, lsn: 0/638000C0, prev 0/63800070, desc: UNLINK_PAGE left 2367, blkref #0: rel 1663/17061/17120 blk 2310, blkref #1: rel 1663/17061/17120 blk 2367";
+        assert_eq!(
+            wal_record(mine, "17061/"),
+            Some(WalRecord::Mine { xid: 0, bytes: 98 })
+        );
+        // Another database whose oid starts with the same digits.
+        assert_eq!(wal_record(mine, "1706/"), None);
+        let heap = "rmgr: Heap        len (rec/tot):     54/  8242, tx:        735, lsn: 0/01A2B3C8, prev 0/01A2B390, desc: HOT_UPDATE off 3, blkref #0: rel 1663/16384/16385 blk 0 FPW";
+        assert_eq!(
+            wal_record(heap, "16384/"),
+            Some(WalRecord::Mine {
+                xid: 735,
+                bytes: 8242
+            })
+        );
+        let commit = "rmgr: Transaction len (rec/tot):     34/    34, tx:      10099, lsn: 0/63951088, prev 0/63951060, desc: COMMIT 2026-12-01 12:54:19.354694 UTC";
+        assert_eq!(
+            wal_record(commit, "16384/"),
+            Some(WalRecord::End {
+                xid: 10099,
+                bytes: 34
+            })
+        );
+        let snapshot = "rmgr: Standby     len (rec/tot):     50/    50, tx:          0, lsn: 0/63951128, prev 0/639510F0, desc: RUNNING_XACTS nextXid 10100";
+        assert_eq!(wal_record(snapshot, "16384/"), None);
+        assert_eq!(
+            wal_record("pg_waldump: error: could not find a valid record", "1/"),
+            None
+        );
+    }
 }
