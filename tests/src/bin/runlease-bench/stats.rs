@@ -233,7 +233,7 @@ impl BackendCpu {
                     _ = tick.tick() => false,
                     () = cancelled.cancelled() => true,
                 };
-                if n % 10 == 0 || done {
+                if n.is_multiple_of(10) || done {
                     for pid in backend_pids(&admin, &db).await {
                         seen.entry(pid).or_insert((0, 0));
                     }
