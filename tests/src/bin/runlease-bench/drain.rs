@@ -26,8 +26,9 @@
 //!   with pg_waldump), and the server's (`pg_current_wal_lsn()`, which other
 //!   clients of the same server add to);
 //! - CPU µs per job over the drain, from `/proc`: PostgreSQL's backends of
-//!   the run's database, every postgres process (the server's other work
-//!   included), the coordinator process, and this process (the workers);
+//!   the run's database, the whole server (the postmaster and its
+//!   children, its other clients' work included), the coordinator process,
+//!   and this process (the workers);
 //! - HTTP requests per job (claims and finishes sent);
 //! - claim→complete p50/p99 as the workers see it (claim answered → finish
 //!   answered), and enqueue→start p50/p99 from the rows (`created_at` →
@@ -51,8 +52,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
 use crate::stats::{
-    BackendCpu, Cpu, backends_gone, database_wal, percentile, postgres_ticks, process_ticks, ticks_us,
-    wal_lsn, xacts_settled,
+    BackendCpu, Cpu, backends_gone, database_wal, percentile, postmaster_pid, process_ticks, server_ticks,
+    ticks_us, wal_lsn, xacts_settled,
 };
 
 /// Queue the drained jobs are on.
@@ -312,7 +313,7 @@ struct Run {
     wal: (f64, f64),
     /// WAL bytes of the run's database alone (pg_waldump): drain, enqueue + drain.
     db_wal: (f64, f64),
-    /// PostgreSQL CPU µs: the database's backends, every postgres process.
+    /// PostgreSQL CPU µs: the database's backends, the whole server.
     pg_cpu: (f64, f64),
     coordinator_cpu: f64,
     bench_cpu: f64,
@@ -353,7 +354,8 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
     let drain_start: chrono::DateTime<chrono::Utc> =
         admin.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let wal_before = wal_lsn(&admin).await;
-    let pg_all = postgres_ticks();
+    let postmaster = postmaster_pid().await;
+    let pg_all = server_ticks(postmaster);
     let pg_own = BackendCpu::start(&db.name).await;
     let coordinator = process_ticks(pid).unwrap_or(0);
     let bench = Cpu::now();
@@ -391,7 +393,7 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
     let coordinator = process_ticks(pid).unwrap_or(0).saturating_sub(coordinator);
     let bench = Cpu::now().per_job_since(bench, jobs).0;
     let pg_own = pg_own.stop().await;
-    let pg_all = postgres_ticks().saturating_sub(pg_all);
+    let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
     let wal_after = wal_lsn(&admin).await;
     let elapsed = done_at - started;
 
@@ -511,7 +513,8 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
     );
     let xacts_before = xacts_settled(&db.name, SETTLE).await;
     let wal_before = wal_lsn(&admin).await;
-    let pg_all = postgres_ticks();
+    let postmaster = postmaster_pid().await;
+    let pg_all = server_ticks(postmaster);
     let pg_own = BackendCpu::start(&db.name).await;
     let node = process_ticks(pid).unwrap_or(0);
     stdin.write_all(b"go\n").await?;
@@ -519,7 +522,7 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
     let line = lines.next_line().await?.unwrap_or_default();
     let node = process_ticks(pid).unwrap_or(0).saturating_sub(node);
     let pg_own = pg_own.stop().await;
-    let pg_all = postgres_ticks().saturating_sub(pg_all);
+    let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
     let wal_after = wal_lsn(&admin).await;
     let ms: f64 = line
         .strip_prefix("done ")
@@ -660,10 +663,10 @@ pub async fn report(
         "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table"
     );
     println!(
-        "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG CPU: the run's database's backends / every postgres process on the machine; bench CPU: this process (the workers)\n"
+        "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
     );
     println!(
-        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (all postgres) | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
+        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (server) | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
     );
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let all: Vec<String> = rooflines.iter().map(|r| format!("{:.0}", r.jobs_per_s)).collect();

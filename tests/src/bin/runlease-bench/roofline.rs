@@ -31,7 +31,7 @@ use runlease_tests::TestDb;
 use tokio::process::Command;
 
 use crate::stats::{
-    BackendCpu, backends_gone, database_wal, postgres_ticks, ticks_us, wal_lsn, xacts_settled,
+    BackendCpu, backends_gone, database_wal, postmaster_pid, server_ticks, ticks_us, wal_lsn, xacts_settled,
 };
 
 /// Where Debian's PostgreSQL 15 puts pgbench.
@@ -73,7 +73,7 @@ pub struct Roofline {
     /// over the drain, and over insert + drain.
     pub db_wal_per_job: (f64, f64),
     /// PostgreSQL CPU µs per job over the drain: the roofline database's
-    /// backends, and every postgres process on the machine.
+    /// backends, and the whole server (postmaster and its children).
     pub pg_cpu: (f64, f64),
 }
 
@@ -119,7 +119,8 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     // fewer (or none) and end the run.
     let per_client = jobs.div_ceil(BATCH * CLIENTS);
     let (url, sep) = (db.url.clone(), if db.url.contains('?') { '&' } else { '?' });
-    let cpu_all = postgres_ticks();
+    let postmaster = postmaster_pid().await;
+    let cpu_all = server_ticks(postmaster);
     let cpu_own = BackendCpu::start(&db.name).await;
     let out = Command::new(PGBENCH)
         .args(["-n", "-M", "prepared", "-j", "1"])
@@ -131,7 +132,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot run {PGBENCH}: {e} (apt-get install postgresql-15)"))?;
     let own = cpu_own.stop().await;
-    let all = postgres_ticks().saturating_sub(cpu_all);
+    let all = server_ticks(postmaster).saturating_sub(cpu_all);
     let wal_after = wal_lsn(&admin).await;
     let _ = std::fs::remove_file(&script);
     let stdout = String::from_utf8_lossy(&out.stdout);

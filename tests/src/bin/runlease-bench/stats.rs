@@ -129,19 +129,46 @@ pub fn ticks_us(ticks: u64) -> f64 {
     ticks as f64 / TICKS_PER_SEC * 1e6
 }
 
-/// CPU time of every `postgres` process on the machine (the postmaster, its
-/// background processes, every backend, and through the postmaster's
-/// children's times every backend that has exited), in clock ticks. The
-/// whole server's work, including other clients of the same server.
-pub fn postgres_ticks() -> u64 {
+/// The process id of the PostgreSQL server the harness uses (the first
+/// line of `postmaster.pid` in its data directory).
+pub async fn postmaster_pid() -> u32 {
+    let dir: String = admin()
+        .await
+        .query_one("SHOW data_directory", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let pidfile = std::fs::read_to_string(format!("{dir}/postmaster.pid"))
+        .unwrap_or_else(|e| panic!("cannot read {dir}/postmaster.pid: {e} (run on the database machine)"));
+    pidfile
+        .lines()
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("a process id on the first line of postmaster.pid")
+}
+
+/// CPU time of the PostgreSQL server whose postmaster is `postmaster`: the
+/// postmaster, its background processes and every backend, and through the
+/// postmaster's children's times every backend that has exited, in clock
+/// ticks. The whole server's work, its other clients' included (other
+/// PostgreSQL servers on the machine are not counted).
+pub fn server_ticks(postmaster: u32) -> u64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0;
     };
+    let parent = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // After the command name: state, then the parent's process id.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u32>()
+            .ok()
+    };
     dir.filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_end() == "postgres")
-        })
+        .filter(|&pid| pid == postmaster || parent(pid) == Some(postmaster))
         .filter_map(process_ticks)
         .sum()
 }
