@@ -24,6 +24,17 @@
 //! - `--flow OLD_BINARY[,...]`: an unlimited queue drained by older builds
 //!   and by this one (interleaved, `--repeat` rounds), and a queue with
 //!   `max_running = 100`, each build over a database it migrated itself.
+//! - `--drain [NAME=]BINARY[,...]` (default: this build's coordinator beside
+//!   the bench binary): each build as its own process on a fresh database,
+//!   outside HTTP workers (`--workers`, default 16,256) draining `--jobs`
+//!   preloaded jobs, in the same run as a PostgreSQL roofline (pgbench, a
+//!   plain table, claim 100 with `FOR UPDATE SKIP LOCKED` and a guarded
+//!   complete of 100, 16 clients); drain jobs/s, × roofline, PostgreSQL
+//!   transactions, WAL bytes and CPU per job, coordinator CPU, HTTP requests
+//!   per job, claim→complete and enqueue→start p50/p99; medians of
+//!   `--repeat` interleaved rounds. `--graphile tests/peers/graphile-worker`
+//!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
+//!   measured the same way. See `drain.rs` and `roofline.rs`.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
@@ -34,14 +45,17 @@
 //! target/release/runlease-bench --wake 200
 //! target/release/runlease-bench --parked 10000
 //! target/release/runlease-bench --history 0,1000000,10000000
+//! target/release/runlease-bench --drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod drain;
 mod flow;
 mod history;
 mod parked;
 mod raw;
+mod roofline;
 mod stats;
 mod throughput;
 mod wake;
@@ -61,6 +75,9 @@ struct Args {
     parked: Option<usize>,
     history: Option<Vec<usize>>,
     flow: Option<Vec<std::path::PathBuf>>,
+    drain: Option<Vec<drain::System>>,
+    graphile: Option<std::path::PathBuf>,
+    workers_given: bool,
     modes: Option<Vec<throughput::Mode>>,
     lean: bool,
     baseline: bool,
@@ -76,16 +93,36 @@ fn parse_args() -> anyhow::Result<Args> {
         parked: None,
         history: None,
         flow: None,
+        drain: None,
+        graphile: None,
+        workers_given: false,
         modes: None,
         lean: false,
         baseline: true,
         repeat: 1,
     };
-    let mut it = std::env::args().skip(1);
+    let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
+        if flag == "--drain" {
+            // The builds are optional: this build's coordinator by default.
+            let builds = match it.next_if(|v| !v.starts_with("--")) {
+                Some(list) => list
+                    .split(',')
+                    .filter(|b| !b.is_empty())
+                    .map(|b| drain::System::Coordinator(drain::Build::parse(b)))
+                    .collect(),
+                None => vec![drain::System::Coordinator(drain::Build {
+                    name: "this build".to_owned(),
+                    binary: runlease_tests::process::coordinator_binary(),
+                })],
+            };
+            args.drain = Some(builds);
+            continue;
+        }
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
             "--workers" => {
+                args.workers_given = true;
                 args.workers = value()?
                     .split(',')
                     .map(|w| w.trim().parse())
@@ -109,6 +146,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     .collect::<anyhow::Result<Vec<_>>>()?;
                 args.modes = Some(modes.concat());
             }
+            "--graphile" => args.graphile = Some(value()?.into()),
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
             "--no-baseline" => args.baseline = false,
@@ -142,6 +180,9 @@ fn parse_args() -> anyhow::Result<Args> {
                     "runlease-bench --parked 10000  parked long-polls on one coordinator: connections, memory"
                 );
                 println!(
+                    "runlease-bench --drain [NAME=]BINARY,... [--graphile tests/peers/graphile-worker] [--workers 16,256] [--jobs 20000] [--concurrency 8] [--repeat 3]  coordinator builds (and graphile-worker) against the PostgreSQL roofline (pgbench)"
+                );
+                println!(
                     "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
                 );
                 std::process::exit(0);
@@ -163,6 +204,24 @@ async fn main() -> anyhow::Result<()> {
     }
     if let Some(older) = &args.flow {
         return flow::report(older, args.jobs, args.repeat.max(1)).await;
+    }
+    if let Some(mut systems) = args.drain.clone() {
+        if let Some(dir) = &args.graphile {
+            systems.push(drain::System::Graphile(dir.clone()));
+        }
+        let workers = if args.workers_given {
+            args.workers.clone()
+        } else {
+            vec![16, 256]
+        };
+        return drain::report(
+            &systems,
+            &workers,
+            args.jobs,
+            args.concurrency,
+            args.repeat.max(1),
+        )
+        .await;
     }
     if let Some(sizes) = &args.history {
         return history::report(sizes, args.jobs).await;
