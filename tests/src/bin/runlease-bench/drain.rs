@@ -56,6 +56,9 @@ use crate::stats::{
     ticks_us, wal_lsn, xacts_settled,
 };
 
+/// Which build (its index) ran with how many workers.
+type BuildWorkers = (usize, usize);
+
 /// Queue the drained jobs are on.
 const QUEUE: &str = "bench";
 /// A long-poll claim's wait when a worker holds nothing.
@@ -618,7 +621,7 @@ pub async fn report(
         }
     }
     // (build, workers) → runs, each with the roofline run just before it.
-    let mut runs: Vec<((usize, usize), Vec<(Run, f64)>)> = Vec::new();
+    let mut runs: Vec<(BuildWorkers, Vec<(Run, f64)>)> = Vec::new();
     let mut rooflines: Vec<Roofline> = Vec::new();
     for round in 0..rounds {
         for &w in workers {
