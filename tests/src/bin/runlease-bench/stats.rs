@@ -15,21 +15,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Transactions committed or rolled back in database `db` so far.
 pub async fn xacts(db: &str) -> i64 {
-    let admin = admin().await;
     // Backends flush their counters at most once a second.
-    tokio::time::sleep(Duration::from_millis(1_200)).await;
-    admin
-        .batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .unwrap();
-    admin
-        .query_one(
-            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
-            &[&db],
-        )
-        .await
-        .unwrap()
-        .get(0)
+    xacts_settled(db, Duration::from_millis(1_200)).await
 }
 
 /// Claim→complete and enqueue→start latencies (ms, p50 and p99) from the
