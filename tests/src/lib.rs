@@ -293,7 +293,7 @@ impl TestDb {
                          error = CASE WHEN $2 <> 'done' THEN 'boom' END
                      WHERE id = ANY($1::uuid[])
                      RETURNING id, claimed_at, finished_at, state)
-                 INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+                 INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
                  SELECT id, 1, 'w', claimed_at, finished_at,
                         CASE WHEN $2 = 'done' THEN 'completed' WHEN $2 = 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
                         NULL, state

@@ -44,6 +44,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "trace_context",
         sql: include_str!("../../../migrations/0005_trace_context.sql"),
     },
+    Migration {
+        version: 6,
+        name: "final_attempt",
+        sql: include_str!("../../../migrations/0006_final_attempt.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -16,6 +16,7 @@ mod dashboard;
 mod database_faults;
 mod dispatch;
 mod fencing;
+mod final_attempt;
 mod finish_claim;
 mod finish_races;
 mod flow_control;

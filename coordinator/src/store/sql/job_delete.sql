@@ -1,4 +1,4 @@
--- Delete terminal jobs (their job_attempts rows go with them, ON DELETE
+-- Delete terminal jobs (their job_attempt_log rows go with them, ON DELETE
 -- CASCADE); queued, running and enqueue_failed jobs are never deleted.
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).

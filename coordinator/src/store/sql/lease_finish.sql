@@ -1,7 +1,10 @@
 -- End running attempts, many at once and of every kind, in one statement:
 -- each item is a complete, a fail or a release, guarded on its row by
--- (id, state = 'running', run_lease). Each ended attempt is appended to
--- job_attempts.
+-- (id, state = 'running', run_lease). An attempt that ends its job (done,
+-- or failed for good) is recorded on the job row (final_outcome: the row
+-- already holds the attempt's lease, worker, times and error), and written
+-- to job_attempt_log only if the job is retried later; every other ended
+-- attempt (queued again, cancelled) is appended to job_attempt_log here.
 --   complete: done (even with a cancel requested), with the result.
 --   fail:     cancelled with a cancel requested; queued again after the delay
 --             (the worker's retry_after_ms, or exponential backoff with full
@@ -62,13 +65,15 @@ WITH input AS (
                       THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
         finished_at = CASE WHEN l.next_state = 'queued' THEN NULL ELSE now() END,
         lease_expires_at = NULL,
+        final_outcome = CASE WHEN l.next_state = 'done' THEN 'completed'::attempt_outcome
+                             WHEN l.next_state = 'failed' THEN 'failed'::attempt_outcome END,
         updated_at = now()
     FROM locked l
     WHERE j.id = l.id AND l.holds
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, l.action, l.error
 ), recorded AS (
-    INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),
            CASE WHEN state = 'cancelled' AND action <> 'complete' THEN 'cancelled'::attempt_outcome
                 WHEN action = 'complete' THEN 'completed'::attempt_outcome
@@ -77,5 +82,6 @@ WITH input AS (
            CASE WHEN action = 'fail' THEN error END,
            state
     FROM finished
+    WHERE state NOT IN ('done', 'failed')
 )
 SELECT id, run_lease, action, queue, state, created_at, finished_at FROM finished

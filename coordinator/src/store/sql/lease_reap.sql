@@ -1,7 +1,7 @@
 -- Reap up to $1 expired leases: with a cancel requested the job becomes
 -- cancelled; with budget left it is queued again, claimable at once (the
 -- expiry was the wait); otherwise failed. The expired attempt is charged and
--- appended to job_attempts as lease_expired.
+-- appended to job_attempt_log as lease_expired.
 -- Each write is guarded on the run_lease the reaper read and on the expiry
 -- itself, so a lease renewed a moment ago is never reaped.
 -- $1 bigint limit, $2 bigint default timeout ms (to tell a timeout from a lapse).
@@ -33,7 +33,7 @@ WITH expired AS (
       AND j.lease_expires_at <= now()
     RETURNING j.*
 ), recorded AS (
-    INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(), 'lease_expired', error, state FROM reaped
 )
 SELECT * FROM reaped

@@ -53,7 +53,7 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
                          FROM generate_series($1::bigint, $2::bigint) AS g) x
                    RETURNING id, queue, state, claimed_at, finished_at, error),
                  a AS (
-                   INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+                   INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
                    SELECT id, 1, 'w', claimed_at, finished_at,
                           CASE state WHEN 'done' THEN 'completed' WHEN 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
                           error, state
@@ -67,7 +67,10 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
         at += count;
     }
     client.batch_execute("VACUUM ANALYZE jobs").await.unwrap();
-    client.batch_execute("VACUUM ANALYZE job_attempts").await.unwrap();
+    client
+        .batch_execute("VACUUM ANALYZE job_attempt_log")
+        .await
+        .unwrap();
     // Write the inserted pages out now, so the drain that follows does not
     // pay for this checkpoint (and its full-page writes) as if it were its own.
     client.batch_execute("CHECKPOINT").await.unwrap();
@@ -76,7 +79,7 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
 async fn table_mib(db: &TestDb) -> f64 {
     let bytes = db
         .scalar(
-            "SELECT (pg_total_relation_size('jobs') + pg_total_relation_size('job_attempts'))::bigint",
+            "SELECT (pg_total_relation_size('jobs') + pg_total_relation_size('job_attempt_log'))::bigint",
             &[],
         )
         .await;

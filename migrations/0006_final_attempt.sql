@@ -1,0 +1,42 @@
+-- runlease schema, version 6: the attempt that ends a job lives on the job
+-- row. A complete (done) or a fail that ends the job (failed) used to append
+-- its attempt to job_attempts in the same statement: a second row, its
+-- primary-key entry and a foreign-key check per job, the largest single cost
+-- of finishing one. The job row already holds every field of that attempt
+-- (run_lease, owned_by, claimed_at, finished_at, error, state), so the
+-- finish now only records how the attempt ended (final_outcome), and the
+-- attempt is written out as a row only if the job is retried (the admin
+-- retry of a failed job writes it in the statement that re-queues it).
+-- Attempts that leave the job queued or cancelled, and every reaped one,
+-- are written as rows as before.
+--
+-- The rows move to job_attempt_log; job_attempts becomes a view of both,
+-- with the same columns, so every reader (and every query an operator
+-- keeps) sees the same chronology as before: one row per ended lease.
+--
+-- Nothing here reads or rewrites the rows: a nullable column without a
+-- default is recorded in the catalog only, and the check is NOT VALID
+-- (every existing row holds NULL). Writers wait only for the catalog change.
+ALTER TABLE jobs ADD COLUMN final_outcome attempt_outcome;
+-- Only a finish that ends a job records its attempt here, and only as
+-- completed (done) or failed (failed); the job leaves those states only
+-- through a retry, which writes the attempt out and clears the column.
+ALTER TABLE jobs ADD CONSTRAINT jobs_final_outcome_terminal CHECK (
+    final_outcome IS NULL
+    OR (state = 'done' AND final_outcome = 'completed')
+    OR (state = 'failed' AND final_outcome = 'failed')) NOT VALID;
+
+ALTER TABLE job_attempts RENAME TO job_attempt_log;
+ALTER INDEX job_attempts_pkey RENAME TO job_attempt_log_pkey;
+
+-- The chronology: the rows written out, and the final attempt of each job
+-- that has one on its row. A lookup by job_id reaches both through their
+-- primary keys.
+CREATE VIEW job_attempts AS
+SELECT job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after
+FROM job_attempt_log
+UNION ALL
+SELECT id, run_lease, owned_by, claimed_at, finished_at, final_outcome,
+       CASE WHEN final_outcome = 'failed' THEN error END, state
+FROM jobs
+WHERE final_outcome IS NOT NULL;
