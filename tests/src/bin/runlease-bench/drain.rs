@@ -57,7 +57,7 @@ use crate::stats::{
 };
 
 /// Which build (its index) ran with how many workers.
-type BuildWorkers = (usize, usize);
+type BuildWorkers = (usize, usize, usize);
 
 /// Queue the drained jobs are on.
 const QUEUE: &str = "bench";
@@ -326,13 +326,30 @@ struct Run {
     enqueue_to_start: (f64, f64),
 }
 
-async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> anyhow::Result<Run> {
+/// Drains `jobs` through `coordinators` processes of `build` over one
+/// database, the workers spread over them in turn (worker `w` talks to
+/// coordinator `w % coordinators`; Redis carries the wake-ups between them).
+async fn drain(
+    build: &Build,
+    workers: usize,
+    jobs: usize,
+    concurrency: u32,
+    coordinators: usize,
+) -> anyhow::Result<Run> {
     let db = TestDb::empty().await;
     let sep = if db.url.contains('?') { '&' } else { '?' };
     let env = [("RUNLEASE_DATABASE_URL", format!("{}{sep}sslmode=disable", db.url))];
-    let mut process = CoordinatorProcess::start_binary(&build.binary, &db, &env).await;
-    let pid = process.child.id().expect("the coordinator runs");
-    let base: Arc<str> = process.api.base().into();
+    let mut processes = Vec::with_capacity(coordinators);
+    for _ in 0..coordinators.max(1) {
+        processes.push(CoordinatorProcess::start_binary(&build.binary, &db, &env).await);
+    }
+    let pids: Vec<u32> = processes
+        .iter()
+        .map(|p| p.child.id().expect("the coordinator runs"))
+        .collect();
+    let bases: Vec<Arc<str>> = processes.iter().map(|p| p.api.base().into()).collect();
+    let base = bases[0].clone();
+    let ticks = |pids: &[u32]| pids.iter().map(|p| process_ticks(*p).unwrap_or(0)).sum::<u64>();
     let http = reqwest::Client::builder()
         .http1_only()
         .timeout(Duration::from_secs(30))
@@ -360,14 +377,14 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
     let postmaster = postmaster_pid().await;
     let pg_all = server_ticks(postmaster);
     let pg_own = BackendCpu::start(&db.name).await;
-    let coordinator = process_ticks(pid).unwrap_or(0);
+    let coordinator = ticks(&pids);
     let bench = Cpu::now();
     let started = Instant::now();
     let handles: Vec<_> = (0..workers)
         .map(|w| {
             tokio::spawn(worker(
                 http.clone(),
-                base.clone(),
+                bases[w % bases.len()].clone(),
                 format!("bench-{w}"),
                 concurrency,
                 ride,
@@ -393,7 +410,7 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
     );
     let done_at = *progress.done_at.get().expect("set before the notification");
     let requests = progress.requests.load(Ordering::Relaxed);
-    let coordinator = process_ticks(pid).unwrap_or(0).saturating_sub(coordinator);
+    let coordinator = ticks(&pids).saturating_sub(coordinator);
     let bench = Cpu::now().per_job_since(bench, jobs).0;
     let pg_own = pg_own.stop().await;
     let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
@@ -442,13 +459,17 @@ async fn drain(build: &Build, workers: usize, jobs: usize, concurrency: u32) -> 
         per_job(database_wal(&db.name, wal_start, wal_after).await),
     );
 
-    process.terminate();
-    if tokio::time::timeout(Duration::from_secs(20), process.child.wait())
-        .await
-        .is_err()
-    {
-        eprintln!("  {}: no exit 20 s after SIGTERM; killed", build.name);
-        process.child.kill().await?;
+    for process in &processes {
+        process.terminate();
+    }
+    for process in &mut processes {
+        if tokio::time::timeout(Duration::from_secs(20), process.child.wait())
+            .await
+            .is_err()
+        {
+            eprintln!("  {}: no exit 20 s after SIGTERM; killed", build.name);
+            process.child.kill().await?;
+        }
     }
     backends_gone(&db.name).await;
     let xacts_after = xacts_settled(&db.name, Duration::ZERO).await;
@@ -579,6 +600,15 @@ fn med<T>(runs: &[T], f: impl Fn(&T) -> f64) -> f64 {
     median(runs.iter().map(f).collect())
 }
 
+/// A system's name in the report, with its coordinator count beyond one.
+fn label(system: &System, coordinators: usize) -> String {
+    if coordinators > 1 {
+        format!("{}, {coordinators} coordinators", system.name())
+    } else {
+        system.name().to_owned()
+    }
+}
+
 fn mode_label(ride: bool) -> &'static str {
     if ride { "finish+claim" } else { "claim, finish" }
 }
@@ -603,6 +633,7 @@ pub async fn report(
     jobs: usize,
     concurrency: usize,
     rounds: usize,
+    coordinators: &[usize],
 ) -> anyhow::Result<()> {
     let concurrency = u32::try_from(concurrency)?;
     for s in systems {
@@ -626,35 +657,40 @@ pub async fn report(
     for round in 0..rounds {
         for &w in workers {
             for (b, system) in systems.iter().enumerate() {
-                let r = roofline::run(jobs).await?;
-                print_roofline(&r, &format!("round {}: ", round + 1));
-                let d = match system {
-                    System::Coordinator(build) => drain(build, w, jobs, concurrency).await?,
-                    System::Graphile(dir) => graphile(dir, w, jobs).await?,
-                };
-                eprintln!(
-                    "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
-                    round + 1,
-                    system.name(),
-                    d.mode,
-                    d.jobs_per_s,
-                    d.jobs_per_s / r.jobs_per_s,
-                    d.xacts,
-                    d.db_wal.0,
-                    d.db_wal.1,
-                    d.wal.0,
-                    d.wal.1,
-                    d.pg_cpu.0,
-                    d.pg_cpu.1,
-                    d.coordinator_cpu,
-                    d.requests
-                );
-                let ratio = d.jobs_per_s / r.jobs_per_s;
-                match runs.iter_mut().find(|(k, _)| *k == (b, w)) {
-                    Some((_, v)) => v.push((d, ratio)),
-                    None => runs.push(((b, w), vec![(d, ratio)])),
+                for &k in coordinators {
+                    if k > 1 && matches!(system, System::Graphile(_)) {
+                        continue;
+                    }
+                    let r = roofline::run(jobs).await?;
+                    print_roofline(&r, &format!("round {}: ", round + 1));
+                    let d = match system {
+                        System::Coordinator(build) => drain(build, w, jobs, concurrency, k).await?,
+                        System::Graphile(dir) => graphile(dir, w, jobs).await?,
+                    };
+                    eprintln!(
+                        "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
+                        round + 1,
+                        label(system, k),
+                        d.mode,
+                        d.jobs_per_s,
+                        d.jobs_per_s / r.jobs_per_s,
+                        d.xacts,
+                        d.db_wal.0,
+                        d.db_wal.1,
+                        d.wal.0,
+                        d.wal.1,
+                        d.pg_cpu.0,
+                        d.pg_cpu.1,
+                        d.coordinator_cpu,
+                        d.requests
+                    );
+                    let ratio = d.jobs_per_s / r.jobs_per_s;
+                    match runs.iter_mut().find(|(key, _)| *key == (b, w, k)) {
+                        Some((_, v)) => v.push((d, ratio)),
+                        None => runs.push(((b, w, k), vec![(d, ratio)])),
+                    }
+                    rooflines.push(r);
                 }
-                rooflines.push(r);
             }
         }
     }
@@ -685,7 +721,7 @@ pub async fn report(
         med(&rooflines, |r| r.pg_cpu.1),
         all.join(", ")
     );
-    for ((b, w), v) in &runs {
+    for ((b, w, k), v) in &runs {
         let mode = if v.iter().all(|(r, _)| r.mode == v[0].0.mode) {
             v[0].0.mode
         } else {
@@ -694,7 +730,7 @@ pub async fn report(
         let all: Vec<String> = v.iter().map(|(r, _)| format!("{:.0}", r.jobs_per_s)).collect();
         let row = format!(
             "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
-            systems[*b].name(),
+            label(&systems[*b], *k),
             med(v, |(r, _)| r.jobs_per_s),
             med(v, |(_, x)| *x),
             med(v, |(r, _)| r.xacts),

@@ -34,7 +34,9 @@
 //!   per job, claim→complete and enqueue→start p50/p99; medians of
 //!   `--repeat` interleaved rounds. `--graphile tests/peers/graphile-worker`
 //!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
-//!   measured the same way. See `drain.rs` and `roofline.rs`.
+//!   measured the same way. `--coordinators 1,3` runs each build as that
+//!   many processes over one database, the workers spread over them (the
+//!   scale-out figures). See `drain.rs` and `roofline.rs`.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
@@ -82,6 +84,7 @@ struct Args {
     lean: bool,
     baseline: bool,
     repeat: usize,
+    coordinators: Vec<usize>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -100,6 +103,7 @@ fn parse_args() -> anyhow::Result<Args> {
         lean: false,
         baseline: true,
         repeat: 1,
+        coordinators: vec![1],
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
@@ -121,6 +125,16 @@ fn parse_args() -> anyhow::Result<Args> {
         }
         let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
         match flag.as_str() {
+            "--coordinators" => {
+                args.coordinators = value()?
+                    .split(',')
+                    .map(|k| k.trim().parse())
+                    .collect::<Result<_, _>>()?;
+                anyhow::ensure!(
+                    args.coordinators.iter().all(|k| *k >= 1),
+                    "--coordinators: at least 1 each"
+                );
+            }
             "--workers" => {
                 args.workers_given = true;
                 args.workers = value()?
@@ -180,7 +194,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     "runlease-bench --parked 10000  parked long-polls on one coordinator: connections, memory"
                 );
                 println!(
-                    "runlease-bench --drain [NAME=]BINARY,... [--graphile tests/peers/graphile-worker] [--workers 16,256] [--jobs 20000] [--concurrency 8] [--repeat 3]  coordinator builds (and graphile-worker) against the PostgreSQL roofline (pgbench)"
+                    "runlease-bench --drain [NAME=]BINARY,... [--graphile tests/peers/graphile-worker] [--workers 16,256] [--jobs 20000] [--concurrency 8] [--repeat 3] [--coordinators 1,3]  coordinator builds (and graphile-worker) against the PostgreSQL roofline (pgbench)"
                 );
                 println!(
                     "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
@@ -220,6 +234,7 @@ async fn main() -> anyhow::Result<()> {
             args.jobs,
             args.concurrency,
             args.repeat.max(1),
+            &args.coordinators,
         )
         .await;
     }
