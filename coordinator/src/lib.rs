@@ -20,6 +20,21 @@
 //! - [`metrics`]: Prometheus metrics (queue labels capped).
 //! - [`telemetry`]: log output, trace context, the optional OTLP exporter.
 
+/// Logs one job's routine transition (enqueued, claimed, finished): at
+/// `info` when `$loud` (the job carries trace context, or the transition is
+/// a failure worth reading), otherwise at `debug`. One line per job at every
+/// claim and finish was a sixth of the coordinator's CPU at 30,000 jobs/s;
+/// the counters in `/metrics` count every transition either way.
+macro_rules! job_event {
+    ($loud:expr, $($arg:tt)+) => {
+        if $loud {
+            tracing::info!($($arg)+)
+        } else {
+            tracing::debug!($($arg)+)
+        }
+    };
+}
+
 pub mod auth;
 pub mod batch;
 pub mod config;

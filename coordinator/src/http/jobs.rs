@@ -116,7 +116,8 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
                 queue: e.job.queue.to_string(),
             })
             .inc();
-        tracing::info!(
+        job_event!(
+            e.job.traceparent.is_some(),
             job_id = %e.job.id,
             queue = %e.job.queue,
             trace_id = e.job.traceparent.as_ref().map(TraceParent::trace_id),

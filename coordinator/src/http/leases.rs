@@ -93,7 +93,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
         .map(|r| {
             let job = r;
             state.metrics.claimed.get_or_create(&QueueLabels { queue: job.queue.to_string() }).inc();
-            tracing::info!(job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
+            job_event!(job.traceparent.is_some(), job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
                 lease_token: state.tokens.mint(job.id, job.run_lease, &worker),
@@ -256,7 +256,8 @@ fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, jo
         job.finished_at,
         via,
     );
-    tracing::info!(job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
+    // A completion is routine; a fail or a release is worth a line.
+    job_event!(kind != OutcomeKind::Complete, job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
     if job.state.is_terminal() {
         state.wake.terminal(job.job_id);
         if state.flow.is_limited(&job.queue) {
