@@ -46,8 +46,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 6,
-        name: "final_attempt",
-        sql: include_str!("../../../migrations/0006_final_attempt.sql"),
+        name: "lean_writes",
+        sql: include_str!("../../../migrations/0006_lean_writes.sql"),
     },
 ];
 

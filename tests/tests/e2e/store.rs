@@ -157,7 +157,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             let plan = generic_plan(&client, statement, args).await;
             assert!(!plan.contains("Semi Join"), "{name}:\n{plan}");
             assert!(!plan.contains("Seq Scan on jobs"), "{name}:\n{plan}");
-            assert!(!plan.contains("jobs_reap_idx"), "{name}:\n{plan}");
+            assert!(!plan.contains("jobs_running_idx"), "{name}:\n{plan}");
             assert!(!plan.contains("Join Filter"), "{name}:\n{plan}");
             assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
         }
@@ -199,7 +199,7 @@ async fn figures_listing_and_pruning_read_no_history() {
                 "queue_live_counts",
                 sql::QUEUE_LIVE_COUNTS,
                 "",
-                vec!["jobs_claim_idx", "jobs_reap_idx"],
+                vec!["jobs_claim_idx", "jobs_running_idx"],
             ),
             (
                 "job_list",

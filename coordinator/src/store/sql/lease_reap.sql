@@ -5,14 +5,16 @@
 -- Each write is guarded on the run_lease the reaper read and on the expiry
 -- itself, so a lease renewed a moment ago is never reaped.
 -- $1 bigint limit, $2 bigint default timeout ms (to tell a timeout from a lapse).
--- Index: jobs_reap_idx (lease_expires_at) WHERE running.
+-- Index: jobs_running_idx (queue, id) WHERE running: a pass over the running
+-- jobs (their rows are read for the expiry, which no index keys: a
+-- heartbeat then changes no indexed column). Its cost follows the jobs
+-- running, never the history; the pass stops at $1 expired ones.
 -- Locking: FOR UPDATE SKIP LOCKED: reapers on several coordinators split the
 -- expired rows between them and never reap one lease twice.
 WITH expired AS (
     SELECT id, run_lease
     FROM jobs
     WHERE state = 'running' AND lease_expires_at <= now()
-    ORDER BY lease_expires_at
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 ), reaped AS (

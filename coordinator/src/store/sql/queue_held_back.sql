@@ -2,7 +2,7 @@
 -- all of them while it is paused, at max_running or out of rate-limit
 -- tokens; otherwise those whose concurrency key is at max_running_per_key.
 -- $1 text queue.
--- Index: jobs_list_idx and jobs_running_key_idx for what runs, jobs_claim_idx
+-- Index: jobs_running_idx and jobs_running_key_idx for what runs, jobs_claim_idx
 -- for the due jobs
 -- (a pass over the queue's backlog: figures of queues with settings only).
 -- Locking: none.

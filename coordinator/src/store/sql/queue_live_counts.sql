@@ -3,7 +3,7 @@
 -- reads only indexes over live rows, so its cost follows the backlog and the
 -- running jobs, never the history.
 -- No parameters.
--- Index: jobs_claim_idx (claimable rows) and jobs_reap_idx (running rows):
+-- Index: jobs_claim_idx (claimable rows) and jobs_running_idx (running rows):
 -- each branch's predicate is its index's, so the planner can take them
 -- whatever the statistics of the terminal rows.
 -- Locking: none.

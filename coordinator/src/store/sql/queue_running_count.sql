@@ -5,7 +5,7 @@
 -- limit's bucket is refilled up to it; a claim's own now() is its
 -- transaction's start, from before it waited for the lock).
 -- $1 text queue.
--- Index: jobs_list_idx (queue, state, id): the range of the queue's running jobs.
+-- Index: jobs_running_idx (queue, id): the range of the queue's running jobs.
 -- Locking: none.
 SELECT count(*)::bigint AS running, statement_timestamp() AS at
 FROM jobs WHERE queue = $1 AND state = 'running'

@@ -1,6 +1,9 @@
--- runlease schema, version 6: the attempt that ends a job lives on the job
--- row. A complete (done) or a fail that ends the job (failed) used to append
--- its attempt to job_attempts in the same statement: a second row, its
+-- runlease schema, version 6: less written per job. The attempt that ends
+-- a job lives on the job row, and running jobs take one index entry.
+--
+-- The attempt that ends a job lives on the job row. A complete (done) or a
+-- fail that ends the job (failed) used to append its attempt to
+-- job_attempts in the same statement: a second row, its
 -- primary-key entry and a foreign-key check per job, the largest single cost
 -- of finishing one. The job row already holds every field of that attempt
 -- (run_lease, owned_by, claimed_at, finished_at, error, state), so the
@@ -40,3 +43,23 @@ SELECT id, run_lease, owned_by, claimed_at, finished_at, final_outcome,
        CASE WHEN final_outcome = 'failed' THEN error END, state
 FROM jobs
 WHERE final_outcome IS NOT NULL;
+
+-- Running jobs get one index instead of two. jobs_reap_idx (by lease expiry)
+-- and the running range of jobs_list_idx both took an entry at every claim,
+-- and every heartbeat, which moves lease_expires_at, had to add index
+-- entries for a new row version (never a HOT update). jobs_running_idx
+-- (queue, id) serves listing, counting and reaping the running jobs: its
+-- key never changes while a job runs, so a heartbeat changes no indexed
+-- column and PostgreSQL can update the row in place (HOT) when its page has
+-- room. The reaper now reads the running jobs (not only the expired ones):
+-- its cost follows the jobs running, never the history.
+-- Note: the two index builds below each take a pass over jobs while writes
+-- wait; the old indexes serve until the migration commits.
+CREATE INDEX jobs_running_idx ON jobs (queue, id) WHERE state = 'running';
+DROP INDEX jobs_reap_idx;
+CREATE INDEX jobs_list_idx_v6 ON jobs (queue, state, id) WHERE state <> 'running';
+DROP INDEX jobs_list_idx;
+ALTER INDEX jobs_list_idx_v6 RENAME TO jobs_list_idx;
+-- Room on each page for a heartbeat's new row version beside the old one
+-- (applies to pages written from now on).
+ALTER TABLE jobs SET (fillfactor = 90);
