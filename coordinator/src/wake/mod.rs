@@ -26,6 +26,10 @@ use redis::{PublishError, RedisLink};
 /// Best-effort signals waiting to be published (terminal jobs, releases).
 const OUTBOX_CAPACITY: usize = 10_000;
 
+/// Most outbox signals one Redis message carries (a message of 500 job ids
+/// is about 18 kB).
+const OUTBOX_BATCH: usize = 500;
+
 /// A best-effort signal for the outbox.
 #[derive(Debug)]
 enum Signal {
@@ -104,17 +108,37 @@ impl Wake {
             let link = link.clone();
             let metrics = metrics.clone();
             async move {
+                // Whatever waits in the outbox goes out together: one message
+                // per channel for up to OUTBOX_BATCH signals (each queue once),
+                // so the publisher keeps up with any finish rate instead of
+                // paying a Redis round trip per job.
+                let mut signals = Vec::with_capacity(OUTBOX_BATCH);
                 loop {
-                    let signal = tokio::select! {
-                        s = rx.recv() => match s { Some(s) => s, None => return },
+                    signals.clear();
+                    let got = tokio::select! {
+                        n = rx.recv_many(&mut signals, OUTBOX_BATCH) => n,
                         () = cancel.cancelled() => return,
                     };
-                    let sent = match &signal {
-                        Signal::Queue(q) => link.publish_queue(q).await,
-                        Signal::Terminal(id) => link.publish_terminal(*id).await,
-                    };
-                    if sent.is_err() {
-                        metrics.redis_publish_failures.inc();
+                    if got == 0 {
+                        return;
+                    }
+                    let mut queues: Vec<QueueName> = Vec::new();
+                    let mut jobs: Vec<JobId> = Vec::new();
+                    for signal in signals.drain(..) {
+                        match signal {
+                            Signal::Queue(q) => {
+                                if !queues.contains(&q) {
+                                    queues.push(q);
+                                }
+                            }
+                            Signal::Terminal(id) => jobs.push(id),
+                        }
+                    }
+                    if !queues.is_empty() && link.publish_queues(&queues).await.is_err() {
+                        metrics.redis_publish_failures.inc_by(queues.len() as u64);
+                    }
+                    if !jobs.is_empty() && link.publish_terminals(&jobs).await.is_err() {
+                        metrics.redis_publish_failures.inc_by(jobs.len() as u64);
                     }
                 }
             }

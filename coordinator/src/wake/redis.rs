@@ -86,6 +86,20 @@ impl RedisLink {
         self.publish(&self.terminal_channel, &job.to_string()).await
     }
 
+    /// Tells every coordinator, in one message, that each of `queues` may
+    /// have claimable jobs.
+    pub async fn publish_queues(&self, queues: &[QueueName]) -> Result<(), PublishError> {
+        let values: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
+        self.publish(&self.wake_channel, &values.join("\n")).await
+    }
+
+    /// Tells every coordinator, in one message, that each of `jobs` reached
+    /// a terminal state.
+    pub async fn publish_terminals(&self, jobs: &[JobId]) -> Result<(), PublishError> {
+        let values: Vec<String> = jobs.iter().map(JobId::to_string).collect();
+        self.publish(&self.terminal_channel, &values.join("\n")).await
+    }
+
     /// The cached connection, or why not to try now: after a failure,
     /// publishes fail fast until the backoff passes (without extending it).
     fn connection(&self) -> Result<Option<MultiplexedConnection>, PublishError> {
@@ -217,21 +231,24 @@ impl RedisLink {
             let Ok(payload) = msg.get_payload::<String>() else {
                 continue;
             };
-            let Some((origin, value)) = payload.split_once('\n') else {
+            let Some((origin, values)) = payload.split_once('\n') else {
                 continue;
             };
             if origin == self.origin {
                 continue;
             }
+            // One value per line: a message may carry many.
             let channel = msg.get_channel_name();
-            if channel == self.wake_channel {
-                if let Ok(queue) = QueueName::new(value) {
-                    local.queue_ready(&queue);
+            for value in values.split('\n') {
+                if channel == self.wake_channel {
+                    if let Ok(queue) = QueueName::new(value) {
+                        local.queue_ready(&queue);
+                    }
+                } else if channel == self.terminal_channel
+                    && let Ok(job) = value.parse::<JobId>()
+                {
+                    local.job_terminal(job);
                 }
-            } else if channel == self.terminal_channel
-                && let Ok(job) = value.parse::<JobId>()
-            {
-                local.job_terminal(job);
             }
         }
     }

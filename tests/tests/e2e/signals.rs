@@ -267,3 +267,55 @@ async fn three_coordinators_and_thirty_workers_finish_three_thousand_jobs_once()
         .get(0);
     assert_eq!(per_job, 0, "every job done exactly once");
 }
+
+#[tokio::test]
+async fn a_burst_of_terminal_jobs_wakes_every_read_parked_on_another_coordinator() {
+    let db = TestDb::new().await;
+    let redis = TestRedis::start().await;
+    let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
+    let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
+    let started = Instant::now();
+    while a.api.get("/readyz").await.1["redis"] != "ok" || b.api.get("/readyz").await.1["redis"] != "ok" {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "/readyz never reported redis ok on both coordinators"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 300 jobs, each with a read parked on A; all finished through B in one
+    // request, so their terminal signals leave B's outbox together.
+    const JOBS: usize = 300;
+    let mut ids = Vec::with_capacity(JOBS);
+    for i in 0..JOBS {
+        ids.push(b.api.enqueue("burst", json!(i)).await.id);
+    }
+    let mut reads = Vec::with_capacity(JOBS);
+    for id in &ids {
+        let api = a.api.clone();
+        let id = *id;
+        reads.push(tokio::spawn(async move {
+            let (status, body) = api.get(&format!("/v1/jobs/{id}?wait_ms=25000")).await;
+            (status, body["state"].as_str().map(str::to_owned), Instant::now())
+        }));
+    }
+    a.api.until_reads_parked(JOBS as u32).await;
+    let leases = b.api.claim("burst", "w", JOBS as u32).await;
+    assert_eq!(leases.len(), JOBS);
+    let items: Vec<Value> = leases
+        .iter()
+        .map(|l| json!({"lease_token": l.lease_token, "action": "complete", "result": null}))
+        .collect();
+    let finished_at = Instant::now();
+    let (status, body) = b.api.post("/v1/finish", &json!({"items": items})).await;
+    assert_eq!(status, 200, "{body}");
+    for read in reads {
+        let (status, state, answered_at) = read.await.unwrap();
+        assert_eq!((status, state.as_deref()), (200, Some("done")));
+        let woken = answered_at - finished_at;
+        assert!(
+            woken < WOKEN_WITHIN,
+            "woken through Redis, not by the re-check timer ({woken:?})"
+        );
+    }
+    assert_eq!(b.api.metric("runlease_redis_publish_failures_total").await, 0.0);
+}
