@@ -318,6 +318,9 @@ struct Run {
     db_wal: (f64, f64),
     /// PostgreSQL CPU µs: the database's backends, the whole server.
     pg_cpu: (f64, f64),
+    /// PostgreSQL CPU µs of the database's backends over the enqueue
+    /// (batches of 1,000 through `/v1/jobs/batch`; NaN: not measured).
+    pg_enqueue_cpu: f64,
     coordinator_cpu: f64,
     bench_cpu: f64,
     requests: f64,
@@ -359,7 +362,9 @@ async fn drain(
     let admin = admin().await;
     admin.batch_execute("CHECKPOINT").await?;
     let wal_start = wal_lsn(&admin).await;
+    let pg_enqueue = BackendCpu::start(&db.name).await;
     enqueue(&http, &base, QUEUE, jobs).await;
+    let pg_enqueue = pg_enqueue.stop().await;
     let xacts_before = xacts_settled(&db.name, SETTLE).await;
 
     let progress = Arc::new(Progress {
@@ -489,6 +494,7 @@ async fn drain(
             (wal_after - wal_start) as f64 / n,
         ),
         pg_cpu: (ticks_us(pg_own) / n, ticks_us(pg_all) / n),
+        pg_enqueue_cpu: ticks_us(pg_enqueue) / n,
         coordinator_cpu: ticks_us(coordinator) / n,
         bench_cpu: bench,
         requests: requests as f64 / n,
@@ -582,6 +588,7 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
             (wal_after - wal_start) as f64 / n,
         ),
         pg_cpu: (ticks_us(pg_own) / n, ticks_us(pg_all) / n),
+        pg_enqueue_cpu: f64::NAN,
         coordinator_cpu: ticks_us(node) / n,
         bench_cpu: f64::NAN,
         requests: f64::NAN,
@@ -705,12 +712,12 @@ pub async fn report(
         "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
     );
     println!(
-        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (server) | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
+        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (server) | PG CPU µs/job enqueue | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let all: Vec<String> = rooflines.iter().map(|r| format!("{:.0}", r.jobs_per_s)).collect();
     println!(
-        "| PostgreSQL roofline (pgbench) | 16 clients | claim 100, complete 100 | {:.0} | 1.00 | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | {} |",
+        "| PostgreSQL roofline (pgbench) | 16 clients | claim 100, complete 100 | {:.0} | 1.00 | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | – | {} |",
         med(&rooflines, |r| r.jobs_per_s),
         med(&rooflines, |r| r.xacts_per_job),
         med(&rooflines, |r| r.db_wal_per_job.0),
@@ -729,7 +736,7 @@ pub async fn report(
         };
         let all: Vec<String> = v.iter().map(|(r, _)| format!("{:.0}", r.jobs_per_s)).collect();
         let row = format!(
-            "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
+            "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
             label(&systems[*b], *k),
             med(v, |(r, _)| r.jobs_per_s),
             med(v, |(_, x)| *x),
@@ -740,6 +747,7 @@ pub async fn report(
             med(v, |(r, _)| r.wal.1),
             med(v, |(r, _)| r.pg_cpu.0),
             med(v, |(r, _)| r.pg_cpu.1),
+            med(v, |(r, _)| r.pg_enqueue_cpu),
             med(v, |(r, _)| r.coordinator_cpu),
             med(v, |(r, _)| r.bench_cpu),
             med(v, |(r, _)| r.requests),
