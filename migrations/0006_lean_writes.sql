@@ -17,9 +17,12 @@
 -- with the same columns, so every reader (and every query an operator
 -- keeps) sees the same chronology as before: one row per ended lease.
 --
--- Nothing here reads or rewrites the rows: a nullable column without a
--- default is recorded in the catalog only, and the check is NOT VALID
--- (every existing row holds NULL). Writers wait only for the catalog change.
+-- Locking: the first statement takes jobs' ACCESS EXCLUSIVE lock and holds
+-- it until the migration commits, so every read and write of jobs waits for
+-- the whole migration, two index builds included (a pass over the table
+-- each; see the end). The column and the check themselves read no row: a
+-- nullable column without a default is recorded in the catalog only, and
+-- the check is NOT VALID (every existing row holds NULL).
 ALTER TABLE jobs ADD COLUMN final_outcome attempt_outcome;
 -- Only a finish that ends a job records its attempt here, and only as
 -- completed (done) or failed (failed); the job leaves those states only
@@ -44,6 +47,24 @@ SELECT id, run_lease, owned_by, claimed_at, finished_at, final_outcome,
 FROM jobs
 WHERE final_outcome IS NOT NULL;
 
+-- Coordinators of the previous version, still running during a rolling
+-- upgrade, append every ended attempt to job_attempts: their rows go to the
+-- log. (They leave final_outcome NULL, so no attempt is recorded twice.
+-- Their admin retry does not clear final_outcome: a retry of a job failed
+-- by a new coordinator, sent to an old one, is refused by the check above
+-- and changes nothing; it goes through on a new one.)
+CREATE FUNCTION job_attempts_insert() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    VALUES (NEW.job_id, NEW.run_lease, NEW.worker_id, NEW.claimed_at, NEW.finished_at, NEW.outcome, NEW.error,
+            NEW.state_after);
+    RETURN NEW;
+END
+$$;
+CREATE TRIGGER job_attempts_insert INSTEAD OF INSERT ON job_attempts
+    FOR EACH ROW EXECUTE FUNCTION job_attempts_insert();
+
 -- Running jobs get one index instead of two. jobs_reap_idx (by lease expiry)
 -- and the running range of jobs_list_idx both took an entry at every claim,
 -- and every heartbeat, which moves lease_expires_at, had to add index
@@ -53,8 +74,8 @@ WHERE final_outcome IS NOT NULL;
 -- column and PostgreSQL can update the row in place (HOT) when its page has
 -- room. The reaper now reads the running jobs (not only the expired ones):
 -- its cost follows the jobs running, never the history.
--- Note: the two index builds below each take a pass over jobs while writes
--- wait; the old indexes serve until the migration commits.
+-- Note: the two index builds below each take a pass over jobs, with every
+-- reader and writer of jobs waiting (the lock taken above).
 CREATE INDEX jobs_running_idx ON jobs (queue, id) WHERE state = 'running';
 DROP INDEX jobs_reap_idx;
 CREATE INDEX jobs_list_idx_v6 ON jobs (queue, state, id) WHERE state <> 'running';

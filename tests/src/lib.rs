@@ -258,7 +258,8 @@ impl TestDb {
     /// Inserts `n` jobs on `queue` that reached terminal `state` `finished_ago`
     /// ago, each with one ended attempt, as a coordinator would have left
     /// them (inserted queued, then moved to the state, so the tallies count
-    /// them). Answers their ids (UUIDv7, oldest first).
+    /// them; a done or failed job's attempt on its row, a cancelled one's in
+    /// `job_attempt_log`). Answers their ids (UUIDv7, oldest first).
     pub async fn insert_terminal_jobs(
         &self,
         queue: &str,
@@ -290,14 +291,14 @@ impl TestDb {
                          owned_by = 'w', claimed_at = now() - ($3::bigint + 500) * interval '1 millisecond',
                          finished_at = now() - $3::bigint * interval '1 millisecond',
                          result = CASE WHEN $2 = 'done' THEN to_jsonb('ok'::text) END,
-                         error = CASE WHEN $2 <> 'done' THEN 'boom' END
+                         error = CASE WHEN $2 <> 'done' THEN 'boom' END,
+                         final_outcome = CASE WHEN $2 = 'done' THEN 'completed'
+                                              WHEN $2 = 'failed' THEN 'failed' END::attempt_outcome
                      WHERE id = ANY($1::uuid[])
                      RETURNING id, claimed_at, finished_at, state)
                  INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
-                 SELECT id, 1, 'w', claimed_at, finished_at,
-                        CASE WHEN $2 = 'done' THEN 'completed' WHEN $2 = 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
-                        NULL, state
-                 FROM ended",
+                 SELECT id, 1, 'w', claimed_at, finished_at, 'cancelled', NULL, state
+                 FROM ended WHERE state = 'cancelled'",
                 &[&ids, &state.as_str(), &ago],
             )
             .await

@@ -256,8 +256,9 @@ fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, jo
         job.finished_at,
         via,
     );
-    // A completion is routine; a fail or a release is worth a line.
-    job_event!(kind != OutcomeKind::Complete, job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
+    // A completion is routine (unless the job is traced); a fail or a
+    // release is worth a line.
+    job_event!(job.traced || kind != OutcomeKind::Complete, job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, action, "attempt finished");
     if job.state.is_terminal() {
         state.wake.terminal(job.job_id);
         if state.flow.is_limited(&job.queue) {

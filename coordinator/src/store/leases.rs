@@ -218,6 +218,9 @@ pub struct Finished {
     pub finished_at: Option<DateTime<Utc>>,
     /// False when this was a repeat of an outcome already applied.
     pub first: bool,
+    /// Whether the job carries trace context (its transitions are logged
+    /// at `info`).
+    pub traced: bool,
 }
 
 impl Finished {
@@ -229,6 +232,7 @@ impl Finished {
             created_at: col(row, "created_at")?,
             finished_at: col(row, "finished_at")?,
             first,
+            traced: col(row, "traced")?,
         })
     }
 }

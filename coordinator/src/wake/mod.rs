@@ -123,10 +123,14 @@ impl Wake {
                         return;
                     }
                     let mut queues: Vec<QueueName> = Vec::new();
+                    // Queue signals before duplicates are dropped: a failed
+                    // publish counts every wake-up it carried.
+                    let mut queue_signals = 0u64;
                     let mut jobs: Vec<JobId> = Vec::new();
                     for signal in signals.drain(..) {
                         match signal {
                             Signal::Queue(q) => {
+                                queue_signals += 1;
                                 if !queues.contains(&q) {
                                     queues.push(q);
                                 }
@@ -135,7 +139,7 @@ impl Wake {
                         }
                     }
                     if !queues.is_empty() && link.publish_queues(&queues).await.is_err() {
-                        metrics.redis_publish_failures.inc_by(queues.len() as u64);
+                        metrics.redis_publish_failures.inc_by(queue_signals);
                     }
                     if !jobs.is_empty() && link.publish_terminals(&jobs).await.is_err() {
                         metrics.redis_publish_failures.inc_by(jobs.len() as u64);

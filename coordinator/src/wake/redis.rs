@@ -1,8 +1,8 @@
 //! Redis: wake-up signals between coordinators, never the truth. Two
 //! channels under the configured prefix: `<prefix>:wake` carries a queue that
 //! may have claimable jobs, `<prefix>:terminal` a job that reached a terminal
-//! state. Each message is `<origin>\n<value>`; a coordinator ignores its own
-//! (it woke its local waiters already).
+//! state. Each message is `<origin>\n<value>[\n<value>...]`, one value per
+//! line; a coordinator ignores its own (it woke its local waiters already).
 //!
 //! Publishing uses one multiplexed connection, re-made on failure with a
 //! backoff during which publishes fail fast. The subscriber reconnects with
@@ -79,11 +79,6 @@ impl RedisLink {
     /// Tells every coordinator that `queue` may have claimable jobs.
     pub async fn publish_queue(&self, queue: &QueueName) -> Result<(), PublishError> {
         self.publish(&self.wake_channel, queue.as_str()).await
-    }
-
-    /// Tells every coordinator that `job` reached a terminal state.
-    pub async fn publish_terminal(&self, job: JobId) -> Result<(), PublishError> {
-        self.publish(&self.terminal_channel, &job.to_string()).await
     }
 
     /// Tells every coordinator, in one message, that each of `queues` may

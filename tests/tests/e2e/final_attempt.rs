@@ -178,3 +178,60 @@ async fn the_database_refuses_a_final_outcome_on_a_job_that_is_not_ended_by_it()
     let constraint = err.as_db_error().and_then(|e| e.constraint());
     assert_eq!(constraint, Some("jobs_final_outcome_terminal"), "{err:?}");
 }
+
+#[tokio::test]
+async fn a_repeated_fail_for_good_is_a_repeat_and_another_outcome_of_that_lease_is_stale() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let job = c.api.enqueue_attempts("final", json!({"n": 1}), 1).await;
+    let lease = c.api.claim_one("final", "w-1").await;
+    let (status, body) = c.api.fail(&lease, "broken", false, None).await;
+    assert_eq!((status, body["state"].as_str()), (200, Some("failed")), "{body}");
+    assert_eq!(final_outcome(&db, job.id.0).await.as_deref(), Some("failed"));
+    // The same fail again: the outcome on the row says it was applied.
+    let (status, body) = c.api.fail(&lease, "broken", false, None).await;
+    assert_eq!(status, 200, "a repeat of the final fail: {body}");
+    // A complete under the same lease is another outcome: stale.
+    let (status, body) = c.api.complete(&lease, json!(1)).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "lease_lost", "{body}");
+    let attempts = chronology(&c, job.id.0).await;
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0]["outcome"], "failed");
+    assert_eq!(attempts[0]["error"], "broken");
+    assert_eq!(logged(&db, job.id.0).await, 0);
+}
+
+#[tokio::test]
+async fn an_attempt_appended_to_the_view_as_the_previous_version_did_lands_in_the_log() {
+    // A coordinator of schema version 5, still running during a rolling
+    // upgrade, ends attempts with `INSERT INTO job_attempts`.
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let job = c.api.enqueue("final", json!({"n": 1})).await;
+    let lease = c.api.claim_one("final", "w-old").await;
+    let client = db.client().await;
+    let n = client
+        .execute(
+            "WITH ended AS (
+                 UPDATE jobs SET state = 'done', result = '1', finished_at = now(),
+                                 lease_expires_at = NULL, updated_at = now()
+                 WHERE id = $1 AND state = 'running' AND run_lease = $2
+                 RETURNING id, run_lease, owned_by, claimed_at, state)
+             INSERT INTO job_attempts (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+             SELECT id, run_lease, owned_by, claimed_at, now(), 'completed', NULL, state FROM ended",
+            &[&job.id.0, &lease.run_lease.0],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(logged(&db, job.id.0).await, 1);
+    assert_eq!(final_outcome(&db, job.id.0).await, None);
+    let attempts = chronology(&c, job.id.0).await;
+    assert_eq!(attempts.len(), 1, "one entry, not two: {attempts:?}");
+    assert_eq!(attempts[0]["outcome"], "completed");
+    assert_eq!(attempts[0]["worker_id"], "w-old");
+    // The repeat of that complete through this version is still a repeat.
+    let (status, body) = c.api.complete(&lease, json!(1)).await;
+    assert_eq!(status, 200, "{body}");
+}

@@ -208,6 +208,30 @@ async fn figures_listing_and_pruning_read_no_history() {
                 vec!["Index Scan Backward using jobs_list_idx"],
             ),
             (
+                "job_list running",
+                sql::JOB_LIST,
+                "'q1', '{running}', NULL, 51, NULL",
+                vec!["Index Scan Backward using jobs_running_idx"],
+            ),
+            (
+                "lease_reap",
+                sql::LEASE_REAP,
+                "500, 300000",
+                vec!["jobs_running_idx"],
+            ),
+            (
+                "queue_running_count",
+                sql::QUEUE_RUNNING_COUNT,
+                "'q1'",
+                vec!["jobs_running_idx"],
+            ),
+            (
+                "queue_held_back",
+                sql::QUEUE_HELD_BACK,
+                "'q1'",
+                vec!["jobs_running_idx"],
+            ),
+            (
                 "job_prune",
                 sql::JOB_PRUNE,
                 "'q1', 'done', 60000, 1000",

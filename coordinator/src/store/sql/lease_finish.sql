@@ -71,7 +71,8 @@ WITH input AS (
     FROM locked l
     WHERE j.id = l.id AND l.holds
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
-              j.owned_by, j.claimed_at, l.action, l.error
+              j.owned_by, j.claimed_at, l.action, l.error,
+              j.traceparent IS NOT NULL AS traced
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),
@@ -84,4 +85,4 @@ WITH input AS (
     FROM finished
     WHERE state NOT IN ('done', 'failed')
 )
-SELECT id, run_lease, action, queue, state, created_at, finished_at FROM finished
+SELECT id, run_lease, action, queue, state, created_at, finished_at, traced FROM finished

@@ -8,6 +8,7 @@
 -- lease has no ended attempt.
 -- Index: jobs_pkey, job_attempt_log_pkey. Locking: none.
 SELECT k.job_id AS id, k.run_lease, j.state, j.queue, j.created_at, j.finished_at,
+       j.traceparent IS NOT NULL AS traced,
        coalesce(a.outcome, f.outcome) AS outcome, coalesce(a.worker_id, f.worker_id) AS worker_id
 FROM unnest($1::uuid[], $2::bigint[]) AS k(job_id, run_lease)
 JOIN jobs j ON j.id = k.job_id

@@ -37,7 +37,7 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
                 "WITH j AS (
                    INSERT INTO jobs (id, queue, state, payload, result, error, run_at, created_at,
                                      updated_at, claimed_at, owned_by, run_lease, attempt,
-                                     max_attempts, idempotency_key, finished_at)
+                                     max_attempts, idempotency_key, finished_at, final_outcome)
                    SELECT (lpad(to_hex(t), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
                           'hist-' || (g % 10),
                           s::job_state,
@@ -45,7 +45,10 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
                           CASE WHEN s = 'done' THEN '{\"ok\": true}'::jsonb END,
                           CASE WHEN s <> 'done' THEN 'boom' END,
                           to_timestamp(t / 1000.0), to_timestamp(t / 1000.0), to_timestamp(t / 1000.0 + 1),
-                          to_timestamp(t / 1000.0), 'w', 1, 1, 4, 'k' || g, to_timestamp(t / 1000.0 + 1)
+                          to_timestamp(t / 1000.0), 'w', 1, 1, 4, 'k' || g, to_timestamp(t / 1000.0 + 1),
+                          -- As a finish leaves them: the attempt that ended a
+                          -- done or failed job stays on its row.
+                          CASE s WHEN 'done' THEN 'completed' WHEN 'failed' THEN 'failed' END::attempt_outcome
                    FROM (SELECT g, md5(g::text) AS h,
                                 -- 30 days back, one job every ms or so, oldest first
                                 (extract(epoch FROM now() - interval '30 days') * 1000)::bigint + g / 4 AS t,
@@ -55,9 +58,8 @@ async fn grow(db: &TestDb, start: usize, n: usize) {
                  a AS (
                    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
                    SELECT id, 1, 'w', claimed_at, finished_at,
-                          CASE state WHEN 'done' THEN 'completed' WHEN 'failed' THEN 'failed' ELSE 'cancelled' END::attempt_outcome,
-                          error, state
-                   FROM j)
+                          'cancelled'::attempt_outcome, error, state
+                   FROM j WHERE state = 'cancelled')
                  INSERT INTO job_tallies (queue, tally, n)
                  SELECT queue, state::text, count(*) FROM j GROUP BY queue, state",
                 &[&(at as i64), &((at + count - 1) as i64)],
