@@ -97,7 +97,11 @@ remove_run_objects() {
 
 # ---------------------------------------------------------------- 1. tools
 install_tools() {
-  local wanted=(podman runc debootstrap docker-compose netavark aardvark-dns catatonit) missing=() pkg
+  # netavark (podman's network backend) runs iptables to set up every
+  # container's network: without it each `podman run` and `RUN` step fails
+  # with "netavark: No such file or directory", and --no-install-recommends
+  # does not bring it.
+  local wanted=(podman runc debootstrap docker-compose netavark aardvark-dns catatonit iptables) missing=() pkg
   for pkg in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed' || missing+=("$pkg")
   done
