@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_client::{Client, JobContext, JobError, Worker};
-use runlease_tests::{CoordinatorProcess, SLOW_RECHECK_MS, TestCoordinator, TestDb, TestRedis, WOKEN_WITHIN};
+use runlease_tests::{
+    Api, CoordinatorProcess, SLOW_RECHECK_MS, TestCoordinator, TestDb, TestRedis, WOKEN_WITHIN,
+};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -26,14 +28,8 @@ async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another()
     let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
     let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
     // Both subscriptions are up once /readyz says so.
-    let started = Instant::now();
-    while a.api.get("/readyz").await.1["redis"] != "ok" || b.api.get("/readyz").await.1["redis"] != "ok" {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "/readyz never reported redis ok on both coordinators"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_redis(&a.api, "ok").await;
+    wait_for_redis(&b.api, "ok").await;
 
     let api_b = b.api.clone();
     let parked = tokio::spawn(async move {
@@ -71,9 +67,9 @@ async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another()
 }
 
 /// Waits until `/readyz` reports Redis as `status`.
-async fn wait_for_redis(c: &TestCoordinator, status: &str) {
-    for _ in 0..200 {
-        if c.api.get("/readyz").await.1["redis"] == status {
+async fn wait_for_redis(api: &Api, status: &str) {
+    for _ in 0..400 {
+        if api.get("/readyz").await.1["redis"] == status {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -98,7 +94,7 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
     })
     .await;
     // The subscription comes up in the background after start.
-    wait_for_redis(&c, "ok").await;
+    wait_for_redis(&c.api, "ok").await;
 
     let stop = CancellationToken::new();
     let worker = Worker::builder(Client::new(c.api.base()).unwrap())
@@ -186,7 +182,7 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
         "{metrics}"
     );
     // Resubscribed after Redis came back.
-    wait_for_redis(&c, "ok").await;
+    wait_for_redis(&c.api, "ok").await;
     stop.cancel();
     assert_eq!(run.await.unwrap().completed, 20);
 }
@@ -274,14 +270,8 @@ async fn a_burst_of_terminal_jobs_wakes_every_read_parked_on_another_coordinator
     let redis = TestRedis::start().await;
     let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
     let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
-    let started = Instant::now();
-    while a.api.get("/readyz").await.1["redis"] != "ok" || b.api.get("/readyz").await.1["redis"] != "ok" {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "/readyz never reported redis ok on both coordinators"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_redis(&a.api, "ok").await;
+    wait_for_redis(&b.api, "ok").await;
     // 300 jobs, each with a read parked on A; all finished through B in one
     // request, so their terminal signals leave B's outbox together.
     const JOBS: usize = 300;
