@@ -21,15 +21,21 @@ fn slow_timers(redis: &TestRedis) -> Vec<(&'static str, String)> {
     ]
 }
 
-#[tokio::test]
-async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another() {
+/// Two coordinator processes over one database with slow timers, both
+/// subscribed to Redis (once `/readyz` says so).
+async fn two_coordinators() -> (TestDb, TestRedis, CoordinatorProcess, CoordinatorProcess) {
     let db = TestDb::new().await;
     let redis = TestRedis::start().await;
     let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
     let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
-    // Both subscriptions are up once /readyz says so.
     wait_for_redis(&a.api, "ok").await;
     wait_for_redis(&b.api, "ok").await;
+    (db, redis, a, b)
+}
+
+#[tokio::test]
+async fn a_claim_parked_on_one_coordinator_wakes_on_an_enqueue_through_another() {
+    let (_db, _redis, a, b) = two_coordinators().await;
 
     let api_b = b.api.clone();
     let parked = tokio::spawn(async move {
@@ -266,12 +272,7 @@ async fn three_coordinators_and_thirty_workers_finish_three_thousand_jobs_once()
 
 #[tokio::test]
 async fn a_burst_of_terminal_jobs_wakes_every_read_parked_on_another_coordinator() {
-    let db = TestDb::new().await;
-    let redis = TestRedis::start().await;
-    let a = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
-    let b = CoordinatorProcess::start(&db, &slow_timers(&redis)).await;
-    wait_for_redis(&a.api, "ok").await;
-    wait_for_redis(&b.api, "ok").await;
+    let (_db, _redis, a, b) = two_coordinators().await;
     // 300 jobs, each with a read parked on A; all finished through B in one
     // request, so their terminal signals leave B's outbox together.
     const JOBS: usize = 300;
