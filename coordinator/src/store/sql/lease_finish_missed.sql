@@ -6,7 +6,10 @@
 -- $1 uuid[] job ids, $2 bigint[] run leases (parallel arrays).
 -- A row per item whose job exists; outcome and worker_id are NULL while the
 -- lease has no ended attempt.
--- Index: jobs_pkey, job_attempt_log_pkey. Locking: none.
+-- Index: jobs_pkey, job_attempt_log_pkey. The final attempt is read from the
+-- joined job row here, not through the job_attempts view: joined to a set
+-- of leases, the view is planned as a scan of both of its tables.
+-- Locking: none.
 SELECT k.job_id AS id, k.run_lease, j.state, j.queue, j.created_at, j.finished_at,
        j.traceparent IS NOT NULL AS traced,
        coalesce(a.outcome, f.outcome) AS outcome, coalesce(a.worker_id, f.worker_id) AS worker_id
