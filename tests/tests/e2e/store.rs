@@ -125,9 +125,10 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         client.batch_execute(set_up).await.unwrap();
 
         // A claim scans each queue's claim index in order and stops at the
-        // slots: no sort of every claimable row. (How it then joins the few
-        // rows it locked to the table is the planner's call: a hash join
-        // over a small table, index lookups over a large one.)
+        // slots: no sort of every claimable row. It then updates the rows it
+        // locked where it found them (a TID scan), never by a scan of the
+        // table: the coordinator runs it with its generic plan, so this is
+        // the plan every claim gets.
         let claim = generic_plan(
             &client,
             sql::LEASE_CLAIM,
@@ -135,6 +136,8 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         )
         .await;
         assert!(claim.contains("Index Scan using jobs_claim_idx"), "{claim}");
+        assert!(claim.contains("Tid Scan on jobs j"), "{claim}");
+        assert!(!claim.contains("Seq Scan on jobs"), "{claim}");
         assert!(!claim.contains("Sort Key: jobs.priority"), "{claim}");
         assert!(!claim.contains("Join Filter"), "{claim}");
 

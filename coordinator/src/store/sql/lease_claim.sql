@@ -15,7 +15,14 @@
 -- now; the limited path passes the time it took the limits at).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog;
--- queue_settings_pkey for the pause check.
+-- queue_settings_pkey for the pause check. The locked rows are then updated
+-- where the scan found them (a TID scan of their ctids), not looked up again.
+-- Plan: run with a generic plan (the store sets plan_cache_mode for the
+-- claim's transaction), so it is planned once per connection, not at every
+-- claim; nothing in it may depend on the parameters' values to stay cheap:
+-- the per-queue scans are LATERAL (always ordered index scans), and the
+-- update's TID scan is estimated at a few rows whatever the statistics, so
+-- no plan joins the locked rows to the table by a scan of it.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
@@ -24,10 +31,13 @@ WITH picked AS (
     -- slots (a plain `queue = ANY($1)` is planned as a scan and sort of every
     -- claimable row). With several queues, rows locked here but beyond the
     -- overall limit are only held until this statement's transaction ends.
-    SELECT c.id, c.priority, c.run_at
+    SELECT c.row_at, c.id, c.priority, c.run_at
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at
+        -- ctid of the row version locked (the newest: locking follows
+        -- updates), which nothing else can replace before this statement's
+        -- transaction ends.
+        SELECT ctid AS row_at, id, priority, run_at
         FROM jobs
         WHERE jobs.queue = q.queue
           AND state IN ('queued', 'enqueue_failed')
@@ -51,7 +61,7 @@ WITH picked AS (
     ORDER BY c.priority, c.run_at, c.id
     LIMIT cardinality($2::text[])
 ), numbered AS (
-    SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
+    SELECT row_at, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
 )
 UPDATE jobs j SET
     state = 'running',
@@ -68,7 +78,10 @@ UPDATE jobs j SET
     updated_at = coalesce($7::timestamptz, statement_timestamp())
 FROM numbered n
 -- The rows were locked by the scan above (which re-checked their state as it
--- locked them); no state predicate here, so the planner cannot pick the
--- claim index for this join.
-WHERE j.id = n.id
+-- locked them): updated by ctid (the ANY gives the planner a TID scan, which
+-- it estimates at a few rows and so never trades for a scan of the table),
+-- each joined to its slot. No state predicate here, so the planner cannot
+-- pick the claim index for this join.
+WHERE j.ctid = ANY (ARRAY(SELECT row_at FROM picked))
+  AND j.ctid = n.row_at
 RETURNING j.*, n.ord AS slot
