@@ -269,15 +269,17 @@ impl Store {
                 let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
                 let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Client = &client;
+                let begin = format!("BEGIN; {}", sql::LEASE_CLAIM_SETTINGS);
                 // The claim's own transaction, sent in one go (the client
-                // pipelines requests made together): with a generic plan
-                // (lease_claim.sql is written to stay cheap under one),
-                // planned once per connection instead of at every claim,
-                // which cost about a third of a small claim. A failed claim
-                // aborts the transaction and its COMMIT rolls back; the
-                // leases are answered only once the COMMIT succeeded.
+                // pipelines requests made together): with its generic plan,
+                // planned once per connection instead of at every claim
+                // (planning cost about a third of a small claim), and with
+                // the join methods that plan may use pinned to nested loops
+                // (lease_claim.sql says why). A failed claim aborts the
+                // transaction and its COMMIT rolls back; the leases are
+                // answered only once the COMMIT succeeded.
                 let (begun, claimed, committed) = tokio::join!(
-                    pg.batch_execute("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"),
+                    pg.batch_execute(&begin),
                     claim_rows(
                         pg,
                         &stmt,

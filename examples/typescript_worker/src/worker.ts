@@ -20,6 +20,10 @@
  * - sends the outcomes of jobs that end together in one `POST /v1/finish`
  *   (while one request is in flight the next gathers); finishing is
  *   idempotent per lease, so a lost answer or a 503 is retried;
+ * - claims a job for each slot those outcomes free in that same request
+ *   (its `claim`, with `wait_ms` 0: the coordinator claims once the outcomes
+ *   are committed), so a busy worker spends one request per cycle; slots it
+ *   brings no job for go back to the long-polling claim loop;
  * - drains on SIGTERM or SIGINT: stops claiming (a claim already parked is
  *   let answer, and what it brings is released at once), lets running
  *   handlers finish for `--grace-ms`, stops the rest and releases them with
@@ -351,6 +355,16 @@ interface FinishResult {
 }
 interface FinishAnswer {
   items: FinishResult[];
+  /** Present when the request carried a claim. */
+  leases?: Lease[];
+}
+
+/** Claims riding on finish requests: what to ask for, and what to do with the leases. */
+interface ClaimRider {
+  /** The claim for `slots` freed slots, or null (stopping: claim nothing). */
+  claim(slots: number): Record<string, unknown> | null;
+  /** Starts the leases a finish request's claim brought (sent and answered at these monotonic ms). */
+  start(leases: Lease[], sent: number, received: number): void;
 }
 
 // ---------------------------------------------------------------------------
@@ -362,15 +376,22 @@ const MAX_ITEMS_PER_REQUEST = 1000;
 const FINISH_TIMEOUT_MS = 10_000;
 
 class Finisher {
-  private queue: { item: FinishItem; done: (r: FinishResult | Error) => void }[] = [];
+  private queue: { item: FinishItem; frees: boolean; done: (r: FinishResult | Error) => void }[] = [];
   private sending = false;
 
-  constructor(private readonly api: Coordinator) {}
+  constructor(
+    private readonly api: Coordinator,
+    private readonly rider: ClaimRider,
+  ) {}
 
-  /** Sends `item` with the next request; resolves to its own result, or to the error that kept it out. */
-  submit(item: FinishItem): Promise<FinishResult | Error> {
+  /**
+   * Sends `item` with the next request; resolves to its own result, or to
+   * the error that kept it out. With `frees`, the request also claims a job
+   * for the slot the item's job leaves.
+   */
+  submit(item: FinishItem, frees: boolean): Promise<FinishResult | Error> {
     return new Promise((done) => {
-      this.queue.push({ item, done });
+      this.queue.push({ item, frees, done });
       if (!this.sending) void this.sendAll();
     });
   }
@@ -383,7 +404,11 @@ class Finisher {
       await new Promise((r) => setImmediate(r));
       while (this.queue.length > 0) {
         const batch = this.queue.splice(0, MAX_ITEMS_PER_REQUEST);
-        const results = await this.send(batch.map((p) => p.item));
+        const claim = this.rider.claim(batch.filter((p) => p.frees).length);
+        const results = await this.send(
+          batch.map((p) => p.item),
+          claim,
+        );
         batch.forEach((p, i) => p.done(results[i] ?? new Error("finish answered no item")));
       }
     } finally {
@@ -391,9 +416,16 @@ class Finisher {
     }
   }
 
-  private async send(items: FinishItem[]): Promise<(FinishResult | Error)[]> {
+  private async send(items: FinishItem[], claim: Record<string, unknown> | null): Promise<(FinishResult | Error)[]> {
     try {
-      const answer = await this.api.postRetrying<FinishAnswer>("/v1/finish", { items }, FINISH_TIMEOUT_MS);
+      const sent = now();
+      // A claim whose answer is lost (and so sent again) leaves its leases
+      // to be reaped after their TTL, as a lost claim's would.
+      const body = claim === null ? { items } : { items, claim };
+      const answer = await this.api.postRetrying<FinishAnswer>("/v1/finish", body, FINISH_TIMEOUT_MS);
+      // Started before the items answer, so the new jobs hold their slots
+      // before the finished ones give theirs back to the claim loop.
+      if (answer.leases !== undefined) this.rider.start(answer.leases, sent, now());
       if (answer.items.length !== items.length) {
         const e = new Error(`finish answered ${answer.items.length} items for ${items.length}`);
         return items.map(() => e);
@@ -402,9 +434,10 @@ class Finisher {
     } catch (e) {
       if (e instanceof ApiError && [400, 413, 422].includes(e.status) && items.length > 1) {
         // One item the coordinator refuses must not take the others down:
-        // send each alone, so only it fails.
+        // send each alone (claiming nothing: the slots go back to the claim
+        // loop), so only it fails.
         const results: (FinishResult | Error)[] = [];
-        for (const item of items) results.push(...(await this.send([item])));
+        for (const item of items) results.push(...(await this.send([item], null)));
         return results;
       }
       const error = e instanceof Error ? e : new Error(String(e));
@@ -456,7 +489,13 @@ class Worker {
     private readonly api: Coordinator,
     private readonly options: Options,
   ) {
-    this.finisher = new Finisher(api);
+    this.finisher = new Finisher(api, {
+      claim: (slots) =>
+        slots === 0 || this.shutdown.signal.aborted
+          ? null
+          : { queues: options.queues, worker_id: options.workerId, max_jobs: slots, wait_ms: 0 },
+      start: (leases, sent, received) => this.startLeases(leases, sent, received, "finish"),
+    });
   }
 
   async run(): Promise<number> {
@@ -510,14 +549,18 @@ class Worker {
         backoff = Math.min(backoff * 2, 5_000);
         continue;
       }
-      const received = now();
-      for (const lease of leases) {
-        const job = new Job(lease, sent, received);
-        this.held.set(job.leaseToken, job);
-        this.track(this.shutdown.signal.aborted ? this.giveBack(job) : this.runJob(job));
-      }
-      if (leases.length > 0) this.leaseAdded.notify();
+      this.startLeases(leases, sent, now(), "claim");
     }
+  }
+
+  /** Holds and runs the jobs of `leases` (given back at once when stopping). */
+  private startLeases(leases: Lease[], sent: number, received: number, via: "claim" | "finish"): void {
+    for (const lease of leases) {
+      const job = new Job(lease, sent, received);
+      this.held.set(job.leaseToken, job);
+      this.track(this.shutdown.signal.aborted ? this.giveBack(job) : this.runJob(job, via));
+    }
+    if (leases.length > 0) this.leaseAdded.notify();
   }
 
   private track(run: Promise<void>): void {
@@ -538,8 +581,8 @@ class Worker {
 
   // ---- running one job ----
 
-  private async runJob(job: Job): Promise<void> {
-    log("job claimed", { job_id: job.jobId, run_lease: job.runLease, attempt: job.attempt });
+  private async runJob(job: Job, via: "claim" | "finish"): Promise<void> {
+    log("job claimed", { job_id: job.jobId, run_lease: job.runLease, attempt: job.attempt, via });
     const handled: Promise<Ended> = handle(job).then(
       (value): Ended => ({ kind: "result", value }),
       (error: unknown): Ended => ({ kind: "error", error }),
@@ -564,7 +607,8 @@ class Worker {
       // is sent (it would be refused); the coordinator decides.
       log("job dropped", { ...ids, reason: outcome.reason });
     } else {
-      const result = await this.finisher.submit(outcome);
+      // A job given back while stopping frees no slot worth claiming for.
+      const result = await this.finisher.submit(outcome, !this.shutdown.signal.aborted);
       if (result instanceof Error) {
         log("finish failed", { ...ids, action: outcome.action, error: describe(result) });
       } else if (result.status === "lease_lost") {

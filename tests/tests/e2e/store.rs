@@ -126,15 +126,21 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
 
         // A claim scans each queue's claim index in order and stops at the
         // slots: no sort of every claimable row. It then updates the rows it
-        // locked where it found them (a TID scan), never by a scan of the
-        // table: the coordinator runs it with its generic plan, so this is
-        // the plan every claim gets.
+        // locked where it found them (a TID scan per row), never by a scan of
+        // the table: the coordinator runs it with its generic plan, so this is
+        // the plan every claim gets (planned under the claim transaction's
+        // settings, as the store plans it).
+        client
+            .batch_execute(&format!("BEGIN; {}", sql::LEASE_CLAIM_SETTINGS))
+            .await
+            .unwrap();
         let claim = generic_plan(
             &client,
             sql::LEASE_CLAIM,
             "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
         )
         .await;
+        client.batch_execute("COMMIT").await.unwrap();
         assert!(claim.contains("Index Scan using jobs_claim_idx"), "{claim}");
         assert!(claim.contains("Tid Scan on jobs j"), "{claim}");
         assert!(!claim.contains("Seq Scan on jobs"), "{claim}");

@@ -16,13 +16,13 @@
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog;
 -- queue_settings_pkey for the pause check. The locked rows are then updated
--- where the scan found them (a TID scan of their ctids), not looked up again.
--- Plan: run with a generic plan (the store sets plan_cache_mode for the
--- claim's transaction), so it is planned once per connection, not at every
--- claim; nothing in it may depend on the parameters' values to stay cheap:
--- the per-queue scans are LATERAL (always ordered index scans), and the
--- update's TID scan is estimated at a few rows whatever the statistics, so
--- no plan joins the locked rows to the table by a scan of it.
+-- where the scan found them (a TID scan of each ctid), not looked up again.
+-- Plan: the store runs it with its generic plan, planned once per
+-- connection instead of at every claim, with hash and merge joins off for
+-- the claim's transaction: the per-queue scans are LATERAL (ordered index
+-- scans whatever the estimates) and the update a nested loop of TID scans,
+-- so no estimate of the parameters or statistics can turn it into a scan of
+-- the table.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
@@ -78,10 +78,9 @@ UPDATE jobs j SET
     updated_at = coalesce($7::timestamptz, statement_timestamp())
 FROM numbered n
 -- The rows were locked by the scan above (which re-checked their state as it
--- locked them): updated by ctid (the ANY gives the planner a TID scan, which
--- it estimates at a few rows and so never trades for a scan of the table),
--- each joined to its slot. No state predicate here, so the planner cannot
--- pick the claim index for this join.
-WHERE j.ctid = ANY (ARRAY(SELECT row_at FROM picked))
-  AND j.ctid = n.row_at
+-- locked them): each is updated where the scan found it, by ctid (a TID
+-- scan per slot, under the nested loop the claim's transaction settles on).
+-- No state predicate here, so the planner cannot pick the claim index for
+-- this join.
+WHERE j.ctid = n.row_at
 RETURNING j.*, n.ord AS slot
