@@ -416,6 +416,8 @@ impl Store {
         let rows = match per_key {
             None => {
                 let slots = &slots[..allowed as usize];
+                // Planned as the shared claim is (lease_claim.sql).
+                tx.batch_execute(sql::LEASE_CLAIM_SETTINGS).await?;
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Transaction<'_> = &tx;
                 claim_rows(
