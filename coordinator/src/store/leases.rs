@@ -269,7 +269,6 @@ impl Store {
                 let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
                 let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
                 let pg: &tokio_postgres::Client = &client;
-                let begin = format!("BEGIN; {}", sql::LEASE_CLAIM_SETTINGS);
                 // The claim's own transaction, sent in one go (the client
                 // pipelines requests made together): with its generic plan,
                 // planned once per connection instead of at every claim
@@ -279,7 +278,7 @@ impl Store {
                 // transaction and its COMMIT rolls back; the leases are
                 // answered only once the COMMIT succeeded.
                 let (begun, claimed, committed) = tokio::join!(
-                    pg.batch_execute(&begin),
+                    pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
                     claim_rows(
                         pg,
                         &stmt,

@@ -24,10 +24,19 @@ pub const JOB_DISPATCH_UNMARK: &str = include_str!("sql/job_dispatch_unmark.sql"
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 /// Claim leases.
 pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
+/// What a claim's transaction sets before `LEASE_CLAIM` (one literal for
+/// the two constants below).
+macro_rules! lease_claim_settings {
+    () => {
+        "SET LOCAL plan_cache_mode = force_generic_plan; \
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+    };
+}
 /// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
 /// (planned once per connection), joined by nested loops only.
-pub const LEASE_CLAIM_SETTINGS: &str = "SET LOCAL plan_cache_mode = force_generic_plan; \
-     SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off";
+pub const LEASE_CLAIM_SETTINGS: &str = lease_claim_settings!();
+/// Opens a claim's own transaction with [`LEASE_CLAIM_SETTINGS`].
+pub const LEASE_CLAIM_BEGIN: &str = concat!("BEGIN; ", lease_claim_settings!());
 /// Claim leases of a queue limited per concurrency key.
 pub const LEASE_CLAIM_KEYED: &str = include_str!("sql/lease_claim_keyed.sql");
 /// Lock a queue's limits for a claim.

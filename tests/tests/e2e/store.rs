@@ -130,10 +130,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         // the table: the coordinator runs it with its generic plan, so this is
         // the plan every claim gets (planned under the claim transaction's
         // settings, as the store plans it).
-        client
-            .batch_execute(&format!("BEGIN; {}", sql::LEASE_CLAIM_SETTINGS))
-            .await
-            .unwrap();
+        client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
         let claim = generic_plan(
             &client,
             sql::LEASE_CLAIM,
