@@ -233,7 +233,14 @@ pub async fn serve(
         &tracker,
         shutdown.clone(),
     );
-    let finisher = Finisher::finisher(&store, settings, metrics.clone(), &tracker, shutdown.clone());
+    let finisher = Finisher::finisher(
+        &store,
+        &wake,
+        settings,
+        metrics.clone(),
+        &tracker,
+        shutdown.clone(),
+    );
     let renewer = Renewer::renewer(&store, settings, metrics.clone(), &tracker, shutdown.clone());
 
     let state = Arc::new(http::Shared {

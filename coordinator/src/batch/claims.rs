@@ -375,30 +375,36 @@ impl ClaimBatcher {
         }
     }
 
-    /// Leases claimed for a claimer that left before its answer: give them
-    /// back at once instead of letting them expire (no attempt charged).
+    /// Leases claimed for a claimer that left before its answer: see
+    /// [`release_unwanted`].
     async fn release_unwanted(&self, worker: &WorkerId, records: Vec<JobRow>) {
-        let items: Vec<(LeaseRef, Outcome)> = records
-            .iter()
-            .map(|r| {
-                let lease = LeaseRef {
-                    job_id: r.id,
-                    run_lease: r.run_lease,
-                    worker_id: worker.clone(),
-                };
-                (lease, Outcome::Release { progress: None })
-            })
-            .collect();
-        tracing::info!(
-            leases = items.len(),
-            "claimer left before its answer: releasing its leases"
-        );
-        let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
-        if let Err(e) = self.store.finish(&refs).await {
-            tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
-        }
-        for r in &records {
-            self.wake.ready(&r.queue);
-        }
+        release_unwanted(&self.store, &self.wake, worker, records).await;
+    }
+}
+
+/// Leases claimed for a claimer that left before its answer: given back at
+/// once instead of left to expire (no attempt charged), their queues woken.
+pub(crate) async fn release_unwanted(store: &Store, wake: &Wake, worker: &WorkerId, records: Vec<JobRow>) {
+    let items: Vec<(LeaseRef, Outcome)> = records
+        .iter()
+        .map(|r| {
+            let lease = LeaseRef {
+                job_id: r.id,
+                run_lease: r.run_lease,
+                worker_id: worker.clone(),
+            };
+            (lease, Outcome::Release { progress: None })
+        })
+        .collect();
+    tracing::info!(
+        leases = items.len(),
+        "claimer left before its answer: releasing its leases"
+    );
+    let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
+    if let Err(e) = store.finish(&refs).await {
+        tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
+    }
+    for r in &records {
+        wake.ready(&r.queue);
     }
 }

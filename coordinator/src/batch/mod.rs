@@ -22,9 +22,14 @@ use tokio_util::task::TaskTracker;
 
 use runlease_protocol::worker::HeartbeatStatus;
 
+use runlease_protocol::{QueueName, WorkerId};
+
+use crate::batch::claims::ClaimAsk;
 use crate::metrics::{BatchLabels, Metrics};
-use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
+use crate::store::leases::{ClaimGroup, Ending, LeaseRef, Outcome, Renewal};
+use crate::store::rows::JobRow;
 use crate::store::{Store, StoreError};
+use crate::wake::Wake;
 
 /// How requests are gathered.
 #[derive(Debug, Clone, Copy)]
@@ -43,22 +48,57 @@ pub struct BatchSettings {
     pub claim_shards: usize,
 }
 
-/// Writes one batch and answers each of its requests.
-async fn flush_batch<Req, Resp>(name: &str, flush: &FlushFn<Req, Resp>, batch: Vec<Pending<Req, Resp>>) {
+/// What a flush makes of one request: its answer, or the request again for
+/// a later batch (a second step that must wait for this batch's commit).
+#[derive(Debug)]
+pub enum Pass<Req, Resp> {
+    /// Answered.
+    Answer(Resp),
+    /// To be written with the next batch, and answered then.
+    Again(Req),
+}
+
+/// Where a batch's [`Pass::Again`] requests go: back into the batcher's own
+/// queue (held weakly, so the loop still ends when every handle is gone).
+struct Requeue<Req, Resp> {
+    tx: mpsc::WeakUnboundedSender<Pending<Req, Resp>>,
+    gathering: Gauge,
+}
+
+/// Writes one batch and answers each of its requests (or queues it again).
+async fn flush_batch<Req, Resp>(
+    name: &str,
+    flush: &FlushFn<Req, Resp>,
+    orphaned: Option<&OrphanFn<Resp>>,
+    requeue: &Requeue<Req, Resp>,
+    batch: Vec<Pending<Req, Resp>>,
+) {
     let (reqs, replies): (Vec<Req>, Vec<_>) = batch.into_iter().map(|p| (p.req, p.reply)).unzip();
     let n = reqs.len();
     tracing::trace!(batcher = name, size = n, "flushing a batch");
     match flush(Arc::new(reqs)).await {
-        Ok(resps) if resps.len() == n => {
-            for (reply, resp) in replies.into_iter().zip(resps) {
-                // A requester that went away is fine: its write stands.
-                let _ = reply.send(Ok(resp));
+        Ok(passes) if passes.len() == n => {
+            let again = requeue.tx.upgrade();
+            for (reply, pass) in replies.into_iter().zip(passes) {
+                match pass {
+                    Pass::Answer(resp) => answer(reply, resp, orphaned),
+                    Pass::Again(req) => {
+                        // With the loop gone (every handle dropped), nobody
+                        // waits for the answer any more.
+                        if let Some(tx) = &again {
+                            requeue.gathering.inc();
+                            if tx.send(Pending { req, reply }).is_err() {
+                                requeue.gathering.dec();
+                            }
+                        }
+                    }
+                }
             }
         }
-        Ok(resps) => {
+        Ok(passes) => {
             let e = StoreError::Database(format!(
                 "{name} answered {} results for {n} requests",
-                resps.len()
+                passes.len()
             ));
             for reply in replies {
                 let _ = reply.send(Err(e.clone()));
@@ -72,21 +112,40 @@ async fn flush_batch<Req, Resp>(name: &str, flush: &FlushFn<Req, Resp>, batch: V
     }
 }
 
+/// Answers one request; an answer its requester left before is handed to
+/// `orphaned` (a requester that went away is fine: its write stands, and
+/// what it would have been handed is given back there).
+fn answer<Resp>(
+    reply: oneshot::Sender<Result<Resp, StoreError>>,
+    resp: Resp,
+    orphaned: Option<&OrphanFn<Resp>>,
+) {
+    if let (Err(Ok(resp)), Some(orphaned)) = (reply.send(Ok(resp)), orphaned) {
+        orphaned(resp);
+    }
+}
+
 struct Pending<Req, Resp> {
     req: Req,
     reply: oneshot::Sender<Result<Resp, StoreError>>,
 }
 
 /// Writes a batch. It borrows the requests (shared, so a retry needs no copy).
-type FlushFn<Req, Resp> = dyn Fn(Arc<Vec<Req>>) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Resp>, StoreError>> + Send>>
+type FlushFn<Req, Resp> = dyn Fn(
+        Arc<Vec<Req>>,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Vec<Pass<Req, Resp>>, StoreError>> + Send>>
     + Send
     + Sync;
+
+/// Takes an answer whose requester went away before it was answered.
+pub type OrphanFn<Resp> = dyn Fn(Resp) + Send + Sync;
 
 /// Gathers requests and writes them with one `flush` call per batch; `flush`
 /// answers one response per request, in order.
 pub struct Batcher<Req, Resp> {
     tx: Option<mpsc::UnboundedSender<Pending<Req, Resp>>>,
     flush: Arc<FlushFn<Req, Resp>>,
+    orphaned: Option<Arc<OrphanFn<Resp>>>,
     /// `runlease_batch_gathering` of this batcher's kind.
     gathering: Gauge,
 }
@@ -96,6 +155,7 @@ impl<Req, Resp> Clone for Batcher<Req, Resp> {
         Self {
             tx: self.tx.clone(),
             flush: self.flush.clone(),
+            orphaned: self.orphaned.clone(),
             gathering: self.gathering.clone(),
         }
     }
@@ -106,20 +166,23 @@ where
     Req: Send + Sync + 'static,
     Resp: Send + 'static,
 {
-    /// A batcher writing with `flush`. With batching enabled its loop runs on
-    /// `tracker` until every handle is dropped; `cancel` (shutdown) turns the
-    /// gathering delay off, so what was gathered is flushed at once.
+    /// A batcher writing with `flush`, which answers each request or hands
+    /// it back for the next batch ([`Pass`]). With batching enabled its loop
+    /// runs on `tracker` until every handle is dropped; `cancel` (shutdown)
+    /// turns the gathering delay off, so what was gathered is flushed at
+    /// once. Answers whose requester left go to `orphaned`.
     pub fn spawn<F, Fut>(
         name: &'static str,
         settings: BatchSettings,
         metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
+        orphaned: Option<Arc<OrphanFn<Resp>>>,
         flush: F,
     ) -> Self
     where
         F: Fn(Arc<Vec<Req>>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<Resp>, StoreError>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<Pass<Req, Resp>>, StoreError>> + Send + 'static,
     {
         let gathering = metrics
             .batch_gathering
@@ -135,10 +198,16 @@ where
             return Self {
                 tx: None,
                 flush,
+                orphaned,
                 gathering,
             };
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
+        let requeue = Arc::new(Requeue {
+            tx: tx.downgrade(),
+            gathering: gathering.clone(),
+        });
+        let orphan = orphaned.clone();
         let f = flush.clone();
         let max_size = settings.max_size.max(1);
         let flushers = Arc::new(Semaphore::new(settings.flushers.max(1)));
@@ -170,9 +239,9 @@ where
                     }
                 }
                 gathered.dec_by(batch.len() as i64);
-                let f = f.clone();
+                let (f, orphan, requeue) = (f.clone(), orphan.clone(), requeue.clone());
                 tasks.spawn(async move {
-                    flush_batch(name, &*f, batch).await;
+                    flush_batch(name, &*f, orphan.as_deref(), &requeue, batch).await;
                     drop(permit);
                 });
             }
@@ -184,18 +253,30 @@ where
         Self {
             tx: Some(tx),
             flush,
+            orphaned,
             gathering,
         }
+    }
+
+    /// Whether requests are gathered into batches (off: each is written
+    /// alone, at once).
+    pub fn batching(&self) -> bool {
+        self.tx.is_some()
     }
 
     /// Writes `req` with the next batch (or alone, with batching off) and
     /// answers once that batch committed.
     pub async fn submit(&self, req: Req) -> Result<Resp, StoreError> {
         let Some(tx) = &self.tx else {
-            let mut resps = (self.flush)(Arc::new(vec![req])).await?;
-            return resps
-                .pop()
-                .ok_or_else(|| StoreError::Database("a flush answered nothing".into()));
+            // Alone: each pass is its own flush.
+            let mut req = req;
+            loop {
+                match (self.flush)(Arc::new(vec![req])).await?.pop() {
+                    Some(Pass::Answer(resp)) => return Ok(resp),
+                    Some(Pass::Again(next)) => req = next,
+                    None => return Err(StoreError::Database("a flush answered nothing".into())),
+                }
+            }
         };
         let (reply, answer) = oneshot::channel();
         // Counted before the send, so the loop's decrement never comes first.
@@ -211,11 +292,49 @@ where
 }
 
 /// The batcher of finishing outcomes: each request's items, written with
-/// other requests' items in one statement.
-pub type Finisher = Batcher<Vec<(LeaseRef, Outcome)>, Vec<Ending>>;
+/// other requests' items in one statement; a request's claim (a finish that
+/// carries one) rides the next batch's transaction, after the one that
+/// committed its items.
+pub type Finisher = Batcher<FinishWork, FinishDone>;
 /// The batcher of heartbeats: each request's renewals, written with other
 /// requests' renewals in one statement.
 pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
+
+/// One finish request for the [`Finisher`]: its items, then its claim.
+#[derive(Debug, Clone)]
+pub struct FinishWork {
+    /// The outcomes to write.
+    items: Vec<(LeaseRef, Outcome)>,
+    /// The claim to make once the items are committed.
+    claim: Option<ClaimAsk>,
+    /// The items' answers once they are committed (the claim's pass).
+    endings: Option<Vec<Ending>>,
+}
+
+impl FinishWork {
+    /// Items to write; with `claim`, a claim made in a later transaction
+    /// than the one that commits them (at once when there are no items).
+    pub fn new(items: Vec<(LeaseRef, Outcome)>, claim: Option<ClaimAsk>) -> Self {
+        let endings = (items.is_empty() && claim.is_some()).then(Vec::new);
+        Self {
+            items,
+            claim,
+            endings,
+        }
+    }
+}
+
+/// What the [`Finisher`] answers a [`FinishWork`].
+#[derive(Debug, Default)]
+pub struct FinishDone {
+    /// One per item, in order.
+    pub endings: Vec<Ending>,
+    /// The claim's leases (`None`: the request had no claim; empty: nothing
+    /// was claimable, or the coordinator is stopping).
+    pub leases: Option<Vec<JobRow>>,
+    /// The claiming worker.
+    pub worker: Option<WorkerId>,
+}
 
 /// Hands each request, in order, its share of the answers to a batch of
 /// flattened items (`sizes[i]` items came from request `i`).
@@ -228,31 +347,176 @@ fn split<T>(sizes: &[usize], answers: Vec<T>) -> Vec<Vec<T>> {
 }
 
 impl Finisher {
-    /// Writes finishing outcomes with [`Store::finish`].
+    /// Writes finishing outcomes, and the claims riding on them, with
+    /// [`Store::finish_then_claim`]: a batch writes its new requests' items
+    /// and makes the claims of requests whose items an earlier batch
+    /// committed. Claims go by (queues, time left), each one statement of
+    /// at most `settings.max_size` slots; claimers left over wait for the
+    /// next batch. Leases claimed for a requester that left are released.
     pub fn finisher(
         store: &Store,
+        wake: &Wake,
         settings: BatchSettings,
         metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
+        let max_slots = settings.max_size.max(1);
+        let orphaned: Arc<OrphanFn<FinishDone>> = {
+            let (store, wake, tracker) = (store.clone(), wake.clone(), tracker.clone());
+            Arc::new(move |done: FinishDone| {
+                let (Some(worker), Some(rows)) = (done.worker, done.leases) else {
+                    return;
+                };
+                if rows.is_empty() {
+                    return;
+                }
+                let (store, wake) = (store.clone(), wake.clone());
+                tracker.spawn(async move { claims::release_unwanted(&store, &wake, &worker, rows).await });
+            })
+        };
         let store = store.clone();
+        let stopping = cancel.clone();
+        let batch_metrics = metrics.clone();
         Batcher::spawn(
             "finish",
             settings,
             metrics,
             tracker,
             cancel,
-            move |requests: Arc<Vec<Vec<(LeaseRef, Outcome)>>>| {
-                let store = store.clone();
-                async move {
-                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
-                    let items: Vec<&(LeaseRef, Outcome)> = requests.iter().flatten().collect();
-                    Ok(split(&sizes, store.finish(&items).await?))
-                }
+            Some(orphaned),
+            move |works: Arc<Vec<FinishWork>>| {
+                let (store, stopping, metrics) = (store.clone(), stopping.clone(), batch_metrics.clone());
+                async move { flush_finishes(&store, &metrics, &stopping, max_slots, &works).await }
             },
         )
     }
+}
+
+/// Claims of one batch that share a statement: queues, time left, slots.
+type Group<'a> = (&'a [QueueName], Option<u64>, Vec<&'a WorkerId>);
+
+/// One batch of the [`Finisher`]: see [`Finisher::finisher`].
+async fn flush_finishes(
+    store: &Store,
+    metrics: &Metrics,
+    stopping: &CancellationToken,
+    max_slots: usize,
+    works: &[FinishWork],
+) -> Result<Vec<Pass<FinishWork, FinishDone>>, StoreError> {
+    // Items of the requests on their first pass.
+    let sizes: Vec<usize> = works
+        .iter()
+        .map(|w| if w.endings.is_none() { w.items.len() } else { 0 })
+        .collect();
+    let items: Vec<&(LeaseRef, Outcome)> = works
+        .iter()
+        .filter(|w| w.endings.is_none())
+        .flat_map(|w| &w.items)
+        .collect();
+    // Claims of the requests whose items are committed, by (queues, time
+    // left), slots in arrival order, each statement capped. At shutdown no
+    // claim is made (as parked claims are answered then: empty).
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    // Per request: (group, first slot, slots) of its claim this pass.
+    let mut placed: Vec<Option<(usize, usize, usize)>> = vec![None; works.len()];
+    if !stopping.is_cancelled() {
+        for (i, work) in works.iter().enumerate() {
+            let (Some(ask), Some(_)) = (&work.claim, &work.endings) else {
+                continue;
+            };
+            let g = match groups
+                .iter()
+                .position(|(q, t, _)| *q == ask.queues.as_slice() && *t == ask.time_left_ms)
+            {
+                Some(g) => g,
+                None => {
+                    groups.push((&ask.queues, ask.time_left_ms, Vec::new()));
+                    groups.len() - 1
+                }
+            };
+            let slots = &mut groups[g].2;
+            let want = ask.max_jobs as usize;
+            if !slots.is_empty() && slots.len() + want > max_slots {
+                continue; // the next batch
+            }
+            let want = want.min(max_slots);
+            placed[i] = Some((g, slots.len(), want));
+            slots.extend(std::iter::repeat_n(&ask.worker, want));
+        }
+    }
+    let claims: Vec<ClaimGroup<'_>> = groups
+        .iter()
+        .map(|(queues, time_left_ms, slots)| {
+            metrics.batch("claim", slots.len());
+            ClaimGroup {
+                queues,
+                slots: slots.clone(),
+                time_left_ms: *time_left_ms,
+            }
+        })
+        .collect();
+    let (endings, claimed) = if items.is_empty() && claims.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        store.finish_then_claim(&items, &claims).await?
+    };
+    let mut endings = split(&sizes, endings).into_iter();
+    // Each group's leases by slot.
+    let mut by_slot: Vec<Vec<Option<JobRow>>> = groups
+        .iter()
+        .map(|(_, _, slots)| (0..slots.len()).map(|_| None).collect())
+        .collect();
+    for (g, rows) in claimed.into_iter().enumerate() {
+        for (slot, row) in rows {
+            if let Some(at) = by_slot.get_mut(g).and_then(|s| s.get_mut(slot)) {
+                *at = Some(row);
+            }
+        }
+    }
+    Ok(works
+        .iter()
+        .zip(placed)
+        .map(|(work, placed)| {
+            let first = endings.next().unwrap_or_default();
+            match (&work.endings, &work.claim) {
+                // Items written, no claim: answered.
+                (None, None) => Pass::Answer(FinishDone {
+                    endings: first,
+                    ..FinishDone::default()
+                }),
+                // Items written: the claim rides the next batch.
+                (None, Some(ask)) => Pass::Again(FinishWork {
+                    items: Vec::new(),
+                    claim: Some(ask.clone()),
+                    endings: Some(first),
+                }),
+                (Some(done), Some(ask)) => match placed {
+                    Some((g, from, n)) => Pass::Answer(FinishDone {
+                        endings: done.clone(),
+                        leases: Some(
+                            by_slot[g][from..from + n]
+                                .iter_mut()
+                                .filter_map(Option::take)
+                                .collect(),
+                        ),
+                        worker: Some(ask.worker.clone()),
+                    }),
+                    None if stopping.is_cancelled() => Pass::Answer(FinishDone {
+                        endings: done.clone(),
+                        leases: Some(Vec::new()),
+                        worker: None,
+                    }),
+                    // No room in this batch's claims: the next one.
+                    None => Pass::Again(work.clone()),
+                },
+                (Some(done), None) => Pass::Answer(FinishDone {
+                    endings: done.clone(),
+                    ..FinishDone::default()
+                }),
+            }
+        })
+        .collect())
 }
 
 impl Renewer {
@@ -271,14 +535,174 @@ impl Renewer {
             metrics,
             tracker,
             cancel,
+            None,
             move |requests: Arc<Vec<Vec<Renewal>>>| {
                 let store = store.clone();
                 async move {
                     let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
                     let renewals: Vec<&Renewal> = requests.iter().flatten().collect();
-                    Ok(split(&sizes, store.heartbeat(&renewals).await?))
+                    let answers = split(&sizes, store.heartbeat(&renewals).await?);
+                    Ok(answers.into_iter().map(Pass::Answer).collect())
                 }
             },
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use tokio::sync::Semaphore;
+
+    use super::*;
+
+    fn settings(enabled: bool) -> BatchSettings {
+        BatchSettings {
+            enabled,
+            max_size: 100,
+            max_delay: Duration::ZERO,
+            flushers: 1,
+            claim_shards: 1,
+        }
+    }
+
+    /// What each flush was handed, in order.
+    type Seen = Arc<Mutex<Vec<Vec<(u32, u32)>>>>;
+
+    fn metrics() -> Arc<Metrics> {
+        Arc::new(Metrics::new(Duration::from_secs(25)))
+    }
+
+    /// A request `(id, passes left)`: answered `id` once no pass is left,
+    /// else handed back with one pass less.
+    fn pass((id, left): (u32, u32)) -> Pass<(u32, u32), u32> {
+        if left == 0 {
+            Pass::Answer(id)
+        } else {
+            Pass::Again((id, left - 1))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_handed_back_is_answered_by_a_later_batch_with_requests_that_came_meanwhile() {
+        let tracker = TaskTracker::new();
+        let batches: Seen = Arc::default();
+        // The first flush waits at the gate until every request is queued.
+        let gate = Arc::new(Semaphore::new(0));
+        let (seen, opened) = (batches.clone(), gate.clone());
+        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
+            "test",
+            settings(true),
+            metrics(),
+            &tracker,
+            CancellationToken::new(),
+            None,
+            move |reqs: Arc<Vec<(u32, u32)>>| {
+                let (seen, opened) = (seen.clone(), opened.clone());
+                async move {
+                    let first = seen.lock().unwrap().is_empty();
+                    seen.lock().unwrap().push(reqs.to_vec());
+                    if first {
+                        opened.acquire().await.unwrap().forget();
+                    }
+                    Ok(reqs.iter().copied().map(pass).collect())
+                }
+            },
+        );
+        // Request 0 (two passes) is flushed alone and held at the gate;
+        // 1 (one pass) and 2 (none) queue meanwhile.
+        let first = tokio::spawn({
+            let b = batcher.clone();
+            async move { b.submit((0, 2)).await }
+        });
+        while batches.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        let (b1, b2) = (batcher.clone(), batcher.clone());
+        let others = tokio::spawn(async move { tokio::join!(b1.submit((1, 1)), b2.submit((2, 0))) });
+        while batcher.gathering.get() < 2 {
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(1);
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        let (one, two) = others.await.unwrap();
+        assert_eq!((one.unwrap(), two.unwrap()), (1, 2));
+        let batches = batches.lock().unwrap().clone();
+        // 0's second pass went with the two that queued during its first;
+        // each later pass is in a later batch than the one before it.
+        assert_eq!(batches[0], vec![(0, 2)]);
+        assert!(
+            batches[1].contains(&(1, 1)) && batches[1].contains(&(2, 0)),
+            "{batches:?}"
+        );
+        assert!(batches[1].contains(&(0, 1)), "{batches:?}");
+        let at = |req| batches.iter().position(|b| b.contains(&req)).unwrap();
+        assert!(at((0, 0)) > at((0, 1)) && at((1, 0)) > at((1, 1)), "{batches:?}");
+        assert_eq!(batcher.gathering.get(), 0, "the gauge counts what waits");
+    }
+
+    #[tokio::test]
+    async fn alone_each_pass_is_its_own_flush() {
+        let tracker = TaskTracker::new();
+        let flushes: Seen = Arc::default();
+        let seen = flushes.clone();
+        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
+            "test",
+            settings(false),
+            metrics(),
+            &tracker,
+            CancellationToken::new(),
+            None,
+            move |reqs: Arc<Vec<(u32, u32)>>| {
+                seen.lock().unwrap().push(reqs.to_vec());
+                std::future::ready(Ok(reqs.iter().copied().map(pass).collect()))
+            },
+        );
+        assert!(!batcher.batching());
+        assert_eq!(batcher.submit((7, 2)).await.unwrap(), 7);
+        assert_eq!(
+            *flushes.lock().unwrap(),
+            vec![vec![(7, 2)], vec![(7, 1)], vec![(7, 0)]]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_answer_whose_requester_left_goes_to_the_orphan_hook() {
+        let tracker = TaskTracker::new();
+        let gate = Arc::new(Semaphore::new(0));
+        let orphans: Arc<Mutex<Vec<u32>>> = Arc::default();
+        let kept = orphans.clone();
+        let opened = gate.clone();
+        let (flushing, mut flushed) = mpsc::unbounded_channel::<()>();
+        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
+            "test",
+            settings(true),
+            metrics(),
+            &tracker,
+            CancellationToken::new(),
+            Some(Arc::new(move |id| kept.lock().unwrap().push(id))),
+            move |reqs: Arc<Vec<(u32, u32)>>| {
+                let (opened, flushing) = (opened.clone(), flushing.clone());
+                async move {
+                    let _ = flushing.send(());
+                    opened.acquire().await.unwrap().forget();
+                    Ok(reqs.iter().copied().map(pass).collect())
+                }
+            },
+        );
+        let b = batcher.clone();
+        let left = tokio::spawn(async move { b.submit((9, 0)).await });
+        flushed.recv().await.unwrap();
+        left.abort();
+        assert!(left.await.unwrap_err().is_cancelled());
+        gate.add_permits(1);
+        // A second request is flushed only once the first flush answered.
+        let b = batcher.clone();
+        let next = tokio::spawn(async move { b.submit((10, 0)).await });
+        flushed.recv().await.unwrap();
+        gate.add_permits(1);
+        assert_eq!(next.await.unwrap().unwrap(), 10);
+        assert_eq!(*orphans.lock().unwrap(), vec![9]);
     }
 }

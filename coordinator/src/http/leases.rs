@@ -3,7 +3,7 @@
 //! becomes 409 `lease_lost` (counted by action) in [`lease_lost`].
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::extract::State;
@@ -16,16 +16,18 @@ use runlease_protocol::worker::{
     FinishResponse, FinishResult, FinishStatus, HeartbeatRequest, HeartbeatResponse, HeartbeatResult,
     HeartbeatStatus, Lease, ReleaseRequest,
 };
-use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease};
+use runlease_protocol::{ErrorCode, Job, JobId, JobState, LeaseToken, QueueName, RunLease, WorkerId};
 use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
 use crate::batch::claims::ClaimAsk;
+use crate::batch::{FinishDone, FinishWork};
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::leases::{Ending, Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
+use crate::store::rows::JobRow;
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -87,8 +89,13 @@ fn claim_ask(caller: &Caller, req: ClaimRequest) -> Result<ClaimAsk, ApiError> {
 async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiError> {
     let worker = ask.worker.clone();
     let records = state.claims.claim(ask).await?;
+    Ok(leases_of(state, &worker, records))
+}
+
+/// Mints a lease of each job claimed for `worker`.
+fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<JobRow>) -> Vec<Lease> {
     let terms = state.store.lease_settings();
-    let leases = records
+    records
         .into_iter()
         .map(|r| {
             let job = r;
@@ -96,7 +103,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
             job_event!(job.traceparent.is_some(), job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
-                lease_token: state.tokens.mint(job.id, job.run_lease, &worker),
+                lease_token: state.tokens.mint(job.id, job.run_lease, worker),
                 job_id: job.id,
                 run_lease: job.run_lease,
                 queue: job.queue,
@@ -109,8 +116,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
                 traceparent: job.traceparent,
             }
         })
-        .collect();
-    Ok(leases)
+        .collect()
 }
 
 /// Verifies a token. Malformed: 400 for the whole request. Forged: `None`,
@@ -282,7 +288,11 @@ async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> R
     span.record("job_id", tracing::field::display(lease.job_id));
     span.record("run_lease", lease.run_lease.0);
     let run_lease = lease.run_lease;
-    let mut answers = state.finisher.submit(vec![(lease, outcome)]).await?;
+    let mut answers = state
+        .finisher
+        .submit(FinishWork::new(vec![(lease, outcome)], None))
+        .await?
+        .endings;
     let ending = answers
         .pop()
         .ok_or_else(|| ApiError::new(ErrorCode::Internal, "a finish answered nothing"))?;
@@ -453,11 +463,26 @@ pub async fn finish(
             }
         }
     }
-    let answers = if verified.is_empty() {
-        Vec::new()
-    } else {
-        state.finisher.submit(verified).await?
+    // A claim rides the finisher (made in the first batch after the one
+    // that commits the items, sharing its transaction) when batching is on
+    // and none of its queues has flow-control limits; otherwise, and for
+    // whatever long-poll is left, the claim batcher makes it.
+    let started = Instant::now();
+    let (ride, after) = match ask {
+        Some(ask) if state.finisher.batching() && state.flow.limited(&ask.queues).is_empty() => {
+            (Some(ask), None)
+        }
+        ask => (None, ask),
     };
+    let done = if verified.is_empty() && ride.is_none() {
+        FinishDone::default()
+    } else {
+        state
+            .finisher
+            .submit(FinishWork::new(verified, ride.clone()))
+            .await?
+    };
+    let answers = done.endings;
     // A stale lease learns where its job went; a forged token learns nothing.
     let mut statuses: Vec<Option<JobState>> = vec![None; req.items.len()];
     let mut ok = vec![false; req.items.len()];
@@ -510,9 +535,20 @@ pub async fn finish(
     // made: no lease of it can be handed out before the outcomes it follows.
     // A claim that fails after the items were written answers its error; the
     // worker's repeat is safe (the items answer as already applied).
-    let leases = match ask {
-        Some(ask) => Some(hand_out(&state, ask).await?),
-        None => None,
+    let leases = match (ride, after) {
+        (Some(ask), _) => {
+            let records = done.leases.unwrap_or_default();
+            let waited = started.elapsed();
+            if records.is_empty() && ask.wait > waited && !state.shutdown.is_cancelled() {
+                // Nothing claimable yet: park for the rest of the wait.
+                let wait = ask.wait - waited;
+                Some(hand_out(&state, ClaimAsk { wait, ..ask }).await?)
+            } else {
+                Some(leases_of(&state, &ask.worker, records))
+            }
+        }
+        (None, Some(ask)) => Some(hand_out(&state, ask).await?),
+        (None, None) => None,
     };
     Ok(Json(FinishResponse {
         items: results,

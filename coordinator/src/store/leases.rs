@@ -250,6 +250,168 @@ pub enum Ending {
     Lost(Option<JobState>),
 }
 
+/// One claim of [`Store::finish_then_claim`]: queues, one slot per lease
+/// wanted (each naming its worker), the claimers' time left.
+#[derive(Debug)]
+pub struct ClaimGroup<'a> {
+    /// Queues, sorted and without repeats.
+    pub queues: &'a [QueueName],
+    /// One slot per lease wanted.
+    pub slots: Vec<&'a WorkerId>,
+    /// The claimers' remaining run time.
+    pub time_left_ms: Option<u64>,
+}
+
+/// The parameters of `lease_finish.sql` for a list of items (parallel
+/// arrays, one element per item), borrowed from the items.
+struct FinishArgs<'a> {
+    ids: Vec<Uuid>,
+    leases: Vec<i64>,
+    actions: Vec<&'static str>,
+    results: Vec<Option<&'a Value>>,
+    errors: Vec<Option<&'a str>>,
+    retryables: Vec<Option<bool>>,
+    delays: Vec<Option<i64>>,
+    progress: Vec<Option<&'a Value>>,
+    backoff_base: i64,
+    backoff_cap: i64,
+}
+
+impl<'a> FinishArgs<'a> {
+    fn new(items: &[&'a (LeaseRef, Outcome)], terms: &crate::store::LeaseSettings) -> Self {
+        let n = items.len();
+        let mut args = Self {
+            ids: Vec::with_capacity(n),
+            leases: Vec::with_capacity(n),
+            actions: Vec::with_capacity(n),
+            results: Vec::with_capacity(n),
+            errors: Vec::with_capacity(n),
+            retryables: Vec::with_capacity(n),
+            delays: Vec::with_capacity(n),
+            progress: Vec::with_capacity(n),
+            backoff_base: ms(terms.backoff_base),
+            backoff_cap: ms(terms.backoff_cap),
+        };
+        for (lease, outcome) in items {
+            args.ids.push(lease.job_id.0);
+            args.leases.push(lease.run_lease.0);
+            args.actions.push(outcome.name());
+            let (result, error, retryable, delay, checkpoint) = match outcome {
+                Outcome::Complete { result } => (Some(result), None, None, None, None),
+                Outcome::Fail {
+                    error,
+                    retryable,
+                    retry_after_ms,
+                } => (
+                    None,
+                    Some(error.as_str()),
+                    Some(*retryable),
+                    *retry_after_ms,
+                    None,
+                ),
+                Outcome::Release { progress } => (None, None, None, None, progress.as_ref()),
+            };
+            args.results.push(result);
+            args.errors.push(error);
+            args.retryables.push(retryable);
+            args.delays.push(delay);
+            args.progress.push(checkpoint);
+        }
+        args
+    }
+
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+        [
+            &self.ids,
+            &self.leases,
+            &self.actions,
+            &self.results,
+            &self.errors,
+            &self.retryables,
+            &self.delays,
+            &self.progress,
+            &self.backoff_base,
+            &self.backoff_cap,
+        ]
+    }
+}
+
+/// What `lease_finish.sql` applied: (job, lease) → (the outcome that took
+/// effect, what it left).
+type Applied = HashMap<(Uuid, i64), (OutcomeKind, Finished)>;
+
+/// Reads the rows of `lease_finish.sql`.
+fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
+    let mut applied = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let action: String = col(row, "action")?;
+        let kind = match action.as_str() {
+            "complete" => OutcomeKind::Complete,
+            "fail" => OutcomeKind::Fail,
+            _ => OutcomeKind::Release,
+        };
+        let finished = Finished::from_row(row, true)?;
+        applied.insert((finished.job_id.0, col(row, "run_lease")?), (kind, finished));
+    }
+    Ok(applied)
+}
+
+/// Answers each item in order from what the finish applied; the items no
+/// guard matched (repeats of an applied outcome, or stale) are read once
+/// more on `client`.
+async fn endings(
+    client: &deadpool_postgres::ClientWrapper,
+    items: &[&(LeaseRef, Outcome)],
+    applied: Applied,
+) -> Result<Vec<Ending>, StoreError> {
+    // Items no guard matched: repeats of an applied outcome, or stale.
+    let missed: Vec<&(LeaseRef, Outcome)> = items
+        .iter()
+        .copied()
+        .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
+        .collect();
+    let mut now: HashMap<(Uuid, i64), (Finished, Option<Ended>)> = HashMap::new();
+    if !missed.is_empty() {
+        let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
+        let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
+        let stmt = client.prepare_cached(sql::LEASE_FINISH_MISSED).await?;
+        for row in client.query(&stmt, &[&ids, &leases]).await? {
+            let outcome: Option<DbOutcome> = col(&row, "outcome")?;
+            let worker: Option<String> = col(&row, "worker_id")?;
+            let ended = outcome.map(|o| o.0).zip(worker);
+            let finished = Finished::from_row(&row, false)?;
+            now.insert((finished.job_id.0, col(&row, "run_lease")?), (finished, ended));
+        }
+    }
+
+    // Each (job, lease) is applied by at most one item: the first.
+    // A repeat of its kind in the same batch is a repeat (200, not
+    // counted twice); another kind is stale.
+    let mut answered_first: HashSet<(Uuid, i64)> = HashSet::new();
+    Ok(items
+        .iter()
+        .map(|(lease, outcome)| {
+            let key = (lease.job_id.0, lease.run_lease.0);
+            if let Some((kind, finished)) = applied.get(&key) {
+                if *kind != outcome.kind() {
+                    return Ending::Lost(Some(finished.state));
+                }
+                return Ending::Applied(Finished {
+                    first: answered_first.insert(key),
+                    ..finished.clone()
+                });
+            }
+            match now.get(&key) {
+                Some((finished, ended)) if is_repeat(ended.as_ref(), lease, outcome) => {
+                    Ending::Applied(finished.clone())
+                }
+                Some((finished, _)) => Ending::Lost(Some(finished.state)),
+                None => Ending::Lost(None),
+            }
+        })
+        .collect())
+}
+
 impl Store {
     /// Claims up to one lease per slot (each slot names its worker) from
     /// `queues`, answering each lease with the slot (0-based) it filled,
@@ -527,115 +689,121 @@ impl Store {
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
         self.timed("finish", || async move {
             let client = self.conn().await?;
-            let terms = self.lease_settings();
-            let n = items.len();
-            let mut ids: Vec<Uuid> = Vec::with_capacity(n);
-            let mut leases: Vec<i64> = Vec::with_capacity(n);
-            let mut actions: Vec<&str> = Vec::with_capacity(n);
-            let mut results: Vec<Option<&Value>> = Vec::with_capacity(n);
-            let mut errors: Vec<Option<&str>> = Vec::with_capacity(n);
-            let mut retryables: Vec<Option<bool>> = Vec::with_capacity(n);
-            let mut delays: Vec<Option<i64>> = Vec::with_capacity(n);
-            let mut progress: Vec<Option<&Value>> = Vec::with_capacity(n);
-            for (lease, outcome) in items {
-                ids.push(lease.job_id.0);
-                leases.push(lease.run_lease.0);
-                actions.push(outcome.name());
-                let (result, error, retryable, delay, checkpoint) = match outcome {
-                    Outcome::Complete { result } => (Some(result), None, None, None, None),
-                    Outcome::Fail {
-                        error,
-                        retryable,
-                        retry_after_ms,
-                    } => (
-                        None,
-                        Some(error.as_str()),
-                        Some(*retryable),
-                        *retry_after_ms,
-                        None,
-                    ),
-                    Outcome::Release { progress } => (None, None, None, None, progress.as_ref()),
-                };
-                results.push(result);
-                errors.push(error);
-                retryables.push(retryable);
-                delays.push(delay);
-                progress.push(checkpoint);
-            }
             let stmt = client.prepare_cached(sql::LEASE_FINISH).await?;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
-                &ids,
-                &leases,
-                &actions,
-                &results,
-                &errors,
-                &retryables,
-                &delays,
-                &progress,
-                &ms(terms.backoff_base),
-                &ms(terms.backoff_cap),
-            ];
-            // (job, lease) → (the outcome that took effect, what it left).
-            let mut applied: HashMap<(Uuid, i64), (OutcomeKind, Finished)> = HashMap::with_capacity(n);
-            for row in client.query(&stmt, &params).await? {
-                let action: String = col(&row, "action")?;
-                let kind = match action.as_str() {
-                    "complete" => OutcomeKind::Complete,
-                    "fail" => OutcomeKind::Fail,
-                    _ => OutcomeKind::Release,
-                };
-                let finished = Finished::from_row(&row, true)?;
-                applied.insert((finished.job_id.0, col(&row, "run_lease")?), (kind, finished));
-            }
-
-            // Items no guard matched: repeats of an applied outcome, or stale.
-            let missed: Vec<&(LeaseRef, Outcome)> = items
-                .iter()
-                .copied()
-                .filter(|(l, _)| !applied.contains_key(&(l.job_id.0, l.run_lease.0)))
-                .collect();
-            let mut now: HashMap<(Uuid, i64), (Finished, Option<Ended>)> = HashMap::new();
-            if !missed.is_empty() {
-                let ids: Vec<Uuid> = missed.iter().map(|(l, _)| l.job_id.0).collect();
-                let leases: Vec<i64> = missed.iter().map(|(l, _)| l.run_lease.0).collect();
-                let stmt = client.prepare_cached(sql::LEASE_FINISH_MISSED).await?;
-                for row in client.query(&stmt, &[&ids, &leases]).await? {
-                    let outcome: Option<DbOutcome> = col(&row, "outcome")?;
-                    let worker: Option<String> = col(&row, "worker_id")?;
-                    let ended = outcome.map(|o| o.0).zip(worker);
-                    let finished = Finished::from_row(&row, false)?;
-                    now.insert((finished.job_id.0, col(&row, "run_lease")?), (finished, ended));
-                }
-            }
-
-            // Each (job, lease) is applied by at most one item: the first.
-            // A repeat of its kind in the same batch is a repeat (200, not
-            // counted twice); another kind is stale.
-            let mut answered_first: HashSet<(Uuid, i64)> = HashSet::new();
-            Ok(items
-                .iter()
-                .map(|(lease, outcome)| {
-                    let key = (lease.job_id.0, lease.run_lease.0);
-                    if let Some((kind, finished)) = applied.get(&key) {
-                        if *kind != outcome.kind() {
-                            return Ending::Lost(Some(finished.state));
-                        }
-                        return Ending::Applied(Finished {
-                            first: answered_first.insert(key),
-                            ..finished.clone()
-                        });
-                    }
-                    match now.get(&key) {
-                        Some((finished, ended)) if is_repeat(ended.as_ref(), lease, outcome) => {
-                            Ending::Applied(finished.clone())
-                        }
-                        Some((finished, _)) => Ending::Lost(Some(finished.state)),
-                        None => Ending::Lost(None),
-                    }
-                })
-                .collect())
+            let args = FinishArgs::new(items, self.lease_settings());
+            let applied = applied_rows(&client.query(&stmt, &args.params()).await?)?;
+            endings(&client, items, applied).await
         })
         .await
+    }
+
+    /// [`Store::finish`] of `items` and, in the same transaction, after
+    /// them, a claim for each of `claims` (shared queues only, as the first
+    /// statement of [`Store::claim`]). Answers the items' endings and each
+    /// claim's leases (with the slot, 0-based, each filled), or an error
+    /// for all: nothing of a failed transaction stands. The callers' rule
+    /// is that a claim rides only a transaction after the one that
+    /// committed its own request's items.
+    pub async fn finish_then_claim(
+        &self,
+        items: &[&(LeaseRef, Outcome)],
+        claims: &[ClaimGroup<'_>],
+    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
+        self.timed("finish", || async move {
+            let client = self.conn().await?;
+            let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
+            let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
+            let args = FinishArgs::new(items, self.lease_settings());
+            let pg: &tokio_postgres::Client = &client;
+            let names: Vec<Vec<&str>> = claims
+                .iter()
+                .map(|c| c.queues.iter().map(QueueName::as_str).collect())
+                .collect();
+            // One transaction, sent in one go (requests made together are
+            // pipelined), opened with the claim's settings (its generic
+            // plan, nested loops only; the finish's plan under them is its
+            // usual one, a nested loop over jobs_pkey): the items first, so
+            // their rows are locked in id order before anything else
+            // (claims lock with SKIP LOCKED and never wait), then the
+            // claims. Nothing is answered unless every part and the COMMIT
+            // succeeded; a failed part aborts the transaction and its COMMIT
+            // rolls back.
+            let finishing = async {
+                if items.is_empty() {
+                    return Ok(Vec::new());
+                }
+                Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
+            };
+            let claiming = futures_util::future::join_all(claims.iter().zip(&names).map(|(c, names)| {
+                claim_rows(
+                    pg,
+                    &claim,
+                    names,
+                    &c.slots,
+                    c.time_left_ms,
+                    self.lease_settings(),
+                    None,
+                )
+            }));
+            let (begun, finished, claimed, committed) = tokio::join!(
+                pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
+                finishing,
+                claiming,
+                pg.batch_execute("COMMIT"),
+            );
+            begun?;
+            let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>();
+            let finished = match finished {
+                Ok(finished) => finished,
+                Err(e) => {
+                    // Refused by the server, the finish aborts the
+                    // transaction and the claims after it fail. Claims that
+                    // succeeded mean it never reached the server (refused
+                    // by the client), and the COMMIT committed them: their
+                    // leases, never answered, are given back.
+                    if let (Ok(claimed), Ok(())) = (&claimed, &committed) {
+                        self.release_claimed(claims, claimed).await;
+                    }
+                    return Err(e);
+                }
+            };
+            let claimed = claimed?;
+            committed?;
+            let applied = applied_rows(&finished)?;
+            Ok((endings(&client, items, applied).await?, claimed))
+        })
+        .await
+    }
+
+    /// Gives back leases of [`Store::finish_then_claim`] that committed but
+    /// are not answered (no attempt charged); on failure they expire.
+    async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, JobRow)>]) {
+        let items: Vec<(LeaseRef, Outcome)> = claims
+            .iter()
+            .zip(claimed)
+            .flat_map(|(group, rows)| {
+                rows.iter().filter_map(|(slot, row)| {
+                    let worker = group.slots.get(*slot)?;
+                    let lease = LeaseRef {
+                        job_id: row.id,
+                        run_lease: row.run_lease,
+                        worker_id: (*worker).clone(),
+                    };
+                    Some((lease, Outcome::Release { progress: None }))
+                })
+            })
+            .collect();
+        if items.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            leases = items.len(),
+            "a finish failed after its claims committed: releasing them"
+        );
+        let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
+        if let Err(e) = self.finish(&refs).await {
+            tracing::warn!(error = %e, "could not release the leases; they will expire");
+        }
     }
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.

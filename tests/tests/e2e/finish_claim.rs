@@ -180,3 +180,64 @@ async fn the_claim_of_a_finish_long_polls_and_is_woken_by_an_enqueue() {
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn workers_whose_claims_ride_their_finishes_drain_every_job_exactly_once() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let jobs: Vec<Value> = (0..600).map(|i| json!({"queue": "ride", "payload": i})).collect();
+    let (status, body) = c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await;
+    assert_eq!(status, 201, "{body}");
+
+    // 24 workers at once, each claiming on the back of its finishes (the
+    // first request a pure claim) until a claim hands it nothing: their
+    // claims share transactions with other workers' finishes.
+    let workers = (0..24).map(|w| {
+        let api = c.api.clone();
+        tokio::spawn(async move {
+            let claim =
+                json!({"queues": ["ride"], "worker_id": format!("w{w}"), "max_jobs": 4, "wait_ms": 0});
+            let mut held: Vec<Lease> = Vec::new();
+            let mut finished = Vec::new();
+            loop {
+                let items: Vec<Value> = held
+                    .iter()
+                    .map(|l| json!({"lease_token": l.lease_token, "action": "complete", "result": l.payload}))
+                    .collect();
+                let (status, body) = api
+                    .post("/v1/finish", &json!({"items": items, "claim": claim}))
+                    .await;
+                assert_eq!(status, 200, "{body}");
+                for (item, lease) in body["items"].as_array().unwrap().iter().zip(&held) {
+                    assert_eq!(item["status"], "ok", "{body}");
+                    assert_eq!(item["state"], "done", "{body}");
+                    finished.push(lease.job_id);
+                }
+                held = leases(&body);
+                if held.is_empty() {
+                    return finished;
+                }
+            }
+        })
+    });
+    let mut finished = Vec::new();
+    for w in workers {
+        finished.extend(w.await.unwrap());
+    }
+    let distinct: std::collections::HashSet<_> = finished.iter().collect();
+    assert_eq!(finished.len(), 600, "every job finished by one worker");
+    assert_eq!(distinct.len(), 600, "no job handed out twice");
+    let (_, figures) = c.api.get("/v1/queues/ride").await;
+    assert_eq!(figures["counts"]["done"], 600, "{figures}");
+    // Each job had one attempt under one lease.
+    let client = db.client().await;
+    let row = client
+        .query_one(
+            "SELECT count(*) FILTER (WHERE run_lease <> 1 OR attempt <> 1) AS odd, count(*) AS n FROM jobs WHERE queue = 'ride'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>("n"), 600);
+    assert_eq!(row.get::<_, i64>("odd"), 0);
+}

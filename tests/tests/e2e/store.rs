@@ -161,11 +161,18 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         ];
         for (name, statement, args) in arrays {
             let plan = generic_plan(&client, statement, args).await;
-            assert!(!plan.contains("Semi Join"), "{name}:\n{plan}");
-            assert!(!plan.contains("Seq Scan on jobs"), "{name}:\n{plan}");
-            assert!(!plan.contains("jobs_running_idx"), "{name}:\n{plan}");
-            assert!(!plan.contains("Join Filter"), "{name}:\n{plan}");
-            assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
+            // A finish whose batch carries claims runs in the claim's
+            // transaction, under its settings: the same plan shape there.
+            client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
+            let riding = generic_plan(&client, statement, args).await;
+            client.batch_execute("COMMIT").await.unwrap();
+            for plan in [plan, riding] {
+                assert!(!plan.contains("Semi Join"), "{name}:\n{plan}");
+                assert!(!plan.contains("Seq Scan on jobs"), "{name}:\n{plan}");
+                assert!(!plan.contains("jobs_running_idx"), "{name}:\n{plan}");
+                assert!(!plan.contains("Join Filter"), "{name}:\n{plan}");
+                assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
+            }
         }
     }
 }
@@ -504,4 +511,110 @@ async fn a_percent_encoded_url_with_awkward_password_and_database_name_migrates(
     migrated.unwrap();
     assert_eq!(table.as_deref(), Some("runlease_migrations"));
     assert_eq!(owner, role, "the database was created as the URL's user");
+}
+
+#[tokio::test]
+async fn a_finish_and_the_claims_riding_its_transaction_commit_together_or_not_at_all() {
+    use runlease_coordinator::store::leases::{ClaimGroup, Ending, LeaseRef, Outcome};
+    use runlease_protocol::{JobState, QueueName, WorkerId};
+
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts, priority)
+             VALUES (gen_random_uuid(), 'q', '\"a\"', 4, 0), (gen_random_uuid(), 'q', '\"b\"', 4, 1)",
+        )
+        .await
+        .unwrap();
+    let queues = [QueueName::new("q").unwrap()];
+    let (a, b, c) = (
+        WorkerId::new("a").unwrap(),
+        WorkerId::new("b").unwrap(),
+        WorkerId::new("c").unwrap(),
+    );
+    let first = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
+    assert_eq!(first.len(), 1);
+    let job_a = &first[0].1;
+
+    // Worker a releases its job; worker b's claim rides the same transaction,
+    // after the finish: it sees the release and takes both jobs.
+    let release = [(
+        LeaseRef {
+            job_id: job_a.id,
+            run_lease: job_a.run_lease,
+            worker_id: a.clone(),
+        },
+        Outcome::Release { progress: None },
+    )];
+    let items: Vec<_> = release.iter().collect();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&b, &b, &b],
+        time_left_ms: None,
+    }];
+    let (endings, claimed) = store.finish_then_claim(&items, &claims).await.unwrap();
+    assert!(
+        matches!(&endings[..], [Ending::Applied(f)] if f.state == JobState::Queued),
+        "{endings:?}"
+    );
+    assert_eq!(claimed.len(), 1);
+    let got: Vec<_> = claimed[0]
+        .iter()
+        .map(|(slot, row)| (*slot, row.id, row.run_lease.0))
+        .collect();
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert!(
+        got.contains(&(0, job_a.id, 2)),
+        "the released job, under a new lease: {got:?}"
+    );
+
+    // A finish that fails (PostgreSQL refuses a NUL in text) takes the
+    // claims of its transaction with it: the new job stays queued, the
+    // running ones keep their leases.
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"c\"', 4)",
+        )
+        .await
+        .unwrap();
+    let (slot, held) = &claimed[0][0];
+    assert_eq!(*slot, 0);
+    let failing = [(
+        LeaseRef {
+            job_id: held.id,
+            run_lease: held.run_lease,
+            worker_id: b.clone(),
+        },
+        Outcome::Fail {
+            error: "nul \0 byte".into(),
+            retryable: false,
+            retry_after_ms: None,
+        },
+    )];
+    let items: Vec<_> = failing.iter().collect();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&c],
+        time_left_ms: None,
+    }];
+    assert!(store.finish_then_claim(&items, &claims).await.is_err());
+    let states: Vec<(String, String)> = client
+        .query(
+            "SELECT payload #>> '{}', state::text FROM jobs ORDER BY payload #>> '{}'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let expected = [("a", "running"), ("b", "running"), ("c", "queued")];
+    assert_eq!(
+        states,
+        expected.map(|(p, s)| (p.to_owned(), s.to_owned())).to_vec()
+    );
 }
