@@ -83,8 +83,12 @@ async fn flush_batch<Req, Resp>(
                 match pass {
                     Pass::Answer(resp) => answer(reply, resp, orphaned),
                     Pass::Again(req) => {
-                        // With the loop gone (every handle dropped), nobody
-                        // waits for the answer any more.
+                        // A requester that left needs no second pass; with
+                        // the loop gone (every handle dropped), nobody waits
+                        // for the answer any more.
+                        if reply.is_closed() {
+                            continue;
+                        }
                         if let Some(tx) = &again {
                             requeue.gathering.inc();
                             if tx.send(Pending { req, reply }).is_err() {
@@ -436,11 +440,13 @@ async fn flush_finishes(
                 }
             };
             let slots = &mut groups[g].2;
-            let want = ask.max_jobs as usize;
-            if !slots.is_empty() && slots.len() + want > max_slots {
+            // Filled as far as the statement has room (as the claim batcher
+            // does), so a large claim is never passed over for smaller ones.
+            let room = max_slots - slots.len();
+            if room == 0 {
                 continue; // the next batch
             }
-            let want = want.min(max_slots);
+            let want = (ask.max_jobs as usize).min(room);
             placed[i] = Some((g, slots.len(), want));
             slots.extend(std::iter::repeat_n(&ask.worker, want));
         }

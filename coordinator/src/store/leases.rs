@@ -751,26 +751,38 @@ impl Store {
                 claiming,
                 pg.batch_execute("COMMIT"),
             );
-            begun?;
-            let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>();
-            let finished = match finished {
-                Ok(finished) => finished,
-                Err(e) => {
-                    // Refused by the server, the finish aborts the
-                    // transaction and the claims after it fail. Claims that
-                    // succeeded mean it never reached the server (refused
-                    // by the client), and the COMMIT committed them: their
-                    // leases, never answered, are given back.
-                    if let (Ok(claimed), Ok(())) = (&claimed, &committed) {
-                        self.release_claimed(claims, claimed).await;
-                    }
-                    return Err(e);
-                }
+            let committed = committed.map_err(StoreError::from);
+            // Leases of the claims that answered, whatever else failed.
+            let got: Vec<Vec<(usize, JobRow)>> = claimed
+                .iter()
+                .map(|c| c.as_ref().map(|rows| rows.to_vec()).unwrap_or_default())
+                .collect();
+            let answered = async {
+                begun?;
+                let finished = finished?;
+                let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>()?;
+                committed.clone()?;
+                let applied = applied_rows(&finished)?;
+                Ok::<_, StoreError>((endings(&client, items, applied).await?, claimed))
             };
-            let claimed = claimed?;
-            committed?;
-            let applied = applied_rows(&finished)?;
-            Ok((endings(&client, items, applied).await?, claimed))
+            match answered.await {
+                Ok(answer) => Ok(answer),
+                Err(e) => {
+                    // A statement the server refused aborted the
+                    // transaction (those after it failed too, and the
+                    // COMMIT rolled back). But a part the client refused
+                    // never reached the server, and a failure after the
+                    // COMMIT (reading the items' answers) comes too late:
+                    // claims that answered may then have committed. Their
+                    // leases, never handed out, are given back (a no-op
+                    // where they were rolled back: the guard finds no such
+                    // lease).
+                    if committed.is_ok() {
+                        self.release_claimed(claims, &got).await;
+                    }
+                    Err(e)
+                }
+            }
         })
         .await
     }
