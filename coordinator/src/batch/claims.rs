@@ -19,7 +19,7 @@ use tokio_util::task::TaskTracker;
 use crate::batch::BatchSettings;
 use crate::flow::FlowControl;
 use crate::metrics::{LimitLabels, Metrics};
-use crate::store::leases::{Claimed, LeaseRef, Outcome};
+use crate::store::leases::{Claimed, LeaseRef};
 use crate::store::rows::JobRow;
 use crate::store::{Store, StoreError};
 use crate::wake::{Wake, jittered, next_queue_wake};
@@ -385,25 +385,19 @@ impl ClaimBatcher {
 /// Leases claimed for a claimer that left before its answer: given back at
 /// once instead of left to expire (no attempt charged), their queues woken.
 pub(crate) async fn release_unwanted(store: &Store, wake: &Wake, worker: &WorkerId, records: Vec<JobRow>) {
-    let items: Vec<(LeaseRef, Outcome)> = records
-        .iter()
-        .map(|r| {
-            let lease = LeaseRef {
-                job_id: r.id,
-                run_lease: r.run_lease,
-                worker_id: worker.clone(),
-            };
-            (lease, Outcome::Release { progress: None })
-        })
-        .collect();
     tracing::info!(
-        leases = items.len(),
+        leases = records.len(),
         "claimer left before its answer: releasing its leases"
     );
-    let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
-    if let Err(e) = store.finish(&refs).await {
-        tracing::warn!(error = %e, "could not release leases of a departed claimer; they will expire");
-    }
+    let leases = records
+        .iter()
+        .map(|r| LeaseRef {
+            job_id: r.id,
+            run_lease: r.run_lease,
+            worker_id: worker.clone(),
+        })
+        .collect();
+    store.give_back(leases).await;
     for r in &records {
         wake.ready(&r.queue);
     }

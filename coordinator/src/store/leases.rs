@@ -788,33 +788,40 @@ impl Store {
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but
-    /// are not answered (no attempt charged); on failure they expire.
+    /// are not answered.
     async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, JobRow)>]) {
-        let items: Vec<(LeaseRef, Outcome)> = claims
+        let leases: Vec<LeaseRef> = claims
             .iter()
             .zip(claimed)
             .flat_map(|(group, rows)| {
                 rows.iter().filter_map(|(slot, row)| {
-                    let worker = group.slots.get(*slot)?;
-                    let lease = LeaseRef {
+                    Some(LeaseRef {
                         job_id: row.id,
                         run_lease: row.run_lease,
-                        worker_id: (*worker).clone(),
-                    };
-                    Some((lease, Outcome::Release { progress: None }))
+                        worker_id: (*group.slots.get(*slot)?).clone(),
+                    })
                 })
             })
             .collect();
-        if items.is_empty() {
-            return;
+        if !leases.is_empty() {
+            tracing::warn!(
+                leases = leases.len(),
+                "a finish failed after its claims committed: releasing them"
+            );
+            self.give_back(leases).await;
         }
-        tracing::warn!(
-            leases = items.len(),
-            "a finish failed after its claims committed: releasing them"
-        );
+    }
+
+    /// Releases leases that were claimed but never handed out (no attempt
+    /// charged); where that fails, they expire.
+    pub async fn give_back(&self, leases: Vec<LeaseRef>) {
+        let items: Vec<(LeaseRef, Outcome)> = leases
+            .into_iter()
+            .map(|lease| (lease, Outcome::Release { progress: None }))
+            .collect();
         let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
         if let Err(e) = self.finish(&refs).await {
-            tracing::warn!(error = %e, "could not release the leases; they will expire");
+            tracing::warn!(error = %e, leases = refs.len(), "could not release leases never handed out; they will expire");
         }
     }
 
