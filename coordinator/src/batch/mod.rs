@@ -462,10 +462,12 @@ async fn flush_finishes(
             }
         })
         .collect();
-    let (endings, claimed) = if items.is_empty() && claims.is_empty() {
-        (Vec::new(), Vec::new())
-    } else {
-        store.finish_then_claim(&items, &claims).await?
+    // Without claims, the items are one statement of their own (no
+    // transaction block to open and close).
+    let (endings, claimed) = match (items.is_empty(), claims.is_empty()) {
+        (true, true) => (Vec::new(), Vec::new()),
+        (false, true) => (store.finish(&items).await?, Vec::new()),
+        _ => store.finish_then_claim(&items, &claims).await?,
     };
     let mut endings = split(&sizes, endings).into_iter();
     // Each group's leases by slot.
