@@ -416,7 +416,7 @@ impl World {
         self.gap().await;
         self.restart_postgres().await?;
         self.gap().await;
-        self.partition_worker().await;
+        self.partition_worker().await?;
         self.gap().await;
         self.freeze_database(round);
         Ok(())
@@ -445,8 +445,32 @@ impl World {
         Ok(())
     }
 
+    /// Waits (up to 30 s) until worker `id` holds a lease: at 25 jobs/s a
+    /// worker is often idle in a long-poll, and a fault meant to outlast its
+    /// leases needs one to outlast.
+    async fn until_holding(&self, id: &str) -> anyhow::Result<()> {
+        let client = self.pg.connect(DATABASE).await?;
+        let bound = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < bound {
+            let running: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM jobs WHERE state = 'running' AND owned_by = $1",
+                    &[&id],
+                )
+                .await?
+                .get(0);
+            if running > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     async fn stop_worker(&mut self) -> anyhow::Result<()> {
         let i = self.victim();
+        // Stopped while it holds a lease, so its finish comes back stale.
+        self.until_holding(&self.workers[i].id.clone()).await?;
         let pid = self.workers[i].child.id().context("the worker exited")?;
         let stopped_for = self.ttl() + Duration::from_secs(2);
         signal("STOP", pid)?;
@@ -502,25 +526,29 @@ impl World {
         Ok(())
     }
 
-    async fn partition_worker(&mut self) {
+    async fn partition_worker(&mut self) -> anyhow::Result<()> {
         let held = self.ttl() + Duration::from_secs(3);
-        // Open connections stop forwarding and new ones go nowhere; nothing
-        // is closed, so the worker learns of it only by timing out.
-        self.worker_proxy.blackhole(true);
-        self.worker_proxy.freeze();
-        tokio::time::sleep(held).await;
-        self.worker_proxy.blackhole(false);
         let id = self
             .workers
             .iter()
             .find(|w| w.partitionable)
             .map(|w| w.id.clone())
             .unwrap_or_default();
+        // Partitioned while it holds a lease, so that lease expires behind
+        // the partition and its finish comes back stale once it heals.
+        self.until_holding(&id).await?;
+        // Open connections stop forwarding and new ones go nowhere; nothing
+        // is closed, so the worker learns of it only by timing out.
+        self.worker_proxy.blackhole(true);
+        self.worker_proxy.freeze();
+        tokio::time::sleep(held).await;
+        self.worker_proxy.blackhole(false);
         self.faults.partitioned.push(id.clone());
         self.note(format!(
             "worker {id} partitioned from its coordinator for {held:?} (blackhole), then healed"
         ));
         self.faults.partitions += 1;
+        Ok(())
     }
 
     fn freeze_database(&mut self, round: usize) {
