@@ -22,7 +22,7 @@ use tokio_util::task::TaskTracker;
 
 use runlease_protocol::worker::HeartbeatStatus;
 
-use runlease_protocol::{QueueName, WorkerId};
+use runlease_protocol::WorkerId;
 
 use crate::batch::claims::ClaimAsk;
 use crate::metrics::{BatchLabels, Metrics};
@@ -397,9 +397,6 @@ impl Finisher {
     }
 }
 
-/// Claims of one batch that share a statement: queues, time left, slots.
-type Group<'a> = (&'a [QueueName], Option<u64>, Vec<&'a WorkerId>);
-
 /// One batch of the [`Finisher`]: see [`Finisher::finisher`].
 async fn flush_finishes(
     store: &Store,
@@ -421,7 +418,7 @@ async fn flush_finishes(
     // Claims of the requests whose items are committed, by (queues, time
     // left), slots in arrival order, each statement capped. At shutdown no
     // claim is made (as parked claims are answered then: empty).
-    let mut groups: Vec<Group<'_>> = Vec::new();
+    let mut claims: Vec<ClaimGroup<'_>> = Vec::new();
     // Per request: (group, first slot, slots) of its claim this pass.
     let mut placed: Vec<Option<(usize, usize, usize)>> = vec![None; works.len()];
     if !stopping.is_cancelled() {
@@ -429,17 +426,21 @@ async fn flush_finishes(
             let (Some(ask), Some(_)) = (&work.claim, &work.endings) else {
                 continue;
             };
-            let g = match groups
+            let g = match claims
                 .iter()
-                .position(|(q, t, _)| *q == ask.queues.as_slice() && *t == ask.time_left_ms)
+                .position(|c| c.queues == ask.queues.as_slice() && c.time_left_ms == ask.time_left_ms)
             {
                 Some(g) => g,
                 None => {
-                    groups.push((&ask.queues, ask.time_left_ms, Vec::new()));
-                    groups.len() - 1
+                    claims.push(ClaimGroup {
+                        queues: &ask.queues,
+                        slots: Vec::new(),
+                        time_left_ms: ask.time_left_ms,
+                    });
+                    claims.len() - 1
                 }
             };
-            let slots = &mut groups[g].2;
+            let slots = &mut claims[g].slots;
             // Filled as far as the statement has room (as the claim batcher
             // does), so a large claim is never passed over for smaller ones.
             let room = max_slots - slots.len();
@@ -451,17 +452,9 @@ async fn flush_finishes(
             slots.extend(std::iter::repeat_n(&ask.worker, want));
         }
     }
-    let claims: Vec<ClaimGroup<'_>> = groups
-        .iter()
-        .map(|(queues, time_left_ms, slots)| {
-            metrics.batch("claim", slots.len());
-            ClaimGroup {
-                queues,
-                slots: slots.clone(),
-                time_left_ms: *time_left_ms,
-            }
-        })
-        .collect();
+    for claim in &claims {
+        metrics.batch("claim", claim.slots.len());
+    }
     // Without claims, the items are one statement of their own (no
     // transaction block to open and close).
     let (endings, claimed) = match (items.is_empty(), claims.is_empty()) {
@@ -471,9 +464,9 @@ async fn flush_finishes(
     };
     let mut endings = split(&sizes, endings).into_iter();
     // Each group's leases by slot.
-    let mut by_slot: Vec<Vec<Option<JobRow>>> = groups
+    let mut by_slot: Vec<Vec<Option<JobRow>>> = claims
         .iter()
-        .map(|(_, _, slots)| (0..slots.len()).map(|_| None).collect())
+        .map(|c| (0..c.slots.len()).map(|_| None).collect())
         .collect();
     for (g, rows) in claimed.into_iter().enumerate() {
         for (slot, row) in rows {

@@ -425,41 +425,18 @@ impl Store {
         time_left_ms: Option<u64>,
         limited: &[QueueName],
     ) -> Result<Claimed, StoreError> {
-        let mut claimed = self
-            .timed("claim", || async move {
-                let client = self.conn().await?;
-                let names: Vec<&str> = queues.iter().map(QueueName::as_str).collect();
-                let stmt = client.prepare_cached(sql::LEASE_CLAIM).await?;
-                let pg: &tokio_postgres::Client = &client;
-                // The claim's own transaction, sent in one go (the client
-                // pipelines requests made together): with its generic plan,
-                // planned once per connection instead of at every claim
-                // (planning cost about a third of a small claim), and with
-                // the join methods that plan may use pinned to nested loops
-                // (lease_claim.sql says why). A failed claim aborts the
-                // transaction and its COMMIT rolls back; the leases are
-                // answered only once the COMMIT succeeded.
-                let (begun, claimed, committed) = tokio::join!(
-                    pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
-                    claim_rows(
-                        pg,
-                        &stmt,
-                        &names,
-                        slots,
-                        time_left_ms,
-                        self.lease_settings(),
-                        None,
-                    ),
-                    pg.batch_execute("COMMIT"),
-                );
-                let claimed = claimed?;
-                committed?;
-                // Claimed and committed: the leases stand even had BEGIN
-                // failed (the claim would then have committed on its own).
-                drop(begun);
-                Ok(claimed)
-            })
+        // The shared statement: a claim with no items to write before it
+        // (its own transaction, opened with the claim's settings: see
+        // `finish_then_claim_as`).
+        let group = ClaimGroup {
+            queues,
+            slots: slots.to_vec(),
+            time_left_ms,
+        };
+        let (_, mut groups) = self
+            .finish_then_claim_as("claim", &[], std::slice::from_ref(&group))
             .await?;
+        let mut claimed = groups.pop().unwrap_or_default();
         let mut answer = Claimed::default();
         for queue in limited.iter().filter(|q| queues.contains(q)) {
             let taken: Vec<usize> = claimed.iter().map(|(slot, _)| *slot).collect();
@@ -709,7 +686,22 @@ impl Store {
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
-        self.timed("finish", || async move {
+        self.finish_then_claim_as("finish", items, claims).await
+    }
+
+    /// [`Store::finish_then_claim`], timed and counted as `operation`.
+    /// The claims' settings (`sql::LEASE_CLAIM_BEGIN`) give the claim its
+    /// generic plan, planned once per connection instead of at every claim
+    /// (planning cost about a third of a small claim), with the join
+    /// methods that plan may use pinned to nested loops (lease_claim.sql
+    /// says why).
+    async fn finish_then_claim_as(
+        &self,
+        operation: &'static str,
+        items: &[&(LeaseRef, Outcome)],
+        claims: &[ClaimGroup<'_>],
+    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
+        self.timed(operation, || async move {
             let client = self.conn().await?;
             let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
             let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
