@@ -214,6 +214,7 @@ pub async fn serve(
         max_size: config.batch_max_size,
         max_delay: Duration::from_millis(config.batch_max_delay_ms),
         flushers: config.batch_flushers,
+        parallel_min: config.batch_parallel_min,
         // Claims batch across parked claimers already: half as many loops.
         claim_shards: (config.batch_flushers / 2).max(1),
     };

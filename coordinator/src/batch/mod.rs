@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::gauge::Gauge;
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -44,6 +44,13 @@ pub struct BatchSettings {
     pub max_delay: Duration,
     /// Batches of one kind written at once (each on its own connection).
     pub flushers: usize,
+    /// Requests a batch needs before it is written beside a flush already
+    /// in flight. Below it the batch waits for that flush to end
+    /// (gathering meanwhile): at a few concurrent workers two transactions
+    /// at once would each carry half as much and cost PostgreSQL a commit
+    /// more; at hundreds the batches pass it at once and the flushes
+    /// overlap. 1: any free flusher writes at once.
+    pub parallel_min: usize,
     /// Claim loops, each with one claim statement in flight.
     pub claim_shards: usize,
 }
@@ -214,18 +221,53 @@ where
         let orphan = orphaned.clone();
         let f = flush.clone();
         let max_size = settings.max_size.max(1);
-        let flushers = Arc::new(Semaphore::new(settings.flushers.max(1)));
+        let flusher_count = settings.flushers.max(1);
+        let flushers = Arc::new(Semaphore::new(flusher_count));
+        // Signalled as each flush ends (a stored signal only wakes the loop
+        // once more to look again).
+        let flushed = Arc::new(Notify::new());
         let in_flight = TaskTracker::new();
         let tasks = in_flight.clone();
         let gathered = gathering.clone();
         tracker.spawn(async move {
             while let Some(first) = rx.recv().await {
-                // Wait for a free flusher first: requests arriving meanwhile
-                // join this batch (group commit).
-                let Ok(permit) = flushers.clone().acquire_owned().await else {
+                // Wait for a free flusher: requests arriving meanwhile join
+                // this batch (group commit). With a flush in flight, a
+                // second one starts only for a batch worth a transaction of
+                // its own; a smaller one waits for the flush in flight and
+                // keeps gathering (at a few concurrent requests, two
+                // transactions at once would each carry half as much).
+                let mut batch = vec![first];
+                let mut open = true;
+                let permit = loop {
+                    while open && batch.len() < max_size {
+                        match rx.try_recv() {
+                            Ok(p) => batch.push(p),
+                            Err(mpsc::error::TryRecvError::Empty) => break,
+                            Err(mpsc::error::TryRecvError::Disconnected) => open = false,
+                        }
+                    }
+                    let idle = flushers.available_permits() == flusher_count;
+                    if (idle || batch.len() >= settings.parallel_min || !open)
+                        && let Ok(permit) = flushers.clone().try_acquire_owned()
+                    {
+                        break Some(permit);
+                    }
+                    if !open {
+                        // Every handle is gone: this batch still goes out.
+                        break flushers.clone().acquire_owned().await.ok();
+                    }
+                    tokio::select! {
+                        () = flushed.notified() => {}
+                        p = rx.recv(), if batch.len() < max_size => match p {
+                            Some(p) => batch.push(p),
+                            None => open = false,
+                        },
+                    }
+                };
+                let Some(permit) = permit else {
                     break;
                 };
-                let mut batch = vec![first];
                 if !settings.max_delay.is_zero() && !cancel.is_cancelled() {
                     let until = Instant::now() + settings.max_delay;
                     while batch.len() < max_size {
@@ -244,9 +286,11 @@ where
                 }
                 gathered.dec_by(batch.len() as i64);
                 let (f, orphan, requeue) = (f.clone(), orphan.clone(), requeue.clone());
+                let flushed = flushed.clone();
                 tasks.spawn(async move {
                     flush_batch(name, &*f, orphan.as_deref(), &requeue, batch).await;
                     drop(permit);
+                    flushed.notify_one();
                 });
             }
             // Every handle is gone: let the last batches commit and answer.
@@ -564,6 +608,7 @@ mod tests {
             max_size: 100,
             max_delay: Duration::ZERO,
             flushers: 1,
+            parallel_min: 1,
             claim_shards: 1,
         }
     }
@@ -641,6 +686,98 @@ mod tests {
         let at = |req| batches.iter().position(|b| b.contains(&req)).unwrap();
         assert!(at((0, 0)) > at((0, 1)) && at((1, 0)) > at((1, 1)), "{batches:?}");
         assert_eq!(batcher.gathering.get(), 0, "the gauge counts what waits");
+    }
+
+    /// A batcher of two flushers whose flushes log their start and end and
+    /// hold at `gate` while it is closed.
+    fn gated(
+        parallel_min: usize,
+        tracker: &TaskTracker,
+        gate: Arc<Semaphore>,
+        log: Arc<Mutex<Vec<String>>>,
+    ) -> Batcher<(u32, u32), u32> {
+        let mut s = settings(true);
+        s.flushers = 2;
+        s.parallel_min = parallel_min;
+        Batcher::spawn(
+            "test",
+            s,
+            metrics(),
+            tracker,
+            CancellationToken::new(),
+            None,
+            move |reqs: Arc<Vec<(u32, u32)>>| {
+                let (gate, log) = (gate.clone(), log.clone());
+                async move {
+                    let ids: Vec<u32> = reqs.iter().map(|r| r.0).collect();
+                    log.lock().unwrap().push(format!("start {ids:?}"));
+                    gate.acquire().await.unwrap().forget();
+                    log.lock().unwrap().push(format!("end {ids:?}"));
+                    Ok(reqs.iter().copied().map(pass).collect())
+                }
+            },
+        )
+    }
+
+    async fn until(check: impl Fn() -> bool) {
+        while !check() {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn beside_a_flush_in_flight_a_second_starts_only_once_its_batch_is_large_enough() {
+        let tracker = TaskTracker::new();
+        let gate = Arc::new(Semaphore::new(0));
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let batcher = gated(3, &tracker, gate.clone(), log.clone());
+        let submit = |id| {
+            let b = batcher.clone();
+            tokio::spawn(async move { b.submit((id, 0)).await })
+        };
+        let mut answers = vec![submit(0)];
+        until(|| log.lock().unwrap().len() == 1).await;
+        // Two requests, fewer than 3: they wait beside the flush in flight.
+        answers.push(submit(1));
+        until(|| batcher.gathering.get() == 1).await;
+        answers.push(submit(2));
+        until(|| batcher.gathering.get() == 2).await;
+        // The third makes the batch large enough: a second flush starts
+        // with all three while the first is still held.
+        answers.push(submit(3));
+        until(|| log.lock().unwrap().len() == 2).await;
+        assert_eq!(*log.lock().unwrap(), vec!["start [0]", "start [1, 2, 3]"]);
+        gate.add_permits(2);
+        for (id, answer) in answers.into_iter().enumerate() {
+            assert_eq!(answer.await.unwrap().unwrap(), id as u32);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_small_batch_waits_for_the_flush_in_flight_then_goes() {
+        let tracker = TaskTracker::new();
+        let gate = Arc::new(Semaphore::new(0));
+        let log: Arc<Mutex<Vec<String>>> = Arc::default();
+        let batcher = gated(10, &tracker, gate.clone(), log.clone());
+        let b = batcher.clone();
+        let first = tokio::spawn(async move { b.submit((0, 0)).await });
+        until(|| log.lock().unwrap().len() == 1).await;
+        let b = batcher.clone();
+        let second = tokio::spawn(async move { b.submit((1, 0)).await });
+        until(|| batcher.gathering.get() == 1).await;
+        // A free flusher, but a batch of one beside a flush in flight: it
+        // waits, and goes once that flush has ended.
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*log.lock().unwrap(), vec!["start [0]"]);
+        gate.add_permits(2);
+        assert_eq!(first.await.unwrap().unwrap(), 0);
+        assert_eq!(second.await.unwrap().unwrap(), 1);
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec!["start [0]", "end [0]", "start [1]", "end [1]"]
+        );
     }
 
     #[tokio::test]

@@ -144,9 +144,13 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         assert!(!claim.contains("Sort Key: jobs.priority"), "{claim}");
         assert!(!claim.contains("Join Filter"), "{claim}");
 
-        // The guarded array updates lock and update through the primary key
-        // and join their locked rows once: no semi-join re-reading the batch
-        // for every row, no scan of the table or of every running job.
+        // The guarded array updates reach their rows through the primary
+        // key, one lookup per item: no semi-join re-reading the batch for
+        // every row, no scan of the table or of every running job. The
+        // heartbeat locks its rows first and updates each where the lock
+        // found it (a TID scan); the finish's update locks as it goes, in
+        // the items' id order (a nested loop over them), with no lock pass
+        // of its own.
         let arrays = [
             (
                 "lease_finish",
@@ -172,6 +176,13 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
                 assert!(!plan.contains("jobs_running_idx"), "{name}:\n{plan}");
                 assert!(!plan.contains("Join Filter"), "{name}:\n{plan}");
                 assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
+                if name == "lease_heartbeat" {
+                    assert!(plan.contains("Tid Scan on jobs j"), "{name}:\n{plan}");
+                } else {
+                    assert!(!plan.contains("LockRows"), "{name}:\n{plan}");
+                    assert!(plan.contains("Nested Loop"), "{name}:\n{plan}");
+                    assert!(!plan.contains("Hash"), "{name}:\n{plan}");
+                }
             }
         }
     }

@@ -20,58 +20,65 @@
 -- Several items for one (id, run_lease): the first takes effect.
 -- Answers one row per item that took effect, with what a finish answer needs;
 -- items absent from the answer are stale or already applied.
--- Index: jobs_pkey.
--- Locking: every row in id order, in this one statement, before any write.
--- Heartbeats lock in the same order and claims, the reaper and the pruner
--- skip locked rows, so no interleaving of finishes and heartbeats can
--- deadlock.
+-- Index: jobs_pkey, one lookup per item.
+-- Locking: the update locks each row as it reaches it, in id order (the
+-- items are sorted by id and joined to jobs_pkey by a nested loop, one
+-- lookup per item, which is also the only plan that does not read the
+-- table). Heartbeats lock in the same order and claims, the reaper and the
+-- pruner skip locked rows, so no interleaving of finishes and heartbeats
+-- can deadlock. The guard and the next state are computed on the row the
+-- update locked: a row changed meanwhile by a committed statement is
+-- checked again as it is now.
 WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
                 $6::boolean[], $7::bigint[], $8::jsonb[])
          WITH ORDINALITY AS t(id, run_lease, action, result, error, retryable, retry_after_ms, progress, n)
     ORDER BY id, run_lease, n
-), locked AS MATERIALIZED (
-    -- Locked by id alone, in id order: jobs_pkey whatever the statistics say
-    -- (a state predicate here would let the planner pick a partial index and
-    -- scan every running job). The guard and the next state are computed on
-    -- the locked row, which nothing else can change before this statement
-    -- ends.
-    SELECT j.id, i.run_lease, i.action, i.result, i.error, i.progress,
-           j.state = 'running' AND j.run_lease = i.run_lease AS holds,
-           CASE WHEN i.action = 'complete' THEN 'done'::job_state
-                WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
-                WHEN i.action = 'release' THEN 'queued'::job_state
-                WHEN i.retryable AND j.attempt < j.max_attempts THEN 'queued'::job_state
-                ELSE 'failed'::job_state END AS next_state,
-           CASE WHEN i.action = 'fail' THEN
-               coalesce(i.retry_after_ms,
-                        floor(random() * least($10::bigint::float8,
-                                               $9::bigint * power(2::float8, least(j.attempt - 1, 40))))::bigint)
-           ELSE 0 END AS delay_ms
-    FROM input i
-    JOIN jobs j ON j.id = i.id
-    ORDER BY j.id
-    FOR UPDATE OF j
 ), finished AS (
     UPDATE jobs j SET
-        state = l.next_state,
-        result = CASE WHEN l.action = 'complete' THEN l.result ELSE j.result END,
-        error = CASE WHEN l.action = 'fail' THEN l.error ELSE j.error END,
-        progress = CASE WHEN l.action = 'release' THEN coalesce(l.progress, j.progress) ELSE j.progress END,
-        attempt = CASE WHEN l.action = 'release' AND l.next_state = 'queued'
+        -- Every expression reads the row as the update locked it. The
+        -- state each action leads to:
+        --   queued    a release, or a retryable fail with budget left,
+        --             without a cancel request;
+        --   cancelled a fail or release with a cancel requested;
+        --   done      a complete; failed: any other fail.
+        state = CASE WHEN i.action = 'complete' THEN 'done'::job_state
+                     WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
+                     WHEN i.action = 'release' THEN 'queued'::job_state
+                     WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN 'queued'::job_state
+                     ELSE 'failed'::job_state END,
+        result = CASE WHEN i.action = 'complete' THEN i.result ELSE j.result END,
+        error = CASE WHEN i.action = 'fail' THEN i.error ELSE j.error END,
+        progress = CASE WHEN i.action = 'release' THEN coalesce(i.progress, j.progress) ELSE j.progress END,
+        attempt = CASE WHEN i.action = 'release' AND j.cancel_requested_at IS NULL
                        THEN j.attempt - 1 ELSE j.attempt END,
-        run_at = CASE WHEN l.next_state = 'queued'
-                      THEN now() + l.delay_ms * interval '1 millisecond' ELSE j.run_at END,
-        finished_at = CASE WHEN l.next_state = 'queued' THEN NULL ELSE now() END,
+        run_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'complete' THEN j.run_at
+                      WHEN i.action = 'release' THEN now()
+                      WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN
+                          now() + coalesce(i.retry_after_ms,
+                                           floor(random() * least($10::bigint::float8,
+                                                                  $9::bigint * power(2::float8, least(j.attempt - 1, 40))))::bigint)
+                                  * interval '1 millisecond'
+                      ELSE j.run_at END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'complete' THEN now()
+                           WHEN i.action = 'release' THEN NULL
+                           WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN NULL
+                           ELSE now() END,
         lease_expires_at = NULL,
-        final_outcome = CASE WHEN l.next_state = 'done' THEN 'completed'::attempt_outcome
-                             WHEN l.next_state = 'failed' THEN 'failed'::attempt_outcome END,
+        final_outcome = CASE WHEN i.action = 'complete' THEN 'completed'::attempt_outcome
+                             WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'release' THEN NULL
+                             WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN NULL
+                             ELSE 'failed'::attempt_outcome END,
         updated_at = now()
-    FROM locked l
-    WHERE j.id = l.id AND l.holds
+    FROM input i
+    -- The guard, inside a CASE: a bare state predicate would let the
+    -- planner reach the rows through a partial index (every running job)
+    -- instead of one jobs_pkey lookup per item.
+    WHERE j.id = i.id
+      AND CASE WHEN j.state = 'running' THEN j.run_lease = i.run_lease ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
-              j.owned_by, j.claimed_at, l.action, l.error,
+              j.owned_by, j.claimed_at, i.action, i.error,
               j.traceparent IS NOT NULL AS traced
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
