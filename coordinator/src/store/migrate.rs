@@ -49,6 +49,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "lean_writes",
         sql: include_str!("../../../migrations/0006_lean_writes.sql"),
     },
+    Migration {
+        version: 7,
+        name: "explicit_tallies",
+        sql: include_str!("../../../migrations/0007_explicit_tallies.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

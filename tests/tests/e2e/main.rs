@@ -39,6 +39,7 @@ mod schedules;
 mod secrets;
 mod signals;
 mod store;
+mod tallies;
 mod trace_context;
 mod typescript_worker;
 mod worker;

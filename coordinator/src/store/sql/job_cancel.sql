@@ -5,6 +5,7 @@
 -- (absent from the answer).
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
+-- Tallies: adds the jobs cancelled at once to job_tallies.
 -- Index: jobs_pkey.
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
@@ -13,15 +14,24 @@ WITH locked AS MATERIALIZED (
     WHERE id = ANY($1::uuid[])
     ORDER BY id
     FOR UPDATE
+), cancelled AS (
+    UPDATE jobs j SET
+        state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled'::job_state END,
+        cancel_requested_at = CASE WHEN j.state = 'running' THEN now() END,
+        finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
+        updated_at = now()
+    FROM locked l
+    WHERE j.id = l.id
+      AND (j.state IN ('queued', 'enqueue_failed')
+           OR (j.state = 'running' AND j.cancel_requested_at IS NULL))
+      AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
+    RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at
+), tallied AS (
+    -- The cancelled tally of the jobs cancelled at once.
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, state::text, count(*)
+    FROM cancelled
+    WHERE state = 'cancelled'
+    GROUP BY queue, state
 )
-UPDATE jobs j SET
-    state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled'::job_state END,
-    cancel_requested_at = CASE WHEN j.state = 'running' THEN now() END,
-    finished_at = CASE WHEN j.state = 'running' THEN NULL ELSE now() END,
-    updated_at = now()
-FROM locked l
-WHERE j.id = l.id
-  AND (j.state IN ('queued', 'enqueue_failed')
-       OR (j.state = 'running' AND j.cancel_requested_at IS NULL))
-  AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
-RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at
+SELECT id, queue, state, created_at, finished_at FROM cancelled

@@ -18,6 +18,9 @@
 -- (parallel arrays, one element per item; fields an action does not use are
 -- NULL), $9 bigint backoff base ms, $10 bigint backoff cap ms.
 -- Several items for one (id, run_lease): the first takes effect.
+-- Tallies: adds the jobs it ended to job_tallies (one row per queue and
+-- terminal state), as every statement that moves jobs in or out of a
+-- terminal state does.
 -- Answers one row per item that took effect, with what a finish answer needs;
 -- items absent from the answer are stale or already applied.
 -- Index: jobs_pkey, one lookup per item.
@@ -80,6 +83,15 @@ WITH input AS (
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
               j.traceparent IS NOT NULL AS traced
+), tallied AS (
+    -- The terminal tallies: one delta row per (queue, state) this statement
+    -- ended jobs in (the session's runlease.tallies = 'explicit' keeps the
+    -- per-row trigger out of it).
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, state::text, count(*)
+    FROM finished
+    WHERE state IN ('done', 'failed', 'cancelled')
+    GROUP BY queue, state
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),

@@ -4,6 +4,8 @@
 -- appended to job_attempt_log as lease_expired.
 -- Each write is guarded on the run_lease the reaper read and on the expiry
 -- itself, so a lease renewed a moment ago is never reaped.
+-- Tallies: adds the jobs it ended to job_tallies (one row per queue and
+-- terminal state).
 -- $1 bigint limit, $2 bigint default timeout ms (to tell a timeout from a lapse).
 -- Index: jobs_running_idx (queue, id) WHERE running: a pass over the running
 -- jobs (their rows are read for the expiry, which no index keys: a
@@ -34,6 +36,13 @@ WITH expired AS (
     WHERE j.id = e.id AND j.state = 'running' AND j.run_lease = e.run_lease
       AND j.lease_expires_at <= now()
     RETURNING j.*
+), tallied AS (
+    -- The terminal tallies (failed, cancelled) of the jobs it ended.
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, state::text, count(*)
+    FROM reaped
+    WHERE state IN ('done', 'failed', 'cancelled')
+    GROUP BY queue, state
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(), 'lease_expired', error, state FROM reaped
