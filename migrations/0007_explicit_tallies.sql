@@ -13,17 +13,19 @@
 -- Now the coordinator's own statements that can change a tally (the
 -- finish, the reaper, cancel, retry) add their deltas to job_tallies
 -- themselves, one row per (queue, tally) per statement, as the trigger
--- did. The coordinator marks its sessions with the setting
--- runlease.tallies = 'explicit' (a startup option of every pooled
--- connection). Every other session (a coordinator of the previous version
--- during a rolling upgrade, an operator's UPDATE by hand) is still counted,
--- by the row-level trigger below: it fires only for rows whose state
--- enters or leaves a terminal state, in sessions without that setting, and
--- adds one delta row per such row (job_tally_fold.sql folds them later).
--- Deletes keep their statement-level trigger (jobs_tallies_delete).
+-- did, each in a transaction that sets runlease.tallies = 'explicit'
+-- (SET LOCAL: it holds behind a pooler in transaction mode too). Every
+-- other update (a coordinator of the previous version during a rolling
+-- upgrade, an operator's UPDATE by hand, any statement outside such a
+-- transaction) is still counted, by the row-level trigger below: it fires
+-- only for rows whose state enters or leaves a terminal state, outside
+-- transactions with that setting, and adds one delta row per such row
+-- (job_tally_fold.sql folds them later). Deletes keep their
+-- statement-level trigger (jobs_tallies_delete).
 --
--- Locking: dropping and creating triggers on jobs takes its SHARE ROW
--- EXCLUSIVE lock until the migration commits; no row is read.
+-- Locking: DROP TRIGGER takes jobs' ACCESS EXCLUSIVE lock until the
+-- migration commits (every read and write of jobs waits for it, and it
+-- waits for the transactions open on jobs); no row is read.
 DROP TRIGGER jobs_tallies_update ON jobs;
 DROP FUNCTION job_tallies_after_update();
 

@@ -72,6 +72,22 @@ struct Requeue<Req, Resp> {
     gathering: Gauge,
 }
 
+/// A flusher taken by one flush: given back, and the gather loop told, when
+/// the flush ends, however it ends (a panic included), so a batch waiting
+/// beside it is never left waiting.
+struct FlushSlot {
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    flushed: Arc<Notify>,
+}
+
+impl Drop for FlushSlot {
+    fn drop(&mut self) {
+        // The permit first: the loop, once woken, must find it free.
+        drop(self.permit.take());
+        self.flushed.notify_one();
+    }
+}
+
 /// Writes one batch and answers each of its requests (or queues it again).
 async fn flush_batch<Req, Resp>(
     name: &str,
@@ -221,6 +237,8 @@ where
         let orphan = orphaned.clone();
         let f = flush.clone();
         let max_size = settings.max_size.max(1);
+        // A batch never holds more than max_size requests.
+        let parallel_min = settings.parallel_min.clamp(1, max_size);
         let flusher_count = settings.flushers.max(1);
         let flushers = Arc::new(Semaphore::new(flusher_count));
         // Signalled as each flush ends (a stored signal only wakes the loop
@@ -248,7 +266,7 @@ where
                         }
                     }
                     let idle = flushers.available_permits() == flusher_count;
-                    if (idle || batch.len() >= settings.parallel_min || !open)
+                    if (idle || batch.len() >= parallel_min || !open)
                         && let Ok(permit) = flushers.clone().try_acquire_owned()
                     {
                         break Some(permit);
@@ -286,11 +304,13 @@ where
                 }
                 gathered.dec_by(batch.len() as i64);
                 let (f, orphan, requeue) = (f.clone(), orphan.clone(), requeue.clone());
-                let flushed = flushed.clone();
+                let slot = FlushSlot {
+                    permit: Some(permit),
+                    flushed: flushed.clone(),
+                };
                 tasks.spawn(async move {
                     flush_batch(name, &*f, orphan.as_deref(), &requeue, batch).await;
-                    drop(permit);
-                    flushed.notify_one();
+                    drop(slot);
                 });
             }
             // Every handle is gone: let the last batches commit and answer.

@@ -191,10 +191,6 @@ impl DatabaseTarget {
             " -c idle_in_transaction_session_timeout={}",
             (deadlines.call * 2).as_millis()
         ));
-        // The coordinator's statements write their own terminal tallies
-        // (migration 7): this keeps the per-row tally trigger, which counts
-        // every other session's changes, out of them.
-        options.push_str(" -c runlease.tallies=explicit");
         if !deadlines.statement.is_zero() {
             options.push_str(&format!(
                 " -c statement_timeout={}",

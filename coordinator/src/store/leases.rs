@@ -13,7 +13,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, DbOutcome, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, ms, sql};
+use crate::store::{Store, StoreError, ms, query_tallied, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
@@ -663,15 +663,14 @@ impl Store {
     /// when it repeats an outcome that already took effect under the same
     /// lease and worker) or [`Ending::Lost`] with where the job is now. Only
     /// items the statement did not match cost a second read.
+    ///
+    /// It runs in a transaction opened like a claim's (`sql::LEASE_CLAIM_BEGIN`),
+    /// as when claims ride it: its generic plan is the nested loop over the
+    /// items in id order, so it locks its rows in that order whatever the
+    /// table's size (ADR 022), and the transaction is marked as writing its
+    /// own tallies.
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
-        self.timed("finish", || async move {
-            let client = self.conn().await?;
-            let stmt = client.prepare_cached(sql::LEASE_FINISH).await?;
-            let args = FinishArgs::new(items, self.lease_settings());
-            let applied = applied_rows(&client.query(&stmt, &args.params()).await?)?;
-            endings(&client, items, applied).await
-        })
-        .await
+        Ok(self.finish_then_claim_as("finish", items, &[]).await?.0)
     }
 
     /// [`Store::finish`] of `items` and, in the same transaction, after
@@ -822,9 +821,8 @@ impl Store {
         self.timed("reap", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
-            let rows = client
-                .query(&stmt, &[&limit, &ms(self.lease_settings().default_timeout)])
-                .await?;
+            let timeout = ms(self.lease_settings().default_timeout);
+            let rows = query_tallied(&client, &stmt, &[&limit, &timeout]).await?;
             JobRow::from_rows(&rows)
         })
         .await

@@ -7,7 +7,7 @@ use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, sql};
+use crate::store::{Store, StoreError, query_tallied, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
 fn v7_floor(t: DateTime<Utc>) -> Uuid {
@@ -301,7 +301,9 @@ impl Store {
             };
             let stmt = client.prepare_cached(text).await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
-            let rows = client.query(&stmt, &[&ids, &states]).await?;
+            // Retry and cancel write their own tallies; a delete's are
+            // counted by the delete trigger either way.
+            let rows = query_tallied(&client, &stmt, &[&ids, &states]).await?;
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
         })
         .await

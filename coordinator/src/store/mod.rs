@@ -133,6 +133,30 @@ pub struct LeaseSettings {
     pub backoff_cap: Duration,
 }
 
+/// Runs `stmt`, one that writes its own terminal tallies (`lease_reap.sql`,
+/// `job_cancel.sql`, `job_retry.sql`), in a transaction marked so that the
+/// per-row tally trigger stays out of it (`sql::TALLIED_BEGIN`): the mark is
+/// local to the transaction, so it holds behind a pooler in transaction
+/// mode too.
+pub(crate) async fn query_tallied(
+    client: &tokio_postgres::Client,
+    stmt: &tokio_postgres::Statement,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    // One round trip: BEGIN and its setting, the statement, COMMIT. A
+    // statement the server refuses aborts the transaction and the COMMIT
+    // rolls it back.
+    let (begun, rows, committed) = tokio::join!(
+        client.batch_execute(sql::TALLIED_BEGIN),
+        client.query(stmt, params),
+        client.batch_execute("COMMIT"),
+    );
+    begun?;
+    let rows = rows?;
+    committed?;
+    Ok(rows)
+}
+
 /// A duration as the `bigint` milliseconds statements take.
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)

@@ -28,12 +28,28 @@ pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
 /// the two constants below).
 macro_rules! lease_claim_settings {
     () => {
-        "SET LOCAL plan_cache_mode = force_generic_plan; \
-         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+        concat!(
+            "SET LOCAL plan_cache_mode = force_generic_plan; \
+             SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; ",
+            tallied!()
+        )
     };
 }
+/// Marks a transaction whose statements write their own terminal tallies
+/// (migration 7): the per-row tally trigger stays out of it.
+macro_rules! tallied {
+    () => {
+        "SET LOCAL runlease.tallies = 'explicit'"
+    };
+}
+/// Opens a transaction for a statement that writes its own terminal
+/// tallies (`lease_reap.sql`, `job_cancel.sql`, `job_retry.sql`; the finish
+/// runs under [`LEASE_CLAIM_BEGIN`], which sets the same).
+pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
 /// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
-/// (planned once per connection), joined by nested loops only.
+/// (planned once per connection), joined by nested loops only; and the
+/// mark of a transaction whose statements write their own tallies (the
+/// finish runs in such a transaction).
 pub const LEASE_CLAIM_SETTINGS: &str = lease_claim_settings!();
 /// Opens a claim's own transaction with [`LEASE_CLAIM_SETTINGS`].
 pub const LEASE_CLAIM_BEGIN: &str = concat!("BEGIN; ", lease_claim_settings!());

@@ -159,3 +159,74 @@ async fn heartbeats_and_mixed_finish_batches_racing_over_the_same_jobs_never_dea
     );
     assert_eq!(retried, 0.0, "no statement needed a retry: {retries}");
 }
+
+/// Holds an uncommitted cancel request on `job` in a session of its own,
+/// runs `call` (which must then wait on that row lock), commits once the
+/// call's backend waits on the lock, and answers what `call` answered.
+async fn behind_a_cancel_request<T: Send + 'static>(
+    db: &TestDb,
+    job: uuid::Uuid,
+    call: impl std::future::Future<Output = T> + Send + 'static,
+) -> T {
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE jobs SET cancel_requested_at = now() WHERE id = $1",
+        &[&job],
+    )
+    .await
+    .unwrap();
+    let answer = tokio::spawn(call);
+    let watcher = db.client().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = watcher
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the call never waited on the row");
+        tokio::task::yield_now().await;
+    }
+    tx.commit().await.unwrap();
+    answer.await.unwrap()
+}
+
+#[tokio::test]
+async fn a_heartbeat_waiting_on_a_cancel_request_answers_cancel_requested() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    c.api.enqueue("hb", json!(1)).await;
+    let lease = c.api.claim_one("hb", "w").await;
+    let api = c.api.clone();
+    let held = lease.clone();
+    let status =
+        behind_a_cancel_request(&db, lease.job_id.0, async move { api.heartbeat(&held).await }).await;
+    assert_eq!(status, "cancel_requested");
+}
+
+#[tokio::test]
+async fn a_fail_waiting_on_a_cancel_request_sees_it_and_cancels() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    c.api.enqueue("f", json!(1)).await;
+    let lease = c.api.claim_one("f", "w").await;
+    let api = c.api.clone();
+    let held = lease.clone();
+    let (status, body) = behind_a_cancel_request(&db, lease.job_id.0, async move {
+        api.fail(&held, "stopped", true, None).await
+    })
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The next state was computed on the row as the update found it after
+    // the wait: with the cancel request, not queued again.
+    assert_eq!(body["state"], "cancelled", "{body}");
+    assert_eq!(c.api.job(lease.job_id).await.state.as_str(), "cancelled");
+}

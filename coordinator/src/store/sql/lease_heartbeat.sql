@@ -16,7 +16,7 @@ WITH input AS (
     -- say (a state predicate here would let the planner pick a partial index
     -- and scan every running job). The guard is then checked on the locked
     -- row, which nothing else can change before this transaction ends.
-    SELECT j.ctid AS row_at, j.id, j.state, j.run_lease AS held_lease, i.run_lease, i.progress
+    SELECT j.id, j.state, j.run_lease AS held_lease, i.run_lease, i.progress
     FROM input i
     JOIN jobs j ON j.id = i.id
     ORDER BY j.id
@@ -28,9 +28,7 @@ UPDATE jobs j SET
     progress = coalesce(l.progress, j.progress),
     updated_at = now()
 FROM locked l
--- Each row where the lock found it (a TID scan, not a second descent of
--- jobs_pkey): nothing can move a row this statement holds locked.
-WHERE j.ctid = l.row_at AND l.state = 'running' AND l.held_lease = l.run_lease
+WHERE j.id = l.id AND l.state = 'running' AND l.held_lease = l.run_lease
 RETURNING j.id, j.run_lease,
           j.cancel_requested_at IS NOT NULL AS cancel_requested,
           j.lease_expires_at > now() AS live
