@@ -266,7 +266,7 @@ where
                         }
                     }
                     let idle = flushers.available_permits() == flusher_count;
-                    if (idle || batch.len() >= parallel_min || !open)
+                    if (idle || batch.len() >= parallel_min)
                         && let Ok(permit) = flushers.clone().try_acquire_owned()
                     {
                         break Some(permit);
@@ -519,12 +519,12 @@ async fn flush_finishes(
     for claim in &claims {
         metrics.batch("claim", claim.slots.len());
     }
-    // Without claims, the items are one statement of their own (no
-    // transaction block to open and close).
-    let (endings, claimed) = match (items.is_empty(), claims.is_empty()) {
-        (true, true) => (Vec::new(), Vec::new()),
-        (false, true) => (store.finish(&items).await?, Vec::new()),
-        _ => store.finish_then_claim(&items, &claims).await?,
+    // One transaction for the items and the claims riding them (with no
+    // claims it holds the items alone).
+    let (endings, claimed) = if items.is_empty() && claims.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        store.finish_then_claim(&items, &claims).await?
     };
     let mut endings = split(&sizes, endings).into_iter();
     // Each group's leases by slot.

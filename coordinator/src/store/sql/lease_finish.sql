@@ -26,8 +26,8 @@
 -- Index: jobs_pkey, one lookup per item.
 -- Locking: the update locks each row as it reaches it, in id order (the
 -- items are sorted by id and joined to jobs_pkey by a nested loop, one
--- lookup per item, which is also the only plan that does not read the
--- table). Heartbeats lock in the same order and claims, the reaper and the
+-- lookup per item; the store runs it under the claim's settings, which
+-- leave that nested loop its only plan). Heartbeats lock in the same order and claims, the reaper and the
 -- pruner skip locked rows, so no interleaving of finishes and heartbeats
 -- can deadlock. The guard and the next state are computed on the row the
 -- update locked: a row changed meanwhile by a committed statement is
