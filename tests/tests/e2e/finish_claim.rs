@@ -105,6 +105,49 @@ async fn a_worker_loop_is_one_request_per_cycle() {
 }
 
 #[tokio::test]
+async fn completes_with_a_claim_answer_every_item_and_hand_out_only_claimable_jobs() {
+    // A batch of completes and its claim run as one statement: the answer
+    // still holds every item (a repeat of an applied complete included) and
+    // only jobs that were claimable; the tallies count each job once.
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(c.api.enqueue("q", json!(i)).await.id);
+    }
+    let held = c.api.claim("q", "w", 3).await;
+    assert_eq!(held.iter().map(|l| l.job_id).collect::<Vec<_>>(), ids[..3]);
+    let (status, body) = c.api.complete(&held[0], json!("first")).await;
+    assert_eq!(status, 200, "{body}");
+
+    let items: Vec<Value> = held
+        .iter()
+        .map(|l| json!({"lease_token": l.lease_token, "action": "complete", "result": l.payload}))
+        .collect();
+    let claim = json!({"queues": ["q"], "worker_id": "w", "max_jobs": 4, "wait_ms": 0});
+    let (status, body) = c
+        .api
+        .post("/v1/finish", &json!({"items": items, "claim": claim}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for (i, item) in body["items"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(item["status"], "ok", "item {i}: {body}");
+        assert_eq!(item["state"], "done", "item {i}: {body}");
+    }
+    let next = leases(&body);
+    assert_eq!(next.len(), 1, "{body}");
+    assert_eq!(next[0].job_id, ids[3]);
+    assert_eq!(next[0].run_lease.0, 1);
+    assert_eq!(next[0].payload, json!(3));
+    // The repeat kept the first complete's result.
+    assert_eq!(c.api.job(ids[0]).await.result, Some(json!("first")));
+    assert_eq!(c.api.job(ids[1]).await.state, JobState::Done);
+    let (_, figures) = c.api.get("/v1/queues/q").await;
+    assert_eq!(figures["counts"]["done"], 3, "{figures}");
+    assert_eq!(figures["counts"]["running"], 1, "{figures}");
+}
+
+#[tokio::test]
 async fn a_bad_claim_refuses_the_whole_request_before_any_item_is_written() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;

@@ -17,6 +17,11 @@ async fn every_statement_prepares_against_the_migrated_schema() {
             .await
             .unwrap_or_else(|e| panic!("{name}.sql does not prepare: {e}"));
     }
+    // Put together from the files above, once.
+    client
+        .prepare(&sql::LEASE_FINISH_CLAIM)
+        .await
+        .unwrap_or_else(|e| panic!("lease_finish_claim.sql does not prepare: {e}"));
 }
 
 #[tokio::test]
@@ -126,8 +131,8 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
 
         // A claim scans each queue's claim index in order and stops at the
         // slots: no sort of every claimable row. It then updates the rows it
-        // locked where it found them (a TID scan per row), never by a scan of
-        // the table: the coordinator runs it with its generic plan, so this is
+        // locked through the primary key (one lookup per row), never by a
+        // scan of the table: the coordinator runs it with its generic plan, so this is
         // the plan every claim gets (planned under the claim transaction's
         // settings, as the store plans it).
         client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
@@ -137,12 +142,26 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
         )
         .await;
+        // The finish and claim of a batch of completes, in one statement:
+        // the same two plans, side by side.
+        let both = generic_plan(
+            &client,
+            &sql::LEASE_FINISH_CLAIM,
+            "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000, \
+             '{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
+        )
+        .await;
         client.batch_execute("COMMIT").await.unwrap();
-        assert!(claim.contains("Index Scan using jobs_claim_idx"), "{claim}");
-        assert!(claim.contains("Tid Scan on jobs j"), "{claim}");
-        assert!(!claim.contains("Seq Scan on jobs"), "{claim}");
-        assert!(!claim.contains("Sort Key: jobs.priority"), "{claim}");
-        assert!(!claim.contains("Join Filter"), "{claim}");
+        for plan in [&claim, &both] {
+            assert!(plan.contains("Index Scan using jobs_claim_idx"), "{plan}");
+            assert!(plan.contains("Index Scan using jobs_pkey on jobs j"), "{plan}");
+            assert!(!plan.contains("Seq Scan on jobs"), "{plan}");
+            assert!(!plan.contains("jobs_running_idx"), "{plan}");
+            assert!(!plan.contains("Sort Key: jobs.priority"), "{plan}");
+            assert!(!plan.contains("Join Filter"), "{plan}");
+            assert!(!plan.contains("Hash Join"), "{plan}");
+            assert!(!plan.contains("Merge Join"), "{plan}");
+        }
 
         // The guarded array updates reach their rows through the primary
         // key, one lookup per item: no semi-join re-reading the batch for

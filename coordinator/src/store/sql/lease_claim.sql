@@ -15,29 +15,29 @@
 -- now; the limited path passes the time it took the limits at).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
 -- ordered scan per queue: the cost grows with the slots, not the backlog;
--- queue_settings_pkey for the pause check. The locked rows are then updated
--- where the scan found them (a TID scan of each ctid), not looked up again.
+-- queue_settings_pkey for the pause check; jobs_pkey to update the locked
+-- rows, one lookup per slot.
 -- Plan: the store runs it with its generic plan, planned once per
 -- connection instead of at every claim, with hash and merge joins off for
 -- the claim's transaction: the per-queue scans are LATERAL (ordered index
--- scans whatever the estimates) and the update a nested loop of TID scans,
--- so no estimate of the parameters or statistics can turn it into a scan of
+-- scans whatever the estimates) and the update a nested loop of jobs_pkey
+-- lookups, so no estimate of the parameters or statistics can turn it into a scan of
 -- the table.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
+-- Shape: this file holds the claim's steps (the CTEs picked and numbered)
+-- and lease_claim_update.sql its update, which follows them; in
+-- lease_finish_claim.sql the same steps follow those of lease_finish.sql.
 WITH picked AS (
     -- Per queue, an ordered scan of jobs_claim_idx that stops after the
     -- slots (a plain `queue = ANY($1)` is planned as a scan and sort of every
     -- claimable row). With several queues, rows locked here but beyond the
     -- overall limit are only held until this statement's transaction ends.
-    SELECT c.row_at, c.id, c.priority, c.run_at
+    SELECT c.id, c.priority, c.run_at
     FROM unnest($1::text[]) AS q(queue)
     CROSS JOIN LATERAL (
-        -- ctid of the row version locked (the newest: locking follows
-        -- updates), which nothing else can replace before this statement's
-        -- transaction ends.
-        SELECT ctid AS row_at, id, priority, run_at
+        SELECT id, priority, run_at
         FROM jobs
         WHERE jobs.queue = q.queue
           AND state IN ('queued', 'enqueue_failed')
@@ -61,26 +61,5 @@ WITH picked AS (
     ORDER BY c.priority, c.run_at, c.id
     LIMIT cardinality($2::text[])
 ), numbered AS (
-    SELECT row_at, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
+    SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
 )
-UPDATE jobs j SET
-    state = 'running',
-    run_lease = j.run_lease + 1,
-    attempt = j.attempt + 1,
-    -- The slot's worker by subscript: a join of the rows to the slots would
-    -- be planned as a nested loop (quadratic) under some statistics.
-    owned_by = ($2::text[])[n.ord::int],
-    -- The claim's time: the one the limited path took its limits at (its
-    -- rate tokens were counted up to it), else the statement's own.
-    claimed_at = coalesce($7::timestamptz, statement_timestamp()),
-    lease_expires_at = coalesce($7::timestamptz, statement_timestamp()) + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
-                               * interval '1 millisecond',
-    updated_at = coalesce($7::timestamptz, statement_timestamp())
-FROM numbered n
--- The rows were locked by the scan above (which re-checked their state as it
--- locked them): each is updated where the scan found it, by ctid (a TID
--- scan per slot, under the nested loop the claim's transaction settles on).
--- No state predicate here, so the planner cannot pick the claim index for
--- this join.
-WHERE j.ctid = n.row_at
-RETURNING j.*, n.ord AS slot
