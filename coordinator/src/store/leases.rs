@@ -78,52 +78,24 @@ async fn claim_rows(
     leases: &crate::store::LeaseSettings,
     limited: Option<DateTime<Utc>>,
 ) -> Result<Vec<(usize, JobRow)>, StoreError> {
-    let args = ClaimArgs::new(queues, slots, time_left_ms, leases, limited);
-    let rows = client.query(stmt, &args.params()).await?;
+    let serve_limited = limited.is_some();
+    let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+    let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+    let rows = client
+        .query(
+            stmt,
+            &[
+                &queues,
+                &workers,
+                &ms(leases.ttl),
+                &ms(leases.default_timeout),
+                &time_left,
+                &serve_limited,
+                &limited,
+            ],
+        )
+        .await?;
     slotted(&rows)
-}
-
-/// The parameters of a claim (`lease_claim.sql`, `$1..$7`).
-struct ClaimArgs<'a> {
-    queues: &'a [&'a str],
-    workers: Vec<&'a str>,
-    ttl: i64,
-    default_timeout: i64,
-    time_left: Option<i64>,
-    serve_limited: bool,
-    limited: Option<DateTime<Utc>>,
-}
-
-impl<'a> ClaimArgs<'a> {
-    fn new(
-        queues: &'a [&'a str],
-        slots: &[&'a WorkerId],
-        time_left_ms: Option<u64>,
-        leases: &crate::store::LeaseSettings,
-        limited: Option<DateTime<Utc>>,
-    ) -> Self {
-        Self {
-            queues,
-            workers: slots.iter().map(|w| w.as_str()).collect(),
-            ttl: ms(leases.ttl),
-            default_timeout: ms(leases.default_timeout),
-            time_left: time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
-            serve_limited: limited.is_some(),
-            limited,
-        }
-    }
-
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
-        [
-            &self.queues,
-            &self.workers,
-            &self.ttl,
-            &self.default_timeout,
-            &self.time_left,
-            &self.serve_limited,
-            &self.limited,
-        ]
-    }
 }
 
 /// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
@@ -730,6 +702,8 @@ impl Store {
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
         self.timed(operation, || async move {
             let client = self.conn().await?;
+            let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
+            let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
             let args = FinishArgs::new(items, self.lease_settings());
             let pg: &tokio_postgres::Client = &client;
             let names: Vec<Vec<&str>> = claims
@@ -745,70 +719,29 @@ impl Store {
             // claims. Nothing is answered unless every part and the COMMIT
             // succeeded; a failed part aborts the transaction and its COMMIT
             // rolls back.
-            // Completes only, with one claim: the two statements as one
-            // (lease_finish_claim.sql), which saves what PostgreSQL spends
-            // per statement. A batch that can make a job claimable again
-            // (a release, a fail) keeps two: the claim must see those jobs.
-            let one_statement = claims.len() == 1
-                && !items.is_empty()
-                && items.iter().all(|(_, o)| matches!(o, Outcome::Complete { .. }));
-            let (begun, finished, claimed, committed) = if one_statement {
-                let both = client.prepare_cached(&sql::LEASE_FINISH_CLAIM).await?;
-                let claim_args = ClaimArgs::new(
-                    &names[0],
-                    &claims[0].slots,
-                    claims[0].time_left_ms,
+            let finishing = async {
+                if items.is_empty() {
+                    return Ok(Vec::new());
+                }
+                Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
+            };
+            let claiming = futures_util::future::join_all(claims.iter().zip(&names).map(|(c, names)| {
+                claim_rows(
+                    pg,
+                    &claim,
+                    names,
+                    &c.slots,
+                    c.time_left_ms,
                     self.lease_settings(),
                     None,
-                );
-                let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
-                    args.params().into_iter().chain(claim_args.params()).collect();
-                let (begun, answered, committed) = tokio::join!(
-                    pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
-                    pg.query(&both, &params),
-                    pg.batch_execute("COMMIT"),
-                );
-                // The claim's rows have a slot; the finish's have none.
-                let (claimed, finished) = match answered {
-                    Ok(rows) => {
-                        let (claimed, finished): (Vec<_>, Vec<_>) = rows
-                            .into_iter()
-                            .partition(|r| matches!(r.try_get::<_, Option<i64>>("slot"), Ok(Some(_))));
-                        (slotted(&claimed), Ok(finished))
-                    }
-                    Err(e) => {
-                        let e = StoreError::from(e);
-                        (Err(e.clone()), Err(e))
-                    }
-                };
-                (begun, finished, vec![claimed], committed)
-            } else {
-                let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
-                let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
-                let finishing = async {
-                    if items.is_empty() {
-                        return Ok(Vec::new());
-                    }
-                    Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
-                };
-                let claiming = futures_util::future::join_all(claims.iter().zip(&names).map(|(c, names)| {
-                    claim_rows(
-                        pg,
-                        &claim,
-                        names,
-                        &c.slots,
-                        c.time_left_ms,
-                        self.lease_settings(),
-                        None,
-                    )
-                }));
-                tokio::join!(
-                    pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
-                    finishing,
-                    claiming,
-                    pg.batch_execute("COMMIT"),
                 )
-            };
+            }));
+            let (begun, finished, claimed, committed) = tokio::join!(
+                pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
+                finishing,
+                claiming,
+                pg.batch_execute("COMMIT"),
+            );
             let committed = committed.map_err(StoreError::from);
             // Leases of the claims that answered, whatever else failed.
             let got: Vec<Vec<(usize, JobRow)>> = claimed

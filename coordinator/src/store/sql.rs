@@ -22,11 +22,8 @@ pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 pub const JOB_DISPATCH_UNMARK: &str = include_str!("sql/job_dispatch_unmark.sql");
 /// The ended attempts of jobs.
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
-/// Claim leases: the claim's steps, then its update.
-pub const LEASE_CLAIM: &str = concat!(
-    include_str!("sql/lease_claim.sql"),
-    include_str!("sql/lease_claim_update.sql")
-);
+/// Claim leases.
+pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
 /// What a claim's transaction sets before `LEASE_CLAIM` (one literal for
 /// the two constants below).
 macro_rules! lease_claim_settings {
@@ -67,50 +64,7 @@ pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
 /// End leases: complete, fail or release, each item its own action.
-pub const LEASE_FINISH: &str = concat!(
-    include_str!("sql/lease_finish.sql"),
-    include_str!("sql/lease_finish_answer.sql")
-);
-/// Complete leases and claim, in one statement (`lease_finish_claim.sql`):
-/// the finish's steps, the claim's as more CTEs (the last one, `claimed`,
-/// its update) with their parameters numbered after the finish's, and an
-/// answer for both. Put together once, from the same files as
-/// [`LEASE_FINISH`] and [`LEASE_CLAIM`], so each step exists once.
-pub static LEASE_FINISH_CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
-    let steps = include_str!("sql/lease_claim.sql").replacen("\nWITH picked AS (", "\n, picked AS (", 1);
-    let update = include_str!("sql/lease_claim_update.sql");
-    format!(
-        "{}{}, claimed AS (\n{}\n)\n{}",
-        include_str!("sql/lease_finish.sql"),
-        shift_params(&steps, LEASE_FINISH_PARAMS),
-        shift_params(update, LEASE_FINISH_PARAMS),
-        include_str!("sql/lease_finish_claim.sql")
-    )
-});
-/// Parameters of `lease_finish.sql` (`$1..$10`).
-const LEASE_FINISH_PARAMS: usize = 10;
-
-/// `sql` with each parameter `$n` renumbered `$(n + by)`.
-fn shift_params(sql: &str, by: usize) -> String {
-    let mut out = String::with_capacity(sql.len() + 16);
-    let mut chars = sql.char_indices().peekable();
-    while let Some((_, c)) = chars.next() {
-        out.push(c);
-        if c != '$' {
-            continue;
-        }
-        let mut n: Option<usize> = None;
-        while let Some(&(_, d)) = chars.peek() {
-            let Some(v) = d.to_digit(10) else { break };
-            n = Some(n.unwrap_or(0) * 10 + v as usize);
-            chars.next();
-        }
-        if let Some(n) = n {
-            out.push_str(&(n + by).to_string());
-        }
-    }
-    out
-}
+pub const LEASE_FINISH: &str = include_str!("sql/lease_finish.sql");
 /// What became of leases a finish did not match.
 pub const LEASE_FINISH_MISSED: &str = include_str!("sql/lease_finish_missed.sql");
 /// Reap expired leases.
@@ -197,36 +151,3 @@ pub const ALL: &[(&str, &str)] = &[
     ("schedule_fired", SCHEDULE_FIRED),
     ("clock_now", CLOCK_NOW),
 ];
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn shift_params_renumbers_every_parameter_and_nothing_else() {
-        assert_eq!(
-            shift_params("$1::text[], ($2::text[])[n.ord::int], $10 + '$' || $ ", 10),
-            "$11::text[], ($12::text[])[n.ord::int], $20 + '$' || $ "
-        );
-    }
-
-    #[test]
-    fn finish_claim_holds_the_finish_then_the_claim_with_parameters_after_the_finish() {
-        let text: &str = &LEASE_FINISH_CLAIM;
-        assert!(text.starts_with(include_str!("sql/lease_finish.sql")));
-        assert!(text.ends_with(include_str!("sql/lease_finish_claim.sql")));
-        assert!(
-            text.contains("\n, picked AS ("),
-            "the claim's steps follow the finish's"
-        );
-        assert!(!text.contains("WITH picked"));
-        assert!(text.contains(", claimed AS (\nUPDATE jobs j SET"));
-        // The claim's parameters are $11..$17; the finish keeps $1..$10.
-        for n in 1..=17 {
-            assert!(text.contains(&format!("${n}::")), "${n} is used");
-        }
-        assert!(!text.contains("$18"));
-        assert!(LEASE_CLAIM.contains("cardinality($2::text[])"));
-        assert!(text.contains("cardinality($12::text[])"));
-    }
-}

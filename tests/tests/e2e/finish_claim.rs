@@ -106,9 +106,9 @@ async fn a_worker_loop_is_one_request_per_cycle() {
 
 #[tokio::test]
 async fn completes_with_a_claim_answer_every_item_and_hand_out_only_claimable_jobs() {
-    // A batch of completes and its claim run as one statement: the answer
-    // still holds every item (a repeat of an applied complete included) and
-    // only jobs that were claimable; the tallies count each job once.
+    // A batch of completes with a claim: the answer holds every item (a
+    // repeat of an applied complete included) and only jobs that were
+    // claimable; the tallies count each job once.
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
     let mut ids = Vec::new();

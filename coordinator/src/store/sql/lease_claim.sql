@@ -26,9 +26,6 @@
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
--- Shape: this file holds the claim's steps (the CTEs picked and numbered)
--- and lease_claim_update.sql its update, which follows them; in
--- lease_finish_claim.sql the same steps follow those of lease_finish.sql.
 WITH picked AS (
     -- Per queue, an ordered scan of jobs_claim_idx that stops after the
     -- slots (a plain `queue = ANY($1)` is planned as a scan and sort of every
@@ -63,3 +60,28 @@ WITH picked AS (
 ), numbered AS (
     SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
 )
+UPDATE jobs j SET
+    state = 'running',
+    run_lease = j.run_lease + 1,
+    attempt = j.attempt + 1,
+    -- The slot's worker by subscript: a join of the rows to the slots would
+    -- be planned as a nested loop (quadratic) under some statistics.
+    owned_by = ($2::text[])[n.ord::int],
+    -- The claim's time: the one the limited path took its limits at (its
+    -- rate tokens were counted up to it), else the statement's own.
+    claimed_at = coalesce($7::timestamptz, statement_timestamp()),
+    lease_expires_at = coalesce($7::timestamptz, statement_timestamp()) + least($3::bigint, coalesce(j.timeout_ms, $4::bigint))
+                               * interval '1 millisecond',
+    updated_at = coalesce($7::timestamptz, statement_timestamp())
+FROM numbered n
+-- The rows were locked by the scan above (which re-checked their state as it
+-- locked them, on their newest version): each is reached again by id (a
+-- jobs_pkey lookup per slot, under the nested loop the claim's transaction
+-- settles on). A row another transaction changed after this statement's
+-- snapshot is found in the version the snapshot sees, and the update moves
+-- on to its newest version, the one this claim holds locked (reaching it by
+-- its ctid instead, a TID scan under the snapshot would see nothing there
+-- and leave the slot unfilled). No state predicate here, so the planner
+-- cannot pick the claim index for this join.
+WHERE j.id = n.id
+RETURNING j.*, n.ord AS slot

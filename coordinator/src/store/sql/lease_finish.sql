@@ -32,9 +32,6 @@
 -- can deadlock. The guard and the next state are computed on the row the
 -- update locked: a row changed meanwhile by a committed statement is
 -- checked again as it is now.
--- Shape: this file holds the steps (the CTEs); lease_finish_answer.sql
--- follows them as the statement's answer, or, in lease_finish_claim.sql,
--- the claim's steps and an answer for both.
 WITH input AS (
     SELECT DISTINCT ON (id, run_lease) *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
@@ -107,3 +104,4 @@ WITH input AS (
     FROM finished
     WHERE state NOT IN ('done', 'failed')
 )
+SELECT id, run_lease, action, queue, state, created_at, finished_at, traced FROM finished
