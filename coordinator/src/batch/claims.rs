@@ -20,7 +20,7 @@ use crate::batch::BatchSettings;
 use crate::flow::FlowControl;
 use crate::metrics::{LimitLabels, Metrics};
 use crate::store::leases::{Claimed, LeaseRef};
-use crate::store::rows::JobRow;
+use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
 use crate::wake::{Wake, jittered, next_queue_wake};
 
@@ -42,7 +42,7 @@ pub struct ClaimAsk {
 struct Parked {
     ask: ClaimAsk,
     deadline: Instant,
-    reply: oneshot::Sender<Result<Vec<JobRow>, StoreError>>,
+    reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -113,7 +113,7 @@ impl ClaimBatcher {
 
     /// Claims up to `ask.max_jobs` leases, parking up to `ask.wait` when none
     /// is claimable.
-    pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<JobRow>, StoreError> {
+    pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<ClaimedJob>, StoreError> {
         let deadline = Instant::now() + ask.wait;
         if self.shards.is_empty() {
             return self.claim_alone(ask, deadline).await;
@@ -128,7 +128,7 @@ impl ClaimBatcher {
 
     /// The per-request mode: this claim's own statements, re-checking on
     /// wake-ups and the timer.
-    async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<JobRow>, StoreError> {
+    async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<ClaimedJob>, StoreError> {
         // Subscribed before the first look: an enqueue in between still wakes us.
         let mut wakes = self.wake.subscribe_queues();
         let slots: Vec<&WorkerId> = (0..ask.max_jobs).map(|_| &ask.worker).collect();
@@ -324,7 +324,7 @@ impl ClaimBatcher {
             self.count_held_back(&claimed);
             let retry_in = claimed.retry_in;
             let got = claimed.rows.len();
-            let mut per_parked: HashMap<usize, Vec<JobRow>> = HashMap::new();
+            let mut per_parked: HashMap<usize, Vec<ClaimedJob>> = HashMap::new();
             for (slot, record) in claimed.rows {
                 if let Some(&owner) = owners.get(slot) {
                     per_parked.entry(owner).or_default().push(record);
@@ -377,14 +377,19 @@ impl ClaimBatcher {
 
     /// Leases claimed for a claimer that left before its answer: see
     /// [`release_unwanted`].
-    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<JobRow>) {
+    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<ClaimedJob>) {
         release_unwanted(&self.store, &self.wake, worker, records).await;
     }
 }
 
 /// Leases claimed for a claimer that left before its answer: given back at
 /// once instead of left to expire (no attempt charged), their queues woken.
-pub(crate) async fn release_unwanted(store: &Store, wake: &Wake, worker: &WorkerId, records: Vec<JobRow>) {
+pub(crate) async fn release_unwanted(
+    store: &Store,
+    wake: &Wake,
+    worker: &WorkerId,
+    records: Vec<ClaimedJob>,
+) {
     tracing::info!(
         leases = records.len(),
         "claimer left before its answer: releasing its leases"

@@ -27,7 +27,7 @@ use runlease_protocol::WorkerId;
 use crate::batch::claims::ClaimAsk;
 use crate::metrics::{BatchLabels, Metrics};
 use crate::store::leases::{ClaimGroup, Ending, LeaseRef, Outcome, Renewal};
-use crate::store::rows::JobRow;
+use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
@@ -399,7 +399,7 @@ pub struct FinishDone {
     pub endings: Vec<Ending>,
     /// The claim's leases (`None`: the request had no claim; empty: nothing
     /// was claimable, or the coordinator is stopping).
-    pub leases: Option<Vec<JobRow>>,
+    pub leases: Option<Vec<ClaimedJob>>,
     /// The claiming worker.
     pub worker: Option<WorkerId>,
 }
@@ -528,7 +528,7 @@ async fn flush_finishes(
     };
     let mut endings = split(&sizes, endings).into_iter();
     // Each group's leases by slot.
-    let mut by_slot: Vec<Vec<Option<JobRow>>> = claims
+    let mut by_slot: Vec<Vec<Option<ClaimedJob>>> = claims
         .iter()
         .map(|c| (0..c.slots.len()).map(|_| None).collect())
         .collect();

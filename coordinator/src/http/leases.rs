@@ -27,7 +27,7 @@ use crate::http::extract::{JsonBody, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::leases::{Ending, Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
-use crate::store::rows::JobRow;
+use crate::store::rows::ClaimedJob;
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -93,7 +93,7 @@ async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiErro
 }
 
 /// Mints a lease of each job claimed for `worker`.
-fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<JobRow>) -> Vec<Lease> {
+fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<ClaimedJob>) -> Vec<Lease> {
     let terms = state.store.lease_settings();
     records
         .into_iter()

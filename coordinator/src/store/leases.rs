@@ -12,14 +12,14 @@ use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, Wo
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::rows::{DbJobState, DbOutcome, JobRow, col, queue_col};
+use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
 use crate::store::{Store, StoreError, ms, query_tallied, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
 pub struct Claimed {
     /// Each lease with the slot (0-based) it filled, in slot order.
-    pub rows: Vec<(usize, JobRow)>,
+    pub rows: Vec<(usize, ClaimedJob)>,
     /// Slots a queue's limits held back, by queue and kind of limit.
     pub held_back: Vec<(QueueName, LimitKind, usize)>,
     /// When a rate-limited queue has its next token: a parked claim should
@@ -51,17 +51,17 @@ impl LimitKind {
 
 #[derive(Debug, Default)]
 struct LimitedClaim {
-    rows: Vec<(usize, JobRow)>,
+    rows: Vec<(usize, ClaimedJob)>,
     held_back: Vec<(LimitKind, usize)>,
     retry_in: Option<Duration>,
 }
 
 /// Reads claim rows: each job with the slot (0-based) it filled.
-fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, JobRow)>, StoreError> {
+fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
     rows.iter()
         .map(|row| {
             let slot: i64 = col(row, "slot")?;
-            Ok((usize::try_from(slot - 1).unwrap_or(0), JobRow::from_row(row)?))
+            Ok((usize::try_from(slot - 1).unwrap_or(0), ClaimedJob::from_row(row)?))
         })
         .collect()
 }
@@ -77,7 +77,7 @@ async fn claim_rows(
     time_left_ms: Option<u64>,
     leases: &crate::store::LeaseSettings,
     limited: Option<DateTime<Utc>>,
-) -> Result<Vec<(usize, JobRow)>, StoreError> {
+) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
     let serve_limited = limited.is_some();
     let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
     let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
@@ -684,7 +684,7 @@ impl Store {
         &self,
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
-    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
+    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
         self.finish_then_claim_as("finish", items, claims).await
     }
 
@@ -699,7 +699,7 @@ impl Store {
         operation: &'static str,
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
-    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, JobRow)>>), StoreError> {
+    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
         self.timed(operation, || async move {
             let client = self.conn().await?;
             let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
@@ -744,7 +744,7 @@ impl Store {
             );
             let committed = committed.map_err(StoreError::from);
             // Leases of the claims that answered, whatever else failed.
-            let got: Vec<Vec<(usize, JobRow)>> = claimed
+            let got: Vec<Vec<(usize, ClaimedJob)>> = claimed
                 .iter()
                 .map(|c| c.as_ref().map(|rows| rows.to_vec()).unwrap_or_default())
                 .collect();
@@ -780,7 +780,7 @@ impl Store {
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but
     /// are not answered.
-    async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, JobRow)>]) {
+    async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, ClaimedJob)>]) {
         let leases: Vec<LeaseRef> = claims
             .iter()
             .zip(claimed)

@@ -190,6 +190,45 @@ impl JobRow {
     }
 }
 
+/// A job as a claim hands it out: what its lease carries, and no more of
+/// the row (`lease_claim.sql` and `lease_claim_keyed.sql` return only these
+/// columns: every other one would be sent, read and dropped for each job).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimedJob {
+    /// The job.
+    pub id: JobId,
+    /// Its queue.
+    pub queue: QueueName,
+    /// The lease the claim took (the job's new `run_lease`).
+    pub run_lease: RunLease,
+    /// What the producer enqueued.
+    pub payload: Value,
+    /// This attempt's number (1-based).
+    pub attempt: i32,
+    /// The checkpoint an earlier attempt saved.
+    pub progress: Option<Value>,
+    /// The job's own attempt timeout (`None`: the coordinator's default).
+    pub timeout_ms: Option<i64>,
+    /// The producer's trace context.
+    pub traceparent: Option<TraceParent>,
+}
+
+impl ClaimedJob {
+    /// Reads a row of a claim.
+    pub fn from_row(row: &Row) -> Result<Self, StoreError> {
+        Ok(Self {
+            id: JobId(col::<Uuid>(row, "id")?),
+            queue: queue_col(row, "queue")?,
+            run_lease: RunLease(col(row, "run_lease")?),
+            payload: col(row, "payload")?,
+            attempt: col(row, "attempt")?,
+            progress: col(row, "progress")?,
+            timeout_ms: col(row, "timeout_ms")?,
+            traceparent: traceparent_col(row)?,
+        })
+    }
+}
+
 /// Reads `attempt_list` rows, grouped by job.
 pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<AttemptRow>>, StoreError> {
     let mut by_job: HashMap<JobId, Vec<AttemptRow>> = HashMap::new();

@@ -84,4 +84,6 @@ FROM numbered n
 -- and leave the slot unfilled). No state predicate here, so the planner
 -- cannot pick the claim index for this join.
 WHERE j.id = n.id
-RETURNING j.*, n.ord AS slot
+-- What a lease carries (ClaimedJob), not the whole row.
+RETURNING j.id, j.queue, j.run_lease, j.payload, j.attempt, j.progress, j.timeout_ms, j.traceparent,
+          n.ord AS slot

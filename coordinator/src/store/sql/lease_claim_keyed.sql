@@ -85,4 +85,6 @@ UPDATE jobs j SET
     updated_at = coalesce($8::timestamptz, statement_timestamp())
 FROM picked p
 WHERE j.id = p.id AND j.state IN ('queued', 'enqueue_failed')
-RETURNING j.*, p.ord AS slot
+-- What a lease carries (ClaimedJob), not the whole row.
+RETURNING j.id, j.queue, j.run_lease, j.payload, j.attempt, j.progress, j.timeout_ms, j.traceparent,
+          p.ord AS slot
