@@ -85,8 +85,8 @@ WITH input AS (
               j.traceparent IS NOT NULL AS traced
 ), tallied AS (
     -- The terminal tallies: one delta row per (queue, state) this statement
-    -- ended jobs in (the session's runlease.tallies = 'explicit' keeps the
-    -- per-row trigger out of it).
+    -- ended jobs in (the transaction's runlease.tallies = 'explicit', set
+    -- by the store, keeps the per-row trigger out of it).
     INSERT INTO job_tallies (queue, tally, n)
     SELECT queue, state::text, count(*)
     FROM finished
