@@ -760,12 +760,82 @@ pub async fn report(
         // graphile-worker has no HTTP requests nor rows to time.
         println!("{}", row.replace("NaN / NaN", "–").replace("NaN", "–"));
     }
+    print_paired(systems, &runs);
     Ok(())
+}
+
+/// Each build against the first one named, round by round: the two drains
+/// of a round ran minutes apart, so their ratio shares the machine's speed
+/// at the time (it drifts by a quarter over a run), which the ratio of two
+/// medians over the whole run does not.
+fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
+    if systems.len() < 2 {
+        return;
+    }
+    let first = systems[0].name();
+    println!(
+        "\nagainst {first}, round by round (the median of each round's ratio, and its range over the rounds)\n"
+    );
+    println!(
+        "| system | workers | drain jobs/s ÷ {first} | PG CPU µs/job (backends) ÷ {first} | coordinator CPU µs/job ÷ {first} | WAL B/job drain ÷ {first} |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
+    for ((b, w, k), v) in runs {
+        if *b == 0 {
+            continue;
+        }
+        let Some((_, base)) = runs.iter().find(|(key, _)| *key == (0, *w, *k)) else {
+            continue;
+        };
+        let cell = |f: fn(&Run) -> f64| {
+            let (a, b): (Vec<f64>, Vec<f64>) =
+                v.iter().zip(base).map(|((r, _), (q, _))| (f(r), f(q))).unzip();
+            paired(&b, &a).map_or_else(
+                || "–".to_owned(),
+                |(m, lo, hi)| format!("{m:.2} ({lo:.2}–{hi:.2})"),
+            )
+        };
+        println!(
+            "| {} | {w} | {} | {} | {} | {} |",
+            label(&systems[*b], *k),
+            cell(|r| r.jobs_per_s),
+            cell(|r| r.pg_cpu.0),
+            cell(|r| r.coordinator_cpu),
+            cell(|r| r.db_wal.0),
+        );
+    }
+}
+
+/// The ratios `other[i] / base[i]` of the rounds where both are figures:
+/// their median, lowest and highest (`None` when no round has both).
+fn paired(base: &[f64], other: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut ratios: Vec<f64> = base
+        .iter()
+        .zip(other)
+        .filter(|(b, o)| b.is_finite() && o.is_finite() && **b > 0.0)
+        .map(|(b, o)| o / b)
+        .collect();
+    if ratios.is_empty() {
+        return None;
+    }
+    ratios.sort_by(f64::total_cmp);
+    Some((median(ratios.clone()), ratios[0], ratios[ratios.len() - 1]))
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Build;
+    use super::{Build, paired};
+
+    #[test]
+    fn ratios_are_taken_round_by_round() {
+        // The base drifts; each round's ratio is 0.5 whatever the drift.
+        let (m, lo, hi) = paired(&[40.0, 30.0, 20.0], &[20.0, 15.0, 10.0]).unwrap();
+        assert_eq!((m, lo, hi), (0.5, 0.5, 0.5));
+        // Rounds without a figure on either side (or a zero base) are left out.
+        let (m, lo, hi) = paired(&[10.0, f64::NAN, 10.0, 10.0, 0.0], &[6.0, 5.0, 8.0, 7.0, 1.0]).unwrap();
+        assert_eq!((m, lo, hi), (0.7, 0.6, 0.8));
+        assert!(paired(&[f64::NAN], &[1.0]).is_none());
+    }
 
     #[test]
     fn builds_are_named_or_called_by_their_path() {
