@@ -41,7 +41,7 @@ WITH expired AS (
     INSERT INTO job_tallies (queue, tally, n)
     SELECT queue, state::text, count(*)
     FROM reaped
-    WHERE state IN ('done', 'failed', 'cancelled')
+    WHERE state IN ('failed', 'cancelled')
     GROUP BY queue, state
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
