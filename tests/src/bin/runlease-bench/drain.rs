@@ -764,10 +764,10 @@ pub async fn report(
     Ok(())
 }
 
-/// Each build against the first one named, round by round: the two drains
-/// of a round ran minutes apart, so their ratio shares the machine's speed
-/// at the time (it drifts by a quarter over a run), which the ratio of two
-/// medians over the whole run does not.
+/// Each build against the first one named, round by round: the drains of a
+/// round at one worker count run back to back, tens of seconds apart, so
+/// their ratio shares the machine's speed at the time (it drifts within a run),
+/// which the ratio of two medians over the whole run does not.
 fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
     if systems.len() < 2 {
         return;
