@@ -127,9 +127,9 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         // A claim scans each queue's claim index in order and stops at the
         // slots: no sort of every claimable row. It then updates the rows it
         // locked through the primary key (one lookup per row), never by a
-        // scan of the table: the coordinator runs it with its generic plan, so this is
-        // the plan every claim gets (planned under the claim transaction's
-        // settings, as the store plans it).
+        // scan of the table: the coordinator runs it with its generic plan,
+        // so this is the plan every claim gets (planned under the claim
+        // transaction's settings, as the store plans it).
         client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
         let claim = generic_plan(
             &client,

@@ -21,8 +21,8 @@
 -- connection instead of at every claim, with hash and merge joins off for
 -- the claim's transaction: the per-queue scans are LATERAL (ordered index
 -- scans whatever the estimates) and the update a nested loop of jobs_pkey
--- lookups, so no estimate of the parameters or statistics can turn it into a scan of
--- the table.
+-- lookups, so no estimate of the parameters or statistics can turn it into
+-- a scan of the table.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.

@@ -788,9 +788,9 @@ fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
             continue;
         };
         let cell = |f: fn(&Run) -> f64| {
-            let (a, b): (Vec<f64>, Vec<f64>) =
+            let (this, first): (Vec<f64>, Vec<f64>) =
                 v.iter().zip(base).map(|((r, _), (q, _))| (f(r), f(q))).unzip();
-            paired(&b, &a).map_or_else(
+            paired(&first, &this).map_or_else(
                 || "–".to_owned(),
                 |(m, lo, hi)| format!("{m:.2} ({lo:.2}–{hi:.2})"),
             )
@@ -819,7 +819,8 @@ fn paired(base: &[f64], other: &[f64]) -> Option<(f64, f64, f64)> {
         return None;
     }
     ratios.sort_by(f64::total_cmp);
-    Some((median(ratios.clone()), ratios[0], ratios[ratios.len() - 1]))
+    let (lo, hi) = (ratios[0], ratios[ratios.len() - 1]);
+    Some((median(ratios), lo, hi))
 }
 
 #[cfg(test)]
