@@ -190,6 +190,9 @@ pub struct Metrics {
     pub jobs_pruned: Capped<DepthLabels, Counter>,
     /// Prune passes (or tally folds) that failed.
     pub prune_errors: Counter,
+    /// Recounts of the terminal tallies, each after changes of jobs made
+    /// outside the coordinator's statements.
+    pub tally_recounts: Counter,
     /// Jobs changed by bulk actions, per action.
     pub bulk_changed: Family<ActionLabels, Counter>,
     /// Queue settings changed, per queue.
@@ -260,6 +263,7 @@ impl Metrics {
             flow_refresh_errors: Counter::default(),
             jobs_pruned: Capped::new(cap.clone()),
             prune_errors: Counter::default(),
+            tally_recounts: Counter::default(),
             bulk_changed: Family::default(),
             settings_changes: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
@@ -432,6 +436,11 @@ impl Metrics {
             "prune_errors",
             "Prune passes or tally folds that failed",
             m.prune_errors.clone(),
+        );
+        registry.register(
+            "tally_recounts",
+            "Recounts of the terminal tallies after changes of jobs made outside the coordinator",
+            m.tally_recounts.clone(),
         );
         registry.register(
             "bulk_changed",

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{DepthLabels, Metrics};
-use crate::store::prune::Pruned;
+use crate::store::prune::{Folded, Pruned};
 use crate::store::{Store, StoreError};
 use crate::wake::jittered;
 
@@ -70,11 +70,29 @@ impl Pruner {
         }
     }
 
+    /// Folds the tallies (counting them again if a change made outside the
+    /// coordinator asked for it). Answers false if another replica holds
+    /// the prune lock.
+    async fn fold(&self) -> Result<bool, StoreError> {
+        match self.store.fold_tallies().await? {
+            Folded::Busy => Ok(false),
+            Folded::Done { recounted } => {
+                if recounted {
+                    self.metrics.tally_recounts.inc();
+                    tracing::info!(
+                        "terminal tallies counted again after changes of jobs made outside the coordinator"
+                    );
+                }
+                Ok(true)
+            }
+        }
+    }
+
     /// One pass: folds the tallies, then deletes every expired terminal job,
     /// a statement (one short transaction) of at most `batch` rows at a time.
     pub async fn run_once(&self) -> Result<PruneReport, StoreError> {
         let mut report = PruneReport::default();
-        if !self.store.fold_tallies().await? {
+        if !self.fold().await? {
             report.busy = true;
             return Ok(report);
         }
@@ -137,7 +155,7 @@ impl Pruner {
                 () = tokio::time::sleep(nap) => {}
             }
             if Instant::now() < next_pass {
-                if let Err(e) = self.store.fold_tallies().await {
+                if let Err(e) = self.fold().await {
                     self.metrics.prune_errors.inc();
                     tracing::warn!(error = %e, "folding the tallies failed; retrying");
                 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use crate::store::listing::BulkAction;
 use crate::store::rows::{JobRow, assemble, attempts_by_job, col, queue_col};
-use crate::store::{Store, StoreError, sql};
+use crate::store::{Store, StoreError, query_tallied, sql};
 
 /// A job to enqueue: validated, with the coordinator's defaults applied (by
 /// the HTTP layer, from the protocol's enqueue request).
@@ -164,7 +164,8 @@ impl Store {
             let client = self.conn().await?;
             let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
             let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
-            let rows = client.query(&stmt, &[&ids]).await?;
+            // It moves no job in or out of a terminal state.
+            let rows = query_tallied(&client, &stmt, &[&ids]).await?;
             rows.iter()
                 .map(|r| Ok((JobId(col(r, "id")?), queue_col(r, "queue")?)))
                 .collect()
@@ -209,6 +210,8 @@ impl Store {
                 return Ok(Vec::new());
             }
             let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
+            // It moves no job in or out of a terminal state.
+            tx.batch_execute(sql::TALLIED).await?;
             let repaired = tx.query(&stmt, &[&ids]).await?;
             tx.commit().await?;
             repaired.iter().map(|r| queue_col(r, "queue")).collect()

@@ -573,6 +573,8 @@ impl Store {
                 let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
                 let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
                 let terms = self.lease_settings();
+                // Claims change no tally; marked so they ask for no recount.
+                tx.batch_execute(sql::TALLIED).await?;
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
                 let allowed32 = i32::try_from(allowed).unwrap_or(i32::MAX);
                 let rows = tx

@@ -54,6 +54,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "explicit_tallies",
         sql: include_str!("../../../migrations/0007_explicit_tallies.sql"),
     },
+    Migration {
+        version: 8,
+        name: "tally_recount",
+        sql: include_str!("../../../migrations/0008_tally_recount.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -133,9 +133,10 @@ pub struct LeaseSettings {
     pub backoff_cap: Duration,
 }
 
-/// Runs `stmt`, one that writes its own terminal tallies (`lease_reap.sql`,
-/// `job_cancel.sql`, `job_retry.sql`), in a transaction marked so that the
-/// per-row tally trigger stays out of it (`sql::TALLIED_BEGIN`): the mark is
+/// Runs `stmt`, one that sets `state` and keeps the terminal tallies right
+/// itself (`lease_reap.sql`, `job_cancel.sql`, `job_retry.sql`,
+/// `job_mark_enqueue_failed.sql`), in a transaction marked so that it does
+/// not ask for a recount of the tallies (`sql::TALLIED_BEGIN`): the mark is
 /// local to the transaction, so it holds behind a pooler in transaction
 /// mode too.
 pub(crate) async fn query_tallied(

@@ -21,6 +21,19 @@ pub enum Pruned {
     Deleted(Vec<(QueueName, JobState)>),
 }
 
+/// What one fold of the tallies did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Folded {
+    /// Another replica holds the prune lock: nothing was done.
+    Busy,
+    /// Folded.
+    Done {
+        /// Whether the terminal tallies were counted again from the jobs,
+        /// as a change made outside the coordinator asked.
+        recounted: bool,
+    },
+}
+
 impl Store {
     /// Deletes up to `limit` jobs of `queue` in terminal `state` that have
     /// been terminal for more than `keep_ms` (> 0), oldest first.
@@ -71,21 +84,26 @@ impl Store {
         .await
     }
 
-    /// Folds the tally deltas into one row per (queue, tally), unless
-    /// another replica is pruning (it folds then). Answers whether it ran.
-    pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
+    /// Folds the tally deltas into one row per (queue, tally), then counts
+    /// the terminal tallies again if a change made outside the coordinator
+    /// asked for it, unless another replica is pruning (it folds then).
+    pub async fn fold_tallies(&self) -> Result<Folded, StoreError> {
         self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
             let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
             if !locked {
-                return Ok(false);
+                return Ok(Folded::Busy);
             }
-            let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
-            tx.execute(&stmt, &[]).await?;
+            let fold = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
+            tx.execute(&fold, &[]).await?;
+            let recount = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
+            let requests: i64 = col(&tx.query_one(&recount, &[]).await?, "requests")?;
             tx.commit().await?;
-            Ok(true)
+            Ok(Folded::Done {
+                recounted: requests > 0,
+            })
         })
         .await
     }

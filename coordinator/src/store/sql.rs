@@ -35,17 +35,22 @@ macro_rules! lease_claim_settings {
         )
     };
 }
-/// Marks a transaction whose statements write their own terminal tallies
-/// (migration 7): the per-row tally trigger stays out of it.
+/// Marks a transaction whose statements keep the terminal tallies right
+/// themselves: each writes its own deltas, or changes no terminal state
+/// (migrations 7 and 8). An update of `state` or `queue` outside such a
+/// transaction asks for the tallies to be counted again.
 macro_rules! tallied {
     () => {
         "SET LOCAL runlease.tallies = 'explicit'"
     };
 }
-/// Opens a transaction for a statement that writes its own terminal
-/// tallies (`lease_reap.sql`, `job_cancel.sql`, `job_retry.sql`; the finish
-/// runs under [`LEASE_CLAIM_BEGIN`], which sets the same).
+/// Opens a transaction for a statement that sets `state` and keeps the
+/// tallies right itself (`lease_reap.sql`, `job_cancel.sql`,
+/// `job_retry.sql`, `job_mark_enqueue_failed.sql`; the finish runs under
+/// [`LEASE_CLAIM_BEGIN`], which sets the same).
 pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
+/// The mark of [`TALLIED_BEGIN`], for a transaction already open.
+pub const TALLIED: &str = tallied!();
 /// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
 /// (planned once per connection), joined by nested loops only; and the
 /// mark of a transaction whose statements write their own tallies (the
@@ -77,6 +82,9 @@ pub const QUEUE_TALLIES: &str = include_str!("sql/queue_tallies.sql");
 pub const QUEUE_THROUGHPUT: &str = include_str!("sql/queue_throughput.sql");
 /// Fold the tally deltas.
 pub const JOB_TALLY_FOLD: &str = include_str!("sql/job_tally_fold.sql");
+/// Count the terminal tallies again, if a change made outside the
+/// coordinator asked for it.
+pub const JOB_TALLY_RECOUNT: &str = include_str!("sql/job_tally_recount.sql");
 /// Settings of queues.
 pub const QUEUE_SETTINGS_LIST: &str = include_str!("sql/queue_settings_list.sql");
 /// Change a queue's settings.
@@ -135,6 +143,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("queue_tallies", QUEUE_TALLIES),
     ("queue_throughput", QUEUE_THROUGHPUT),
     ("job_tally_fold", JOB_TALLY_FOLD),
+    ("job_tally_recount", JOB_TALLY_RECOUNT),
     ("queue_settings_list", QUEUE_SETTINGS_LIST),
     ("queue_settings_update", QUEUE_SETTINGS_UPDATE),
     ("job_list", JOB_LIST),

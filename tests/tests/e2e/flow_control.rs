@@ -192,6 +192,8 @@ async fn a_key_at_its_limit_does_not_block_the_other_keys() {
     assert_eq!(next.len(), 1, "the finished lease freed one slot of big");
     let (_, q) = c.api.get("/v1/queues/q").await;
     assert_eq!(q["settings"]["max_running_per_key"], json!(1));
+    // The keyed claims change no tally.
+    crate::tallies::no_recount_asked(&c.api, &db).await;
 }
 
 #[tokio::test]

@@ -187,6 +187,8 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
         metrics.contains("runlease_enqueue_failed_marks_total{queue=\"idle\"} 10"),
         "{metrics}"
     );
+    // Marking and repairing change no tally.
+    crate::tallies::no_recount_asked(&c.api, &db).await;
     // Resubscribed after Redis came back.
     wait_for_redis(&c.api, "ok").await;
     stop.cancel();

@@ -2,12 +2,12 @@
 //! `/v1/queues` and `/metrics`) stay equal to the jobs really in those
 //! states, whichever way a job ends or comes back: the coordinator's own
 //! statements write their deltas, and any other session's updates (an
-//! operator's SQL, a coordinator of the previous version) are counted by
-//! the per-row trigger, never both.
+//! operator's SQL, a coordinator of an older version) ask for a recount,
+//! which the next fold makes; never both.
 
 use std::collections::BTreeMap;
 
-use runlease_tests::{TestCoordinator, TestDb};
+use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::json;
 
 use crate::expire_leases;
@@ -43,6 +43,25 @@ async fn tallied_and_counted(
     )
     .await;
     (tallied, counted)
+}
+
+/// Asserts that nothing asked for a recount of the tallies: no request
+/// waits, and the coordinator made none (the coordinator's own statements
+/// never ask; only changes made outside them do).
+pub(crate) async fn no_recount_asked(api: &Api, db: &TestDb) {
+    let requests: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM job_tally_recounts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(requests, 0, "recount requests waiting");
+    assert_eq!(
+        api.metric("runlease_tally_recounts_total").await,
+        0.0,
+        "recounts made"
+    );
 }
 
 fn key(queue: &str, state: &str) -> (String, String) {
@@ -122,24 +141,32 @@ async fn terminal_tallies_follow_every_way_a_job_ends_and_comes_back() {
     assert_eq!(tallied, counted);
     assert_eq!(counted.get(&key("t", "failed")), None);
 
-    // Another session's update (an operator's SQL, or a coordinator of the
-    // previous version): counted by the trigger, row by row, both ways.
-    let other = db.client().await;
-    other
-        .execute(
-            "UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
-             WHERE queue = 't' AND state = 'queued'",
-            &[],
-        )
-        .await
-        .unwrap();
-    other
-        .execute(
-            "UPDATE jobs SET queue = 'moved' WHERE id = $1",
-            &[&leases[7].job_id.0],
-        )
-        .await
-        .unwrap();
+    no_recount_asked(api, &db).await;
+
+    // Another session's updates (an operator's SQL, or a coordinator of an
+    // older version), in one transaction: into a terminal state, and a
+    // terminal job moved to another queue. They ask for a recount, which
+    // the next fold makes.
+    let mut other = db.client().await;
+    let tx = other.transaction().await.unwrap();
+    tx.execute(
+        "UPDATE jobs SET state = 'cancelled', finished_at = now(), updated_at = now()
+         WHERE queue = 't' AND state = 'queued'",
+        &[],
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        "UPDATE jobs SET queue = 'moved' WHERE id = $1",
+        &[&leases[7].job_id.0],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    api.until_metric("runlease_tally_recounts_total", "a recount of the tallies", |n| {
+        n >= 1.0
+    })
+    .await;
     let (tallied, counted) = tallied_and_counted(&db).await;
     assert_eq!(tallied, counted);
     assert_eq!(counted.get(&key("moved", "cancelled")), Some(&1));
