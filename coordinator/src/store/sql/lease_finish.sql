@@ -86,7 +86,7 @@ WITH input AS (
 ), tallied AS (
     -- The terminal tallies: one delta row per (queue, state) this statement
     -- ended jobs in (the transaction's runlease.tallies = 'explicit', set
-    -- by the store, keeps the per-row trigger out of it).
+    -- by the store, says so: it asks for no recount).
     INSERT INTO job_tallies (queue, tally, n)
     SELECT queue, state::text, count(*)
     FROM finished
