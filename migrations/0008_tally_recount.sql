@@ -13,14 +13,14 @@
 -- statement that sets state or queue outside a transaction marked
 -- runlease.tallies = 'explicit' (an operator's UPDATE by hand, a
 -- coordinator of a version before 7 during a rolling upgrade), whether or
--- not it changed a row, and appends one row to job_tally_recounts. The
--- tally fold (job_tally_fold.sql), which runs on one replica at a time
--- under the prune lock, then counts the terminal jobs of every queue again
--- (job_tally_recount.sql): a pass over jobs_prune_idx, whose cost follows
--- the terminal jobs kept, paid once per fold that finds a request and
--- never by the coordinator's own statements, which all run in marked
--- transactions. Until that fold (about every second) the figures miss the
--- change. Deletes keep their statement-level trigger (jobs_tallies_delete).
+-- not it changed a row, and appends one row to job_tally_recounts. After
+-- its next fold of the tallies (about every second), the replica that
+-- holds the prune lock counts the terminal jobs of every queue again
+-- (job_tally_recount.sql), at most once a minute: a pass over
+-- jobs_prune_idx, whose cost follows the terminal jobs kept. The
+-- coordinator's own statements never ask: they all run in marked
+-- transactions. Until the recount the figures miss the change. Deletes
+-- keep their statement-level trigger (jobs_tallies_delete).
 --
 -- Locking: DROP TRIGGER takes jobs' ACCESS EXCLUSIVE lock until the
 -- migration commits (every read and write of jobs waits for it, and it

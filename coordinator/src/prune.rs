@@ -12,12 +12,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{DepthLabels, Metrics};
-use crate::store::prune::{Folded, Pruned};
+use crate::store::prune::{Pruned, Recount};
 use crate::store::{Store, StoreError};
 use crate::wake::jittered;
 
 /// How often the tally deltas are folded between prune passes.
 pub const FOLD_INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest time between two recounts of the tallies (each reads the
+/// index of every terminal job kept), or after one that failed. With no
+/// recount in that time, one asked for is made at the next fold.
+pub const RECOUNT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long terminal jobs are kept, ms; 0 keeps them forever.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +52,8 @@ pub struct Pruner {
     batch: i64,
     interval: Duration,
     cancel: CancellationToken,
+    /// When the last recount that counted (or failed) started.
+    last_recount: Arc<std::sync::Mutex<Option<Instant>>>,
 }
 
 impl Pruner {
@@ -67,25 +73,43 @@ impl Pruner {
             batch: batch.max(1),
             interval,
             cancel,
+            last_recount: Arc::default(),
         }
     }
 
-    /// Folds the tallies (counting them again if a change made outside the
-    /// coordinator asked for it). Answers false if another replica holds
-    /// the prune lock.
+    /// Folds the tallies, then counts them again if a change made outside
+    /// the coordinator asked for it and no recount ran in the last
+    /// [`RECOUNT_INTERVAL`]. Answers false if another replica holds the
+    /// prune lock. A recount that fails is counted and logged, and waits
+    /// for the next interval; it never stops the fold or the pass.
     async fn fold(&self) -> Result<bool, StoreError> {
-        match self.store.fold_tallies().await? {
-            Folded::Busy => Ok(false),
-            Folded::Done { recounted } => {
-                if recounted {
+        if !self.store.fold_tallies().await? {
+            return Ok(false);
+        }
+        let due = {
+            let last = self.last_recount.lock().expect("never held across a panic");
+            last.is_none_or(|at| at.elapsed() >= RECOUNT_INTERVAL)
+        };
+        if due {
+            let started = Instant::now();
+            match self.store.recount_tallies().await {
+                Ok(Recount::Counted) => {
+                    *self.last_recount.lock().expect("never held across a panic") = Some(started);
                     self.metrics.tally_recounts.inc();
                     tracing::info!(
+                        elapsed_ms = started.elapsed().as_millis() as u64,
                         "terminal tallies counted again after changes of jobs made outside the coordinator"
                     );
                 }
-                Ok(true)
+                Ok(Recount::NotAsked | Recount::Busy) => {}
+                Err(e) => {
+                    *self.last_recount.lock().expect("never held across a panic") = Some(started);
+                    self.metrics.prune_errors.inc();
+                    tracing::warn!(error = %e, "counting the tallies again failed; retrying after the recount interval");
+                }
             }
         }
+        Ok(true)
     }
 
     /// One pass: folds the tallies, then deletes every expired terminal job,

@@ -257,9 +257,11 @@ impl TestDb {
 
     /// Inserts `n` jobs on `queue` that reached terminal `state` `finished_ago`
     /// ago, each with one ended attempt, as a coordinator would have left
-    /// them (inserted queued, then moved to the state, so the tallies count
-    /// them; a done or failed job's attempt on its row, a cancelled one's in
-    /// `job_attempt_log`). Answers their ids (UUIDv7, oldest first).
+    /// them (inserted queued, then moved to the state by a statement that
+    /// adds them to the tallies itself, in a transaction marked as the
+    /// coordinator marks its own; a done or failed job's attempt on its row,
+    /// a cancelled one's in `job_attempt_log`). Answers their ids (UUIDv7,
+    /// oldest first).
     pub async fn insert_terminal_jobs(
         &self,
         queue: &str,
@@ -273,7 +275,7 @@ impl TestDb {
         );
         let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
         let ago = finished_ago.as_millis() as i64;
-        let client = self.client().await;
+        let mut client = self.client().await;
         client
             .execute(
                 "INSERT INTO jobs (id, queue, payload, max_attempts, created_at, run_at)
@@ -284,8 +286,11 @@ impl TestDb {
             )
             .await
             .unwrap();
-        client
-            .execute(
+        let tx = client.transaction().await.unwrap();
+        tx.batch_execute("SET LOCAL runlease.tallies = 'explicit'")
+            .await
+            .unwrap();
+        tx.execute(
                 "WITH ended AS (
                      UPDATE jobs SET state = $2::text::job_state, attempt = 1, run_lease = 1,
                          owned_by = 'w', claimed_at = now() - ($3::bigint + 500) * interval '1 millisecond',
@@ -295,7 +300,10 @@ impl TestDb {
                          final_outcome = CASE WHEN $2 = 'done' THEN 'completed'
                                               WHEN $2 = 'failed' THEN 'failed' END::attempt_outcome
                      WHERE id = ANY($1::uuid[])
-                     RETURNING id, claimed_at, finished_at, state)
+                     RETURNING id, queue, claimed_at, finished_at, state),
+                 tallied AS (
+                     INSERT INTO job_tallies (queue, tally, n)
+                     SELECT queue, state::text, count(*) FROM ended GROUP BY queue, state)
                  INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
                  SELECT id, 1, 'w', claimed_at, finished_at, 'cancelled', NULL, state
                  FROM ended WHERE state = 'cancelled'",
@@ -303,6 +311,7 @@ impl TestDb {
             )
             .await
             .unwrap();
+        tx.commit().await.unwrap();
         ids
     }
 

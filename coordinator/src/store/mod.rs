@@ -265,6 +265,21 @@ impl Store {
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, StoreError>>,
     {
+        self.timed_within(operation, self.call_timeout, work).await
+    }
+
+    /// [`Store::timed`] with a deadline of its own, for the rare operation
+    /// that sets a longer `statement_timeout` for itself.
+    pub(crate) async fn timed_within<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        deadline: Duration,
+        work: F,
+    ) -> Result<T, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
         let retrying = async {
             let mut tries = 1;
             loop {
@@ -279,7 +294,7 @@ impl Store {
             }
         };
         let mut work = Box::pin(retrying);
-        match tokio::time::timeout(self.call_timeout, &mut work).await {
+        match tokio::time::timeout(deadline, &mut work).await {
             Ok(Err(StoreError::Timeout(_))) => {
                 self.timeouts.get_or_create(&OperationLabels { operation }).inc();
                 tracing::warn!(operation, "a database statement ran past statement_timeout");
@@ -298,7 +313,7 @@ impl Store {
                 self.timeouts.get_or_create(&OperationLabels { operation }).inc();
                 tracing::warn!(
                     operation,
-                    timeout_ms = self.call_timeout.as_millis() as u64,
+                    timeout_ms = deadline.as_millis() as u64,
                     idle_connections_dropped = dropped,
                     "database operation timed out; its connection is thrown away"
                 );

@@ -4,6 +4,8 @@
 //! transaction that first takes a transaction-level advisory lock, and a
 //! replica that cannot take it leaves the pass to the one that holds it.
 
+use std::time::Duration;
+
 use runlease_protocol::{JobState, QueueName};
 
 use crate::store::rows::{DbJobState, col, queue_col};
@@ -21,17 +23,22 @@ pub enum Pruned {
     Deleted(Vec<(QueueName, JobState)>),
 }
 
-/// What one fold of the tallies did.
+/// PostgreSQL's `statement_timeout` for a recount of the tallies, which
+/// reads the index of every terminal job kept.
+pub const RECOUNT_TIMEOUT: Duration = Duration::from_secs(600);
+/// How much longer the coordinator waits for a recount's answer than
+/// PostgreSQL lets it run.
+const RECOUNT_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
+
+/// What a recount of the tallies did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Folded {
+pub enum Recount {
     /// Another replica holds the prune lock: nothing was done.
     Busy,
-    /// Folded.
-    Done {
-        /// Whether the terminal tallies were counted again from the jobs,
-        /// as a change made outside the coordinator asked.
-        recounted: bool,
-    },
+    /// Nothing asked for a recount: nothing was counted.
+    NotAsked,
+    /// The terminal tallies were counted again from the jobs.
+    Counted,
 }
 
 impl Store {
@@ -84,27 +91,58 @@ impl Store {
         .await
     }
 
-    /// Folds the tally deltas into one row per (queue, tally), then counts
-    /// the terminal tallies again if a change made outside the coordinator
-    /// asked for it, unless another replica is pruning (it folds then).
-    pub async fn fold_tallies(&self) -> Result<Folded, StoreError> {
+    /// Folds the tally deltas into one row per (queue, tally), unless
+    /// another replica is pruning (it folds then). Answers whether it ran.
+    pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
         self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
             let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
             if !locked {
-                return Ok(Folded::Busy);
+                return Ok(false);
             }
-            let fold = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
-            tx.execute(&fold, &[]).await?;
-            let recount = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
-            let requests: i64 = col(&tx.query_one(&recount, &[]).await?, "requests")?;
+            let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
+            tx.execute(&stmt, &[]).await?;
             tx.commit().await?;
-            Ok(Folded::Done {
-                recounted: requests > 0,
-            })
+            Ok(true)
         })
+        .await
+    }
+
+    /// Counts the terminal tallies again from the jobs if a change made
+    /// outside the coordinator asked for it (`job_tally_recount.sql`),
+    /// unless another replica is pruning. The count reads the index of
+    /// every terminal job kept, so it runs under its own deadline,
+    /// [`RECOUNT_TIMEOUT`], instead of the call timeout (holding the prune
+    /// lock meanwhile: other replicas skip their passes).
+    pub async fn recount_tallies(&self) -> Result<Recount, StoreError> {
+        self.timed_within(
+            "recount_tallies",
+            RECOUNT_TIMEOUT + RECOUNT_TIMEOUT_MARGIN,
+            || async move {
+                let mut client = self.conn().await?;
+                let tx = client.transaction().await?;
+                let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+                let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+                if !locked {
+                    return Ok(Recount::Busy);
+                }
+                tx.batch_execute(&format!(
+                    "SET LOCAL statement_timeout = {}",
+                    RECOUNT_TIMEOUT.as_millis()
+                ))
+                .await?;
+                let stmt = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
+                let requests: i64 = col(&tx.query_one(&stmt, &[]).await?, "requests")?;
+                tx.commit().await?;
+                Ok(if requests > 0 {
+                    Recount::Counted
+                } else {
+                    Recount::NotAsked
+                })
+            },
+        )
         .await
     }
 }

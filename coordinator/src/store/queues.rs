@@ -1,7 +1,8 @@
 //! Queue figures and settings. Figures come from indexes over live rows
-//! (`queue_live_counts.sql`) and from the tallies the triggers keep
-//! (`queue_tallies.sql`): nothing here reads the terminal history, so a
-//! scrape costs the same with ten million finished jobs as with none.
+//! (`queue_live_counts.sql`) and from the tallies (`queue_tallies.sql`),
+//! kept by the statements that end jobs: nothing here reads the terminal
+//! history, so a scrape costs the same with ten million finished jobs as
+//! with none.
 
 use std::collections::BTreeMap;
 

@@ -6,9 +6,13 @@
 //! which the next fold makes; never both.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
+use runlease_coordinator::store::prune::Recount;
+use runlease_protocol::JobState;
 use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::json;
+use uuid::Uuid;
 
 use crate::expire_leases;
 use crate::reaping::reap_once;
@@ -177,4 +181,90 @@ async fn terminal_tallies_follow_every_way_a_job_ends_and_comes_back() {
         counted.get(&key("t", "cancelled")).copied(),
         "{queue}"
     );
+}
+
+/// A recount runs while a coordinator's finish is still open (its job
+/// change and its tally delta not yet committed): the count does not see
+/// the change and leaves the delta, so once the finish commits the totals
+/// are exact, and the attempt tallies are left alone.
+#[tokio::test]
+async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
+    let db = TestDb::new().await;
+    // No coordinator: the test folds and recounts itself, in its order.
+    let store = db.store().await;
+    db.insert_terminal_jobs("t", JobState::Done, 3, Duration::from_secs(60))
+        .await;
+    let setup = db.client().await;
+    let open = Uuid::now_v7();
+    setup
+        .execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES ($1, 't', '{}', 1)",
+            &[&open],
+        )
+        .await
+        .unwrap();
+    setup
+        .execute(
+            "INSERT INTO job_tallies (queue, tally, n) VALUES ('t', 'retries', 5)",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    // A coordinator's statement in flight: marked, its delta written, not
+    // yet committed.
+    let mut finishing = db.client().await;
+    let finish = finishing.transaction().await.unwrap();
+    finish
+        .batch_execute("SET LOCAL runlease.tallies = 'explicit'")
+        .await
+        .unwrap();
+    finish
+        .execute(
+            "WITH ended AS (
+                 UPDATE jobs SET state = 'cancelled', finished_at = now() WHERE id = $1
+                 RETURNING queue, state)
+             INSERT INTO job_tallies (queue, tally, n)
+             SELECT queue, state::text, count(*) FROM ended GROUP BY queue, state",
+            &[&open],
+        )
+        .await
+        .unwrap();
+
+    // An UPDATE by hand, committed: it asks for a recount.
+    let moved = setup
+        .execute(
+            "UPDATE jobs SET queue = 'moved'
+             WHERE id = (SELECT id FROM jobs WHERE state = 'done' ORDER BY id LIMIT 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(moved, 1);
+    assert!(store.fold_tallies().await.unwrap());
+    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
+    assert_eq!(
+        store.recount_tallies().await.unwrap(),
+        Recount::NotAsked,
+        "the requests were served"
+    );
+    let (tallied, counted) = tallied_and_counted(&db).await;
+    assert_eq!(tallied, counted, "before the finish commits");
+
+    finish.commit().await.unwrap();
+    assert!(store.fold_tallies().await.unwrap());
+    let (tallied, counted) = tallied_and_counted(&db).await;
+    assert_eq!(tallied, counted, "after the finish commits");
+    assert_eq!(counted.get(&key("t", "done")), Some(&2));
+    assert_eq!(counted.get(&key("moved", "done")), Some(&1));
+    assert_eq!(counted.get(&key("t", "cancelled")), Some(&1));
+    let retries: i64 = setup
+        .query_one(
+            "SELECT sum(n)::bigint FROM job_tallies WHERE queue = 't' AND tally = 'retries'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(retries, 5, "a recount leaves the attempt tallies alone");
 }

@@ -1,7 +1,8 @@
 -- Count the terminal tallies again if anything asked for it (a change of
 -- state or queue made outside the coordinator's statements; migration 8),
--- after the fold, in its transaction: the terminal rows of job_tallies are
--- replaced by the count of the jobs in each (queue, terminal state). One
+-- in a transaction of its own after a fold: the terminal rows of
+-- job_tallies are replaced by the count of the jobs in each (queue,
+-- terminal state). One
 -- snapshot for all of it: a delta committed after it stays, and so does
 -- its change to jobs, which the count does not see either, so nothing is
 -- lost or counted twice. Only one replica runs it at a time (the prune
@@ -10,8 +11,9 @@
 -- No parameters. Answers one row: how many requests it served (0: nothing
 -- was counted).
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal, read
--- whole, only when there is a request: its cost follows the terminal jobs
--- kept.
+-- whole (index only where the visibility map allows), only when there is
+-- a request: its cost follows the terminal jobs kept, so the store gives
+-- it a statement timeout of its own.
 -- Locking: the request rows and the terminal tally rows it deletes.
 WITH requests AS (
     DELETE FROM job_tally_recounts RETURNING 1
