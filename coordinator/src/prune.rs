@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use runlease_protocol::{JobState, QueueName};
@@ -54,6 +55,8 @@ pub struct Pruner {
     cancel: CancellationToken,
     /// When the last recount that counted (or failed) started.
     last_recount: Arc<std::sync::Mutex<Option<Instant>>>,
+    /// Whether a recount of this pruner is running.
+    recounting: Arc<AtomicBool>,
 }
 
 impl Pruner {
@@ -74,14 +77,16 @@ impl Pruner {
             interval,
             cancel,
             last_recount: Arc::default(),
+            recounting: Arc::default(),
         }
     }
 
-    /// Folds the tallies, then counts them again if a change made outside
-    /// the coordinator asked for it and no recount ran in the last
-    /// [`RECOUNT_INTERVAL`]. Answers false if another replica holds the
-    /// prune lock. A recount that fails is counted and logged, and waits
-    /// for the next interval; it never stops the fold or the pass.
+    /// Folds the tallies, then starts a recount (in a task of its own, so
+    /// the loop goes on) if none of this pruner is running and none counted
+    /// in the last [`RECOUNT_INTERVAL`]; the recount does nothing unless a
+    /// change made outside the coordinator asked for it. Answers false if
+    /// another replica holds the prune lock. A recount that fails is
+    /// counted and logged, and waits for the next interval.
     async fn fold(&self) -> Result<bool, StoreError> {
         if !self.store.fold_tallies().await? {
             return Ok(false);
@@ -90,26 +95,35 @@ impl Pruner {
             let last = self.last_recount.lock().expect("never held across a panic");
             last.is_none_or(|at| at.elapsed() >= RECOUNT_INTERVAL)
         };
-        if due {
-            let started = Instant::now();
-            match self.store.recount_tallies().await {
-                Ok(Recount::Counted) => {
-                    *self.last_recount.lock().expect("never held across a panic") = Some(started);
-                    self.metrics.tally_recounts.inc();
-                    tracing::info!(
-                        elapsed_ms = started.elapsed().as_millis() as u64,
-                        "terminal tallies counted again after changes of jobs made outside the coordinator"
-                    );
-                }
-                Ok(Recount::NotAsked | Recount::Busy) => {}
-                Err(e) => {
-                    *self.last_recount.lock().expect("never held across a panic") = Some(started);
-                    self.metrics.prune_errors.inc();
-                    tracing::warn!(error = %e, "counting the tallies again failed; retrying after the recount interval");
-                }
-            }
+        if due && !self.recounting.swap(true, Ordering::AcqRel) {
+            let pruner = self.clone();
+            tokio::spawn(async move {
+                pruner.recount().await;
+                pruner.recounting.store(false, Ordering::Release);
+            });
         }
         Ok(true)
+    }
+
+    /// One recount of the tallies, if one was asked for.
+    async fn recount(&self) {
+        let started = Instant::now();
+        match self.store.recount_tallies().await {
+            Ok(Recount::Counted) => {
+                *self.last_recount.lock().expect("never held across a panic") = Some(started);
+                self.metrics.tally_recounts.inc();
+                tracing::info!(
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "terminal tallies counted again after changes of jobs made outside the coordinator"
+                );
+            }
+            Ok(Recount::NotAsked | Recount::Busy) => {}
+            Err(e) => {
+                *self.last_recount.lock().expect("never held across a panic") = Some(started);
+                self.metrics.prune_errors.inc();
+                tracing::warn!(error = %e, "counting the tallies again failed; retrying after the recount interval");
+            }
+        }
     }
 
     /// One pass: folds the tallies, then deletes every expired terminal job,

@@ -301,8 +301,7 @@ impl Store {
             };
             let stmt = client.prepare_cached(text).await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
-            // Retry and cancel write their own tallies; a delete's are
-            // counted by the delete trigger either way.
+            // Each statement writes its own tallies.
             let rows = query_tallied(&client, &stmt, &[&ids, &states]).await?;
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
         })

@@ -13,6 +13,8 @@ use crate::store::{Store, StoreError, sql};
 
 /// Advisory lock key of pruning ("rl-prune" in ASCII, as an i64).
 const PRUNE_LOCK_KEY: i64 = 0x726c2d7072756e65;
+/// Advisory lock key of recounting the tallies ("rl-recnt" in ASCII).
+const RECOUNT_LOCK_KEY: i64 = 0x726c2d7265636e74;
 
 /// What one prune statement did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,7 +35,7 @@ const RECOUNT_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 /// What a recount of the tallies did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recount {
-    /// Another replica holds the prune lock: nothing was done.
+    /// Another replica is recounting: nothing was done.
     Busy,
     /// Nothing asked for a recount: nothing was counted.
     NotAsked,
@@ -59,6 +61,8 @@ impl Store {
             if !locked {
                 return Ok(Pruned::Busy);
             }
+            // The statement takes what it deletes off the tallies itself.
+            tx.batch_execute(sql::TALLIED).await?;
             let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
             let rows = tx
                 .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
@@ -112,10 +116,10 @@ impl Store {
 
     /// Counts the terminal tallies again from the jobs if a change made
     /// outside the coordinator asked for it (`job_tally_recount.sql`),
-    /// unless another replica is pruning. The count reads the index of
+    /// unless another replica is recounting. It only appends a correction,
+    /// so folds and prunes go on beside it. The count reads the index of
     /// every terminal job kept, so it runs under its own deadline,
-    /// [`RECOUNT_TIMEOUT`], instead of the call timeout (holding the prune
-    /// lock meanwhile: other replicas skip their passes).
+    /// [`RECOUNT_TIMEOUT`], instead of the call timeout.
     pub async fn recount_tallies(&self) -> Result<Recount, StoreError> {
         self.timed_within(
             "recount_tallies",
@@ -124,7 +128,7 @@ impl Store {
                 let mut client = self.conn().await?;
                 let tx = client.transaction().await?;
                 let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-                let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
+                let locked: bool = col(&tx.query_one(&lock, &[&RECOUNT_LOCK_KEY]).await?, "locked")?;
                 if !locked {
                     return Ok(Recount::Busy);
                 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use runlease_coordinator::store::prune::Recount;
+use runlease_coordinator::store::sql;
 use runlease_protocol::JobState;
 use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::json;
@@ -148,9 +149,9 @@ async fn terminal_tallies_follow_every_way_a_job_ends_and_comes_back() {
     no_recount_asked(api, &db).await;
 
     // Another session's updates (an operator's SQL, or a coordinator of an
-    // older version), in one transaction: into a terminal state, and a
-    // terminal job moved to another queue. They ask for a recount, which
-    // the next fold makes.
+    // older version), in one transaction: into a terminal state, a terminal
+    // job moved to another queue, and a terminal job deleted. They ask for
+    // a recount, which the prune loop makes after its next fold.
     let mut other = db.client().await;
     let tx = other.transaction().await.unwrap();
     tx.execute(
@@ -166,6 +167,15 @@ async fn terminal_tallies_follow_every_way_a_job_ends_and_comes_back() {
     )
     .await
     .unwrap();
+    let deleted = tx
+        .execute(
+            "DELETE FROM jobs
+             WHERE id = (SELECT id FROM jobs WHERE queue = 't' AND state = 'cancelled' ORDER BY id LIMIT 1)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
     tx.commit().await.unwrap();
     api.until_metric("runlease_tally_recounts_total", "a recount of the tallies", |n| {
         n >= 1.0
@@ -184,9 +194,10 @@ async fn terminal_tallies_follow_every_way_a_job_ends_and_comes_back() {
 }
 
 /// A recount runs while a coordinator's finish is still open (its job
-/// change and its tally delta not yet committed): the count does not see
-/// the change and leaves the delta, so once the finish commits the totals
-/// are exact, and the attempt tallies are left alone.
+/// change and its tally delta not yet committed) and while a fold is still
+/// open: the count does not see the change, leaves the delta and waits for
+/// neither, so once both commit the totals are exact, and the attempt
+/// tallies are left alone.
 #[tokio::test]
 async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
     let db = TestDb::new().await;
@@ -241,8 +252,12 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
         .await
         .unwrap();
     assert_eq!(moved, 1);
-    assert!(store.fold_tallies().await.unwrap());
+    // A fold in flight (another replica's), holding the deltas it folds.
+    let mut folding = db.client().await;
+    let fold = folding.transaction().await.unwrap();
+    fold.batch_execute(sql::JOB_TALLY_FOLD).await.unwrap();
     assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
+    fold.commit().await.unwrap();
     assert_eq!(
         store.recount_tallies().await.unwrap(),
         Recount::NotAsked,

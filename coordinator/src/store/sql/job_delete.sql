@@ -1,5 +1,8 @@
 -- Delete terminal jobs (their job_attempt_log rows go with them, ON DELETE
 -- CASCADE); queued, running and enqueue_failed jobs are never deleted.
+-- Tallies: takes the jobs it deleted off job_tallies (one row per queue and
+-- state), in a transaction marked runlease.tallies = 'explicit' by the
+-- store.
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.
@@ -11,8 +14,16 @@ WITH locked AS MATERIALIZED (
     ORDER BY id
     FOR UPDATE
 )
-DELETE FROM jobs j
-USING locked l
-WHERE j.id = l.id AND j.state IN ('done', 'failed', 'cancelled')
-  AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
-RETURNING j.id, j.queue, j.state
+, gone AS (
+    DELETE FROM jobs j
+    USING locked l
+    WHERE j.id = l.id AND j.state IN ('done', 'failed', 'cancelled')
+      AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
+    RETURNING j.id, j.queue, j.state
+), tallied AS (
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, state::text, -count(*)
+    FROM gone
+    GROUP BY queue, state
+)
+SELECT id, queue, state FROM gone

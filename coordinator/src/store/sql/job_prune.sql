@@ -1,6 +1,7 @@
 -- Prune: delete up to $4 jobs of one queue and terminal state that have
 -- been terminal longer than the retention, oldest first, with their
--- job_attempt_log rows (ON DELETE CASCADE).
+-- job_attempt_log rows (ON DELETE CASCADE), and take them off job_tallies
+-- (one row; the store marks the transaction runlease.tallies = 'explicit').
 -- $1 text queue, $2 text state (done, failed or cancelled), $3 bigint
 -- retention ms (> 0), $4 int limit.
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal: a range
@@ -19,7 +20,15 @@ WITH doomed AS (
     LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
-DELETE FROM jobs j
-USING doomed d
-WHERE j.id = d.id
-RETURNING j.queue, j.state
+, gone AS (
+    DELETE FROM jobs j
+    USING doomed d
+    WHERE j.id = d.id
+    RETURNING j.queue, j.state
+), tallied AS (
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, state::text, -count(*)
+    FROM gone
+    GROUP BY queue, state
+)
+SELECT queue, state FROM gone

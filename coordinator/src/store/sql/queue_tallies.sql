@@ -1,7 +1,6 @@
 -- Terminal totals per queue: done, failed, cancelled (jobs in that state
 -- now), lease_expiries and retries (attempts since the tallies began). The
--- coordinator's statements and the delete and attempt triggers append
--- deltas; job_tally_fold.sql folds them, job_tally_recount.sql counts the
+-- coordinator's statements and the attempt trigger append deltas; job_tally_fold.sql folds them, job_tally_recount.sql counts the
 -- terminal ones again when asked.
 -- No parameters.
 -- Index: none; job_tallies holds one row per (queue, tally) plus the deltas
