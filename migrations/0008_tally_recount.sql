@@ -14,15 +14,17 @@
 -- when retention prunes it. The prune and the bulk delete now take their
 -- jobs off the tallies themselves, as the finish adds them.
 --
--- Now a statement-level trigger, which reads no row, fires once per UPDATE
--- statement that sets state or queue, and once per DELETE, outside a
--- transaction marked runlease.tallies = 'explicit' (an operator's UPDATE
--- or DELETE by hand, a coordinator of an earlier version during a rolling
--- upgrade), whether or not it changed a row, and appends one row to
--- job_tally_recounts. After
+-- Now statement-level triggers, which read no row, fire once per UPDATE
+-- statement that sets state or queue outside a transaction marked
+-- runlease.tallies = 'explicit', once per DELETE outside one marked
+-- runlease.tally_deletes = 'explicit', and once per TRUNCATE (an
+-- operator's statement by hand, a coordinator of an earlier version
+-- during a rolling upgrade), whether or not it changed a row, and append
+-- one row to job_tally_recounts. After
 -- its next fold of the tallies (about every second), a coordinator counts
 -- the terminal jobs of every queue again and appends the difference
--- (job_tally_recount.sql), at most once a minute, one replica at a time:
+-- (job_tally_recount.sql), at most once a minute per coordinator, one
+-- replica at a time:
 -- a pass over jobs_prune_idx, whose cost follows the terminal jobs kept. The
 -- coordinator's own statements never ask: they all run in marked
 -- transactions. Until the recount the figures miss the change.
@@ -35,8 +37,8 @@ DROP FUNCTION job_tallies_after_update_row();
 DROP TRIGGER jobs_tallies_delete ON jobs;
 DROP FUNCTION job_tallies_after_delete();
 
--- Requests to count the terminal tallies again; the fold that does it
--- deletes the requests it saw. No key: requests from concurrent sessions
+-- Requests to count the terminal tallies again; the recount deletes the
+-- requests it saw. No key: requests from concurrent sessions
 -- never wait on each other.
 CREATE TABLE job_tally_recounts (
     requested_at timestamptz NOT NULL DEFAULT now()
@@ -50,7 +52,18 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER jobs_tallies_recount AFTER UPDATE OF state, queue OR DELETE ON jobs
+CREATE TRIGGER jobs_tallies_recount_update AFTER UPDATE OF state, queue ON jobs
     FOR EACH STATEMENT
     WHEN (current_setting('runlease.tallies', true) IS DISTINCT FROM 'explicit')
+    EXECUTE FUNCTION job_tallies_request_recount();
+-- Deletes have a mark of their own, runlease.tally_deletes: a coordinator
+-- of version 7 runs its bulk delete in a transaction marked
+-- runlease.tallies = 'explicit' but writes no delta for it (its delete
+-- trigger did), so that mark cannot vouch for a delete.
+CREATE TRIGGER jobs_tallies_recount_delete AFTER DELETE ON jobs
+    FOR EACH STATEMENT
+    WHEN (current_setting('runlease.tally_deletes', true) IS DISTINCT FROM 'explicit')
+    EXECUTE FUNCTION job_tallies_request_recount();
+CREATE TRIGGER jobs_tallies_recount_truncate AFTER TRUNCATE ON jobs
+    FOR EACH STATEMENT
     EXECUTE FUNCTION job_tallies_request_recount();

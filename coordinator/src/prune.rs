@@ -19,9 +19,10 @@ use crate::wake::jittered;
 
 /// How often the tally deltas are folded between prune passes.
 pub const FOLD_INTERVAL: Duration = Duration::from_secs(1);
-/// The shortest time between two recounts of the tallies (each reads the
-/// index of every terminal job kept), or after one that failed. With no
-/// recount in that time, one asked for is made at the next fold.
+/// The shortest time between two recounts of the tallies by one
+/// coordinator (each reads the index of every terminal job kept), or after
+/// one that failed. With no recount in that time, one asked for is made at
+/// the next fold.
 pub const RECOUNT_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How long terminal jobs are kept, ms; 0 keeps them forever.
@@ -42,6 +43,15 @@ pub struct PruneReport {
     pub pruned: u64,
     /// Prune statements run.
     pub statements: u64,
+}
+
+/// Clears a pruner's recounting flag when dropped.
+struct Recounting(Arc<AtomicBool>);
+
+impl Drop for Recounting {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// The prune loop of one coordinator.
@@ -98,8 +108,12 @@ impl Pruner {
         if due && !self.recounting.swap(true, Ordering::AcqRel) {
             let pruner = self.clone();
             tokio::spawn(async move {
-                pruner.recount().await;
-                pruner.recounting.store(false, Ordering::Release);
+                // Cleared however the task ends.
+                let _running = Recounting(pruner.recounting.clone());
+                tokio::select! {
+                    () = pruner.cancel.cancelled() => {}
+                    () = pruner.recount() => {}
+                }
             });
         }
         Ok(true)

@@ -7,7 +7,7 @@ use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, query_tallied, sql};
+use crate::store::{Store, StoreError, query_marked, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
 fn v7_floor(t: DateTime<Utc>) -> Uuid {
@@ -294,15 +294,15 @@ impl Store {
                 return Ok(Vec::new());
             }
             let client = self.conn().await?;
-            let (text, with_times) = match action {
-                BulkAction::Retry => (sql::JOB_RETRY, true),
-                BulkAction::Cancel => (sql::JOB_CANCEL, true),
-                BulkAction::Delete => (sql::JOB_DELETE, false),
+            let (text, with_times, begin) = match action {
+                BulkAction::Retry => (sql::JOB_RETRY, true, sql::TALLIED_BEGIN),
+                BulkAction::Cancel => (sql::JOB_CANCEL, true, sql::TALLIED_BEGIN),
+                BulkAction::Delete => (sql::JOB_DELETE, false, sql::TALLIED_DELETES_BEGIN),
             };
             let stmt = client.prepare_cached(text).await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
             // Each statement writes its own tallies.
-            let rows = query_tallied(&client, &stmt, &[&ids, &states]).await?;
+            let rows = query_marked(&client, begin, &stmt, &[&ids, &states]).await?;
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
         })
         .await

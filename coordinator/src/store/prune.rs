@@ -1,8 +1,10 @@
 //! Retention: deleting terminal jobs (and their attempts) once they have
-//! been terminal longer than their queue's retention, and folding the
-//! tally deltas. Both run on one replica at a time: each statement runs in a
-//! transaction that first takes a transaction-level advisory lock, and a
-//! replica that cannot take it leaves the pass to the one that holds it.
+//! been terminal longer than their queue's retention, folding the tally
+//! deltas, and counting the terminal tallies again when asked. Each runs
+//! on one replica at a time: each statement runs in a transaction that
+//! first takes a transaction-level advisory lock (the prune lock for
+//! pruning and folding, the recount lock for a recount), and a replica
+//! that cannot take it leaves the work to the one that holds it.
 
 use std::time::Duration;
 
@@ -56,13 +58,11 @@ impl Store {
         self.timed("prune", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
-            let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-            let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
-            if !locked {
+            if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
                 return Ok(Pruned::Busy);
             }
             // The statement takes what it deletes off the tallies itself.
-            tx.batch_execute(sql::TALLIED).await?;
+            tx.batch_execute(sql::TALLIED_DELETES).await?;
             let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
             let rows = tx
                 .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
@@ -101,9 +101,7 @@ impl Store {
         self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
-            let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-            let locked: bool = col(&tx.query_one(&lock, &[&PRUNE_LOCK_KEY]).await?, "locked")?;
-            if !locked {
+            if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
                 return Ok(false);
             }
             let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
@@ -126,10 +124,14 @@ impl Store {
             RECOUNT_TIMEOUT + RECOUNT_TIMEOUT_MARGIN,
             || async move {
                 let mut client = self.conn().await?;
-                let tx = client.transaction().await?;
-                let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-                let locked: bool = col(&tx.query_one(&lock, &[&RECOUNT_LOCK_KEY]).await?, "locked")?;
-                if !locked {
+                // Read committed whatever the database's default: the
+                // count's snapshot must be taken after the lock is won.
+                let tx = client
+                    .build_transaction()
+                    .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+                    .start()
+                    .await?;
+                if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
                     return Ok(Recount::Busy);
                 }
                 tx.batch_execute(&format!(
@@ -149,4 +151,11 @@ impl Store {
         )
         .await
     }
+}
+
+/// Takes the transaction-level advisory lock `key` if no other session
+/// holds it (`prune_lock.sql`); answers whether it did.
+async fn try_lock(tx: &deadpool_postgres::Transaction<'_>, key: i64) -> Result<bool, StoreError> {
+    let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+    col(&tx.query_one(&lock, &[&key]).await?, "locked")
 }

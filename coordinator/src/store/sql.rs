@@ -51,6 +51,19 @@ macro_rules! tallied {
 pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
 /// The mark of [`TALLIED_BEGIN`], for a transaction already open.
 pub const TALLIED: &str = tallied!();
+/// The marks of a transaction whose deletes of jobs take them off the
+/// tallies themselves (`job_prune.sql`, `job_delete.sql`; migration 8):
+/// deletes have a mark of their own, since a coordinator of version 7
+/// deletes in transactions marked [`TALLIED`] without writing deltas.
+macro_rules! tallied_deletes {
+    () => {
+        concat!(tallied!(), "; SET LOCAL runlease.tally_deletes = 'explicit'")
+    };
+}
+/// [`TALLIED`] and the mark of deletes, for a transaction already open.
+pub const TALLIED_DELETES: &str = tallied_deletes!();
+/// Opens a transaction with [`TALLIED_DELETES`].
+pub const TALLIED_DELETES_BEGIN: &str = concat!("BEGIN; ", tallied_deletes!());
 /// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
 /// (planned once per connection), joined by nested loops only; and the
 /// mark of a transaction whose statements write their own tallies (the
@@ -99,7 +112,8 @@ pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
 pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
 /// The queues that hold terminal jobs.
 pub const JOB_PRUNE_QUEUES: &str = include_str!("sql/job_prune_queues.sql");
-/// The lock that keeps pruning on one replica at a time.
+/// An advisory lock by key: the prune lock (pruning and folding on one
+/// replica at a time) or the recount lock.
 pub const PRUNE_LOCK: &str = include_str!("sql/prune_lock.sql");
 
 /// Due jobs a queue's settings keep from starting.

@@ -374,14 +374,11 @@ async fn enqueue_failed_jobs_stay_claimable_and_cancellable() {
     let a = c.api.enqueue("q", json!("a")).await;
     let b = c.api.enqueue("q", json!("b")).await;
     // What a failed wake-up publish leaves behind.
-    db.client()
-        .await
-        .execute(
-            "UPDATE jobs SET state = 'enqueue_failed' WHERE id = ANY($1)",
-            &[&vec![a.id.0, b.id.0]],
-        )
-        .await
-        .unwrap();
+    db.execute_marked(
+        "UPDATE jobs SET state = 'enqueue_failed' WHERE id = ANY($1)",
+        &[&vec![a.id.0, b.id.0]],
+    )
+    .await;
     let lease = c.api.claim_one("q", "w1").await;
     assert_eq!(lease.job_id, a.id);
     let (status, body) = c.api.post(&format!("/v1/jobs/{}/cancel", b.id), &json!({})).await;

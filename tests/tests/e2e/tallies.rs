@@ -282,4 +282,28 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(retries, 5, "a recount leaves the attempt tallies alone");
+
+    // A coordinator of version 7 deletes in a transaction marked for its
+    // updates only, and writes no delta for the delete: it asks too.
+    let mut old = db.client().await;
+    let tx = old.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL runlease.tallies = 'explicit'")
+        .await
+        .unwrap();
+    let deleted = tx
+        .execute("DELETE FROM jobs WHERE queue = 'moved'", &[])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+    tx.commit().await.unwrap();
+    let requests: i64 = setup
+        .query_one("SELECT count(*) FROM job_tally_recounts", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(requests, 1);
+    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
+    let (tallied, counted) = tallied_and_counted(&db).await;
+    assert_eq!(tallied, counted, "after a delete of the previous version");
+    assert_eq!(counted.get(&key("moved", "done")), None);
 }
