@@ -106,14 +106,14 @@ impl Pruner {
             last.is_none_or(|at| at.elapsed() >= RECOUNT_INTERVAL)
         };
         if due && !self.recounting.swap(true, Ordering::AcqRel) {
+            // Cleared however the task ends. Not stopped at shutdown: a
+            // recount cut off mid-statement would hand its connection back
+            // to the pool still busy; the process exits under it instead.
+            let running = Recounting(self.recounting.clone());
             let pruner = self.clone();
             tokio::spawn(async move {
-                // Cleared however the task ends.
-                let _running = Recounting(pruner.recounting.clone());
-                tokio::select! {
-                    () = pruner.cancel.cancelled() => {}
-                    () = pruner.recount() => {}
-                }
+                let _running = running;
+                pruner.recount().await;
             });
         }
         Ok(true)

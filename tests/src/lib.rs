@@ -287,7 +287,7 @@ impl TestDb {
             .await
             .unwrap();
         let tx = client.transaction().await.unwrap();
-        tx.batch_execute("SET LOCAL runlease.tallies = 'explicit'")
+        tx.batch_execute(runlease_coordinator::store::sql::TALLIED)
             .await
             .unwrap();
         tx.execute(
@@ -326,11 +326,9 @@ impl TestDb {
     ) -> u64 {
         let mut client = self.client().await;
         let tx = client.transaction().await.unwrap();
-        tx.batch_execute(
-            "SET LOCAL runlease.tallies = 'explicit'; SET LOCAL runlease.tally_deletes = 'explicit'",
-        )
-        .await
-        .unwrap();
+        tx.batch_execute(runlease_coordinator::store::sql::TALLIED_DELETES)
+            .await
+            .unwrap();
         let n = tx.execute(sql, params).await.unwrap();
         tx.commit().await.unwrap();
         n

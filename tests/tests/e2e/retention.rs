@@ -170,8 +170,13 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
     assert_eq!(keep["counts"]["done"], json!(15));
     assert_eq!(keep["counts"]["failed"], json!(0));
     assert_eq!(keep["settings"]["retention_done_ms"], json!(0));
-    // The prune took its jobs off the tallies itself.
+    // The prune took its jobs off the tallies itself: no recount asked, and
+    // none made by this test's pruner either.
     crate::tallies::no_recount_asked(&c.api, &db).await;
+    assert!(
+        metrics.render().contains("runlease_tally_recounts_total 0"),
+        "the test's pruner made a recount"
+    );
 }
 
 #[tokio::test]

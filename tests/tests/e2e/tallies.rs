@@ -1,9 +1,9 @@
 //! The terminal tallies (done, failed and cancelled per queue, behind
 //! `/v1/queues` and `/metrics`) stay equal to the jobs really in those
 //! states, whichever way a job ends or comes back: the coordinator's own
-//! statements write their deltas, and any other session's updates (an
-//! operator's SQL, a coordinator of an older version) ask for a recount,
-//! which the next fold makes; never both.
+//! statements write their deltas, and any other session's updates and
+//! deletes (an operator's SQL, a coordinator of an older version) ask for
+//! a recount, which the prune loop makes after a fold; never both.
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -1,8 +1,8 @@
 -- Delete terminal jobs (their job_attempt_log rows go with them, ON DELETE
 -- CASCADE); queued, running and enqueue_failed jobs are never deleted.
 -- Tallies: takes the jobs it deleted off job_tallies (one row per queue and
--- state), in a transaction marked runlease.tallies = 'explicit' by the
--- store.
+-- state), in a transaction the store marks runlease.tallies and
+-- runlease.tally_deletes = 'explicit' (sql::TALLIED_DELETES_BEGIN).
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.

@@ -1,7 +1,8 @@
 -- Prune: delete up to $4 jobs of one queue and terminal state that have
 -- been terminal longer than the retention, oldest first, with their
 -- job_attempt_log rows (ON DELETE CASCADE), and take them off job_tallies
--- (one row; the store marks the transaction runlease.tallies = 'explicit').
+-- (one row; the store marks the transaction runlease.tallies and
+-- runlease.tally_deletes = 'explicit', sql::TALLIED_DELETES).
 -- $1 text queue, $2 text state (done, failed or cancelled), $3 bigint
 -- retention ms (> 0), $4 int limit.
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal: a range
