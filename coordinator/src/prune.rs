@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{DepthLabels, Metrics};
-use crate::store::prune::{Pruned, Recount};
+use crate::store::prune::{Folded, Pruned, Recount};
 use crate::store::{Store, StoreError};
 use crate::wake::jittered;
 
@@ -91,15 +91,18 @@ impl Pruner {
         }
     }
 
-    /// Folds the tallies, then starts a recount (in a task of its own, so
-    /// the loop goes on) if none of this pruner is running and none counted
-    /// in the last [`RECOUNT_INTERVAL`]; the recount does nothing unless a
-    /// change made outside the coordinator asked for it. Answers false if
-    /// another replica holds the prune lock. A recount that fails is
-    /// counted and logged, and waits for the next interval.
+    /// Folds the tallies, then, if a change made outside the coordinator
+    /// asked for a recount, starts one (in a task of its own, so the loop
+    /// goes on) unless one of this pruner is running or counted in the last
+    /// [`RECOUNT_INTERVAL`]. Answers false if another replica holds the
+    /// prune lock. A recount that fails is counted and logged, and waits
+    /// for the next interval.
     async fn fold(&self) -> Result<bool, StoreError> {
-        if !self.store.fold_tallies().await? {
+        let Folded::Done { recount_asked } = self.store.fold_tallies().await? else {
             return Ok(false);
+        };
+        if !recount_asked {
+            return Ok(true);
         }
         let due = {
             let last = self.last_recount.lock().expect("never held across a panic");

@@ -34,6 +34,18 @@ pub const RECOUNT_TIMEOUT: Duration = Duration::from_secs(600);
 /// PostgreSQL lets it run.
 const RECOUNT_TIMEOUT_MARGIN: Duration = Duration::from_secs(5);
 
+/// What a fold of the tallies did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Folded {
+    /// Another replica holds the prune lock: nothing was done.
+    Busy,
+    /// Folded.
+    Done {
+        /// Whether a recount was asked for (a request waits).
+        recount_asked: bool,
+    },
+}
+
 /// What a recount of the tallies did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Recount {
@@ -96,18 +108,18 @@ impl Store {
     }
 
     /// Folds the tally deltas into one row per (queue, tally), unless
-    /// another replica is pruning (it folds then). Answers whether it ran.
-    pub async fn fold_tallies(&self) -> Result<bool, StoreError> {
+    /// another replica is pruning (it folds then).
+    pub async fn fold_tallies(&self) -> Result<Folded, StoreError> {
         self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
             if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
-                return Ok(false);
+                return Ok(Folded::Busy);
             }
             let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
-            tx.execute(&stmt, &[]).await?;
+            let recount_asked: bool = col(&tx.query_one(&stmt, &[]).await?, "recount_asked")?;
             tx.commit().await?;
-            Ok(true)
+            Ok(Folded::Done { recount_asked })
         })
         .await
     }

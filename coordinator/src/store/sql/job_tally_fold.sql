@@ -2,13 +2,17 @@
 -- Deltas appended while this runs are not in its snapshot and stay for the
 -- next fold, so no count is lost or doubled (two folds at once each delete
 -- only rows they saw; a row the other deleted first is skipped).
--- No parameters.
--- Index: none (the table is small). Locking: the deleted rows.
+-- No parameters. Answers one row: whether a recount of the tallies was
+-- asked for (job_tally_recounts holds a request), so the prune loop starts
+-- one only then.
+-- Index: none (the tables are small). Locking: the deleted rows.
 WITH gone AS (
     DELETE FROM job_tallies RETURNING queue, tally, n
+), folded AS (
+    INSERT INTO job_tallies (queue, tally, n)
+    SELECT queue, tally, sum(n)::bigint
+    FROM gone
+    GROUP BY queue, tally
+    HAVING sum(n) <> 0
 )
-INSERT INTO job_tallies (queue, tally, n)
-SELECT queue, tally, sum(n)::bigint
-FROM gone
-GROUP BY queue, tally
-HAVING sum(n) <> 0
+SELECT EXISTS (SELECT 1 FROM job_tally_recounts) AS recount_asked
