@@ -193,6 +193,9 @@ pub struct Metrics {
     /// Recounts of the terminal tallies, each after changes of jobs made
     /// outside the coordinator's statements.
     pub tally_recounts: Counter,
+    /// Attempts deleted by a recount because their job was gone (deleted
+    /// outside the coordinator's statements).
+    pub attempts_swept: Counter,
     /// Jobs changed by bulk actions, per action.
     pub bulk_changed: Family<ActionLabels, Counter>,
     /// Queue settings changed, per queue.
@@ -264,6 +267,7 @@ impl Metrics {
             jobs_pruned: Capped::new(cap.clone()),
             prune_errors: Counter::default(),
             tally_recounts: Counter::default(),
+            attempts_swept: Counter::default(),
             bulk_changed: Family::default(),
             settings_changes: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
@@ -441,6 +445,11 @@ impl Metrics {
             "tally_recounts",
             "Recounts of the terminal tallies after changes of jobs made outside the coordinator",
             m.tally_recounts.clone(),
+        );
+        registry.register(
+            "attempts_swept",
+            "Attempts deleted by a recount because their job had been deleted outside the coordinator",
+            m.attempts_swept.clone(),
         );
         registry.register(
             "bulk_changed",

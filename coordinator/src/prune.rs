@@ -126,12 +126,16 @@ impl Pruner {
     async fn recount(&self) {
         let started = Instant::now();
         match self.store.recount_tallies().await {
-            Ok(Recount::Counted) => {
+            Ok(Recount::Counted { swept }) => {
                 *self.last_recount.lock().expect("never held across a panic") = Some(started);
                 self.metrics.tally_recounts.inc();
+                self.metrics
+                    .attempts_swept
+                    .inc_by(u64::try_from(swept).unwrap_or(0));
                 tracing::info!(
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    "terminal tallies counted again after changes of jobs made outside the coordinator"
+                    swept,
+                    "terminal tallies counted again, and attempts of deleted jobs swept, after changes of jobs made outside the coordinator"
                 );
             }
             Ok(Recount::NotAsked | Recount::Busy) => {}

@@ -292,7 +292,14 @@ impl<'a> FinishArgs<'a> {
             backoff_base: ms(terms.backoff_base),
             backoff_cap: ms(terms.backoff_cap),
         };
-        for (lease, outcome) in items {
+        // The items in (job, lease) order, each (job, lease) once: its
+        // first item (a stable sort keeps the items' own order among
+        // equals). The statement locks its rows in the order it is given
+        // them, so this order is its lock order.
+        let mut sorted: Vec<&(LeaseRef, Outcome)> = items.to_vec();
+        sorted.sort_by_key(|(lease, _)| (lease.job_id.0, lease.run_lease.0));
+        sorted.dedup_by_key(|(lease, _)| (lease.job_id.0, lease.run_lease.0));
+        for (lease, outcome) in sorted {
             args.ids.push(lease.job_id.0);
             args.leases.push(lease.run_lease.0);
             args.actions.push(outcome.name());

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
+use crate::store::prune::delete_attempts;
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
 use crate::store::{Store, StoreError, query_marked, sql};
 
@@ -293,16 +294,33 @@ impl Store {
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let client = self.conn().await?;
-            let (text, with_times, begin) = match action {
-                BulkAction::Retry => (sql::JOB_RETRY, true, sql::TALLIED_BEGIN),
-                BulkAction::Cancel => (sql::JOB_CANCEL, true, sql::TALLIED_BEGIN),
-                BulkAction::Delete => (sql::JOB_DELETE, false, sql::TALLIED_DELETES_BEGIN),
-            };
-            let stmt = client.prepare_cached(text).await?;
+            let mut client = self.conn().await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
             // Each statement writes its own tallies.
-            let rows = query_marked(&client, begin, &stmt, &[&ids, &states]).await?;
+            let (rows, with_times) = match action {
+                BulkAction::Retry | BulkAction::Cancel => {
+                    let text = if action == BulkAction::Retry {
+                        sql::JOB_RETRY
+                    } else {
+                        sql::JOB_CANCEL
+                    };
+                    let stmt = client.prepare_cached(text).await?;
+                    (
+                        query_marked(&client, sql::TALLIED_BEGIN, &stmt, &[&ids, &states]).await?,
+                        true,
+                    )
+                }
+                BulkAction::Delete => {
+                    // The jobs, then their attempts, in one transaction.
+                    let tx = client.transaction().await?;
+                    tx.batch_execute(sql::TALLIED_DELETES).await?;
+                    let stmt = tx.prepare_cached(sql::JOB_DELETE).await?;
+                    let rows = tx.query(&stmt, &[&ids, &states]).await?;
+                    delete_attempts(&tx, &rows).await?;
+                    tx.commit().await?;
+                    (rows, false)
+                }
+            };
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
         })
         .await

@@ -59,6 +59,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "tally_recount",
         sql: include_str!("../../../migrations/0008_tally_recount.sql"),
     },
+    Migration {
+        version: 9,
+        name: "attempts_without_foreign_key",
+        sql: include_str!("../../../migrations/0009_attempts_without_foreign_key.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -147,8 +147,8 @@ pub(crate) async fn query_tallied(
     query_marked(client, sql::TALLIED_BEGIN, stmt, params).await
 }
 
-/// Runs `stmt` in a transaction opened by `begin` (`sql::TALLIED_BEGIN` or
-/// `sql::TALLIED_DELETES_BEGIN`) and committed, in one round trip.
+/// Runs `stmt` in a transaction opened by `begin` (`sql::TALLIED_BEGIN`)
+/// and committed, in one round trip.
 pub(crate) async fn query_marked(
     client: &tokio_postgres::Client,
     begin: &'static str,

@@ -9,6 +9,7 @@
 use std::time::Duration;
 
 use runlease_protocol::{JobState, QueueName};
+use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, col, queue_col};
 use crate::store::{Store, StoreError, sql};
@@ -53,8 +54,13 @@ pub enum Recount {
     Busy,
     /// Nothing asked for a recount: nothing was counted.
     NotAsked,
-    /// The terminal tallies were counted again from the jobs.
-    Counted,
+    /// The terminal tallies were counted again from the jobs, and the
+    /// attempts of deleted jobs swept.
+    Counted {
+        /// Attempts deleted whose job was gone (left by a delete of jobs
+        /// made outside the coordinator).
+        swept: i64,
+    },
 }
 
 impl Store {
@@ -73,12 +79,14 @@ impl Store {
             if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
                 return Ok(Pruned::Busy);
             }
-            // The statement takes what it deletes off the tallies itself.
+            // The statements take what they delete off the tallies, and
+            // delete its attempts, themselves.
             tx.batch_execute(sql::TALLIED_DELETES).await?;
             let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
             let rows = tx
                 .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
                 .await?;
+            delete_attempts(&tx, &rows).await?;
             tx.commit().await?;
             let deleted = rows
                 .iter()
@@ -152,10 +160,12 @@ impl Store {
                 ))
                 .await?;
                 let stmt = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
-                let requests: i64 = col(&tx.query_one(&stmt, &[]).await?, "requests")?;
+                let row = tx.query_one(&stmt, &[]).await?;
+                let requests: i64 = col(&row, "requests")?;
+                let swept: i64 = col(&row, "swept")?;
                 tx.commit().await?;
                 Ok(if requests > 0 {
-                    Recount::Counted
+                    Recount::Counted { swept }
                 } else {
                     Recount::NotAsked
                 })
@@ -163,6 +173,23 @@ impl Store {
         )
         .await
     }
+}
+
+/// Deletes the attempts of the jobs a statement of `tx` deleted (`rows`,
+/// each with the job's `id`), in the same transaction
+/// (`job_attempts_delete.sql`): job_attempt_log has no foreign key to
+/// cascade the delete (migration 9).
+pub(crate) async fn delete_attempts(
+    tx: &deadpool_postgres::Transaction<'_>,
+    rows: &[tokio_postgres::Row],
+) -> Result<(), StoreError> {
+    let ids: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_DELETE).await?;
+    tx.execute(&stmt, &[&ids]).await?;
+    Ok(())
 }
 
 /// Takes the transaction-level advisory lock `key` if no other session

@@ -52,18 +52,20 @@ pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
 /// The mark of [`TALLIED_BEGIN`], for a transaction already open.
 pub const TALLIED: &str = tallied!();
 /// The marks of a transaction whose deletes of jobs take them off the
-/// tallies themselves (`job_prune.sql`, `job_delete.sql`; migration 8):
-/// deletes have a mark of their own, since a coordinator of version 7
-/// deletes in transactions marked [`TALLIED`] without writing deltas.
+/// tallies and delete their attempts themselves (`job_prune.sql` and
+/// `job_delete.sql`, each followed by `job_attempts_delete.sql`;
+/// migrations 8 and 9): deletes have a mark of their own, since
+/// coordinators of earlier versions delete in transactions marked
+/// [`TALLIED`] (version 7: without writing deltas) or
+/// `runlease.tally_deletes` (version 8: counting on the foreign key's
+/// cascade for the attempts).
 macro_rules! tallied_deletes {
     () => {
-        concat!(tallied!(), "; SET LOCAL runlease.tally_deletes = 'explicit'")
+        concat!(tallied!(), "; SET LOCAL runlease.job_deletes = 'explicit'")
     };
 }
 /// [`TALLIED`] and the mark of deletes, for a transaction already open.
 pub const TALLIED_DELETES: &str = tallied_deletes!();
-/// Opens a transaction with [`TALLIED_DELETES`].
-pub const TALLIED_DELETES_BEGIN: &str = concat!("BEGIN; ", tallied_deletes!());
 /// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
 /// (planned once per connection), joined by nested loops only; and the
 /// mark of a transaction whose statements write their own tallies (the
@@ -108,6 +110,8 @@ pub const JOB_LIST: &str = include_str!("sql/job_list.sql");
 pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
 /// Delete terminal jobs.
 pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
+/// Delete the attempts of jobs just deleted.
+pub const JOB_ATTEMPTS_DELETE: &str = include_str!("sql/job_attempts_delete.sql");
 /// Delete expired terminal jobs of a queue and state.
 pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
 /// The queues that hold terminal jobs.
@@ -163,6 +167,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_list", JOB_LIST),
     ("job_match", JOB_MATCH),
     ("job_delete", JOB_DELETE),
+    ("job_attempts_delete", JOB_ATTEMPTS_DELETE),
     ("job_prune", JOB_PRUNE),
     ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),

@@ -256,7 +256,10 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
     let mut folding = db.client().await;
     let fold = folding.transaction().await.unwrap();
     fold.batch_execute(sql::JOB_TALLY_FOLD).await.unwrap();
-    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
+    assert!(matches!(
+        store.recount_tallies().await.unwrap(),
+        Recount::Counted { swept: 0 }
+    ));
     fold.commit().await.unwrap();
     assert_eq!(
         store.recount_tallies().await.unwrap(),
@@ -302,8 +305,106 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(requests, 1);
-    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
+    assert!(matches!(
+        store.recount_tallies().await.unwrap(),
+        Recount::Counted { swept: 0 }
+    ));
     let (tallied, counted) = tallied_and_counted(&db).await;
     assert_eq!(tallied, counted, "after a delete of the previous version");
     assert_eq!(counted.get(&key("moved", "done")), None);
+}
+
+/// The attempt log keeps no foreign key to jobs: the coordinator's prune
+/// and bulk delete delete the attempts of the jobs they delete, and a
+/// delete made anywhere else (by hand; by a coordinator of version 8,
+/// which counted on the key's cascade) asks for a recount, which deletes
+/// the attempts it left and no other.
+#[tokio::test]
+async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the_recount() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let by_hand = db
+        .insert_terminal_jobs("s", JobState::Cancelled, 3, Duration::from_secs(60))
+        .await;
+    let by_v8 = db
+        .insert_terminal_jobs("s", JobState::Cancelled, 2, Duration::from_secs(60))
+        .await;
+    let kept = db
+        .insert_terminal_jobs("s", JobState::Cancelled, 4, Duration::from_secs(60))
+        .await;
+    let logged = |ids: &[Uuid]| {
+        let ids = ids.to_vec();
+        let db = &db;
+        async move {
+            db.scalar(
+                "SELECT count(*) FROM job_attempt_log WHERE job_id = ANY($1)",
+                &[&ids],
+            )
+            .await
+        }
+    };
+    assert_eq!(
+        logged(&by_hand).await,
+        3,
+        "a cancelled job's attempt is in the log"
+    );
+
+    let client = db.client().await;
+    let deleted = client
+        .execute("DELETE FROM jobs WHERE id = ANY($1)", &[&by_hand])
+        .await
+        .unwrap();
+    assert_eq!(deleted, 3);
+    let mut v8 = db.client().await;
+    let tx = v8.transaction().await.unwrap();
+    tx.batch_execute(
+        "SET LOCAL runlease.tallies = 'explicit'; SET LOCAL runlease.tally_deletes = 'explicit'",
+    )
+    .await
+    .unwrap();
+    tx.execute(
+        "WITH gone AS (DELETE FROM jobs WHERE id = ANY($1) RETURNING queue, state)
+         INSERT INTO job_tallies (queue, tally, n)
+         SELECT queue, state::text, -count(*) FROM gone GROUP BY queue, state",
+        &[&by_v8],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(logged(&by_hand).await, 3, "no cascade");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_tally_recounts", &[]).await,
+        2,
+        "each delete asked"
+    );
+
+    assert!(matches!(
+        store.recount_tallies().await.unwrap(),
+        Recount::Counted { swept: 5 }
+    ));
+    assert_eq!(logged(&by_hand).await, 0);
+    assert_eq!(logged(&by_v8).await, 0);
+    assert_eq!(logged(&kept).await, 4, "attempts of jobs still here stay");
+    let (tallied, counted) = tallied_and_counted(&db).await;
+    assert_eq!(tallied, counted);
+    assert_eq!(counted.get(&key("s", "cancelled")), Some(&4));
+
+    // The coordinator's bulk delete takes the attempts with the jobs and
+    // asks for nothing.
+    let c = TestCoordinator::start(&db).await;
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/bulk",
+            &json!({"action": "delete", "queue": "s", "states": ["cancelled"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["changed"], 4, "{body}");
+    assert_eq!(logged(&kept).await, 0);
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_tally_recounts", &[]).await,
+        0,
+        "the bulk delete asked for no recount"
+    );
 }

@@ -1,8 +1,10 @@
--- Delete terminal jobs (their job_attempt_log rows go with them, ON DELETE
--- CASCADE); queued, running and enqueue_failed jobs are never deleted.
+-- Delete terminal jobs; queued, running and enqueue_failed jobs are never
+-- deleted. The store then deletes their job_attempt_log rows
+-- (job_attempts_delete.sql, by the ids answered here) in the same
+-- transaction.
 -- Tallies: takes the jobs it deleted off job_tallies (one row per queue and
 -- state), in a transaction the store marks runlease.tallies and
--- runlease.tally_deletes = 'explicit' (sql::TALLIED_DELETES_BEGIN).
+-- runlease.job_deletes = 'explicit' (sql::TALLIED_DELETES).
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.

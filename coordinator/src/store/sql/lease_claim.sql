@@ -58,15 +58,22 @@ WITH picked AS (
     ORDER BY c.priority, c.run_at, c.id
     LIMIT cardinality($2::text[])
 ), numbered AS (
-    SELECT id, row_number() OVER (ORDER BY priority, run_at, id) AS ord FROM picked
+    -- The picked rows in hand-out order zipped with the slots: the n-th row
+    -- goes to the n-th slot and names its worker. ROWS FROM walks both
+    -- lists once, side by side (a join of the rows to the slots could be
+    -- planned as a nested loop, quadratic, under some statistics; reading
+    -- the worker by subscript, `$2[n]`, walks the text array from its start
+    -- for every row, quadratic too). Slots beyond the rows pair with NULL.
+    SELECT z.id, z.worker, z.ord
+    FROM ROWS FROM (unnest(ARRAY(SELECT id FROM picked ORDER BY priority, run_at, id)),
+                    unnest($2::text[])) WITH ORDINALITY AS z(id, worker, ord)
+    WHERE z.id IS NOT NULL
 )
 UPDATE jobs j SET
     state = 'running',
     run_lease = j.run_lease + 1,
     attempt = j.attempt + 1,
-    -- The slot's worker by subscript: a join of the rows to the slots would
-    -- be planned as a nested loop (quadratic) under some statistics.
-    owned_by = ($2::text[])[n.ord::int],
+    owned_by = n.worker,
     -- The claim's time: the one the limited path took its limits at (its
     -- rate tokens were counted up to it), else the statement's own.
     claimed_at = coalesce($7::timestamptz, statement_timestamp()),

@@ -17,7 +17,10 @@
 -- retryable, $7 bigint[] retry_after_ms (NULL: backoff), $8 jsonb[] progress
 -- (parallel arrays, one element per item; fields an action does not use are
 -- NULL), $9 bigint backoff base ms, $10 bigint backoff cap ms.
--- Several items for one (id, run_lease): the first takes effect.
+-- The store sends the items sorted by (id, run_lease), each pair once (the
+-- first item a request batch holds for it): this statement neither sorts
+-- nor removes repeats. (Were a pair repeated, the row would still be
+-- updated once, by the first.)
 -- Tallies: adds the jobs it ended to job_tallies (one row per queue and
 -- terminal state), as every statement that moves jobs in or out of a
 -- terminal state does.
@@ -25,19 +28,18 @@
 -- items absent from the answer are stale or already applied.
 -- Index: jobs_pkey, one lookup per item.
 -- Locking: the update locks each row as it reaches it, in id order (the
--- items are sorted by id and joined to jobs_pkey by a nested loop, one
--- lookup per item; the store runs it under the claim's settings, which
--- leave that nested loop its only plan). Heartbeats lock in the same order and claims, the reaper and the
+-- items, sorted by id, are joined to jobs_pkey by a nested loop in their
+-- order, one lookup per item; the store runs it under the claim's
+-- settings, which leave that nested loop its only plan). Heartbeats lock in the same order and claims, the reaper and the
 -- pruner skip locked rows, so no interleaving of finishes and heartbeats
 -- can deadlock. The guard and the next state are computed on the row the
 -- update locked: a row changed meanwhile by a committed statement is
 -- checked again as it is now.
 WITH input AS (
-    SELECT DISTINCT ON (id, run_lease) *
+    SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
                 $6::boolean[], $7::bigint[], $8::jsonb[])
-         WITH ORDINALITY AS t(id, run_lease, action, result, error, retryable, retry_after_ms, progress, n)
-    ORDER BY id, run_lease, n
+         AS t(id, run_lease, action, result, error, retryable, retry_after_ms, progress)
 ), finished AS (
     UPDATE jobs j SET
         -- Every expression reads the row as the update locked it. The

@@ -113,8 +113,11 @@ pub async fn run(jobs: usize) -> Raw {
                 if rows.is_empty() {
                     return;
                 }
-                let ids: Vec<Uuid> = rows.iter().map(|r| r.get("id")).collect();
-                let leases: Vec<i64> = rows.iter().map(|r| r.get("run_lease")).collect();
+                // The finish takes its items sorted by (id, run_lease), as the store sends them.
+                let mut pairs: Vec<(Uuid, i64)> =
+                    rows.iter().map(|r| (r.get("id"), r.get("run_lease"))).collect();
+                pairs.sort_unstable();
+                let (ids, leases): (Vec<Uuid>, Vec<i64>) = pairs.into_iter().unzip();
                 let n = rows.len();
                 let actions = vec!["complete"; n];
                 let results: Vec<Option<Value>> = vec![Some(Value::Null); n];
