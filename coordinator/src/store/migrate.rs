@@ -64,6 +64,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "attempts_without_foreign_key",
         sql: include_str!("../../../migrations/0009_attempts_without_foreign_key.sql"),
     },
+    Migration {
+        version: 10,
+        name: "attempt_tallies_explicit",
+        sql: include_str!("../../../migrations/0010_attempt_tallies_explicit.sql"),
+    },
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -35,13 +35,16 @@ macro_rules! lease_claim_settings {
         )
     };
 }
-/// Marks a transaction whose statements keep the terminal tallies right
+/// Marks a transaction whose statements keep the tallies right
 /// themselves: each writes its own deltas, or changes no terminal state
-/// (migrations 7 and 8). An update of `state` or `queue` outside such a
-/// transaction asks for the tallies to be counted again.
+/// (migrations 7 and 8), and counts the attempts it writes in the attempt
+/// tallies, or writes none that count (`lease_finish.sql`,
+/// `lease_reap.sql`; migration 10). An update of `state` or `queue`
+/// outside such a transaction asks for the tallies to be counted again;
+/// attempts written outside one are counted by a trigger.
 macro_rules! tallied {
     () => {
-        "SET LOCAL runlease.tallies = 'explicit'"
+        "SET LOCAL runlease.tallies = 'explicit'; SET LOCAL runlease.attempt_tallies = 'explicit'"
     };
 }
 /// Opens a transaction for a statement that sets `state` and keeps the

@@ -408,3 +408,102 @@ async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the
         "the bulk delete asked for no recount"
     );
 }
+
+/// The attempt tallies (`lease_expiries`, `retries`) count every attempt
+/// that ends in a lease expiry, and every failed or expired attempt after
+/// which the job was queued again, exactly once: the finish and the reaper
+/// count the attempts they write (schema version 10), and the attempt
+/// log's trigger counts only attempts written outside a transaction so
+/// marked (by hand, or by a coordinator of an earlier version).
+#[tokio::test]
+async fn attempt_tallies_count_each_retry_and_lease_expiry_once() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let api = &c.api;
+    for i in 0..6 {
+        api.enqueue_attempts("a", json!(i), 3).await;
+    }
+    let leases = api.claim("a", "w", 6).await;
+    assert_eq!(leases.len(), 6);
+    // A retryable fail with budget left (a retry), a fail for good, a
+    // release (no charge, no retry), a fail under a cancel request
+    // (cancelled), two expired leases with budget left (two expiries, two
+    // retries).
+    assert_eq!(api.fail(&leases[0], "again", true, None).await.0, 200);
+    assert_eq!(api.fail(&leases[1], "boom", false, None).await.0, 200);
+    assert_eq!(api.release(&leases[2], None).await.0, 200);
+    assert_eq!(
+        api.post(&format!("/v1/jobs/{}/cancel", leases[3].job_id), &json!({}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(api.fail(&leases[3], "stopped", true, None).await.0, 200);
+    expire_leases(&db, &[leases[4].job_id.0, leases[5].job_id.0]).await;
+    assert_eq!(reap_once(&db).await.requeued, 2);
+
+    assert_eq!(attempt_tallies(&db, "a").await, (3, 2));
+    assert_eq!(attempt_counts(&db, "a").await, (3, 2));
+    no_recount_asked(api, &db).await;
+
+    // Attempts written outside a marked transaction are counted by the
+    // trigger: by a coordinator of version 9 (marked for the terminal
+    // tallies only) and by hand.
+    let client = db.client().await;
+    let mut old = db.client().await;
+    let tx = old.transaction().await.unwrap();
+    tx.batch_execute("SET LOCAL runlease.tallies = 'explicit'")
+        .await
+        .unwrap();
+    tx.execute(
+        "INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+         VALUES ($1, 90, 'w', now(), now(), 'failed', 'boom', 'queued')",
+        &[&leases[1].job_id.0],
+    )
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    client
+        .execute(
+            "INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+             VALUES ($1, 91, 'w', now(), now(), 'lease_expired', 'lapsed', 'queued')",
+            &[&leases[1].job_id.0],
+        )
+        .await
+        .unwrap();
+    assert_eq!(attempt_tallies(&db, "a").await, (5, 3));
+    assert_eq!(attempt_counts(&db, "a").await, (5, 3));
+}
+
+/// The `retries` and `lease_expiries` tallies of `queue`.
+async fn attempt_tallies(db: &TestDb, queue: &str) -> (i64, i64) {
+    let sum = |tally: &'static str| async move {
+        db.scalar(
+            "SELECT coalesce(sum(n), 0)::bigint FROM job_tallies WHERE queue = $1 AND tally = $2",
+            &[&queue, &tally],
+        )
+        .await
+    };
+    (sum("retries").await, sum("lease_expiries").await)
+}
+
+/// The same two figures counted from the chronology, as the tallies
+/// define them.
+async fn attempt_counts(db: &TestDb, queue: &str) -> (i64, i64) {
+    let retries = db
+        .scalar(
+            "SELECT count(*) FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE j.queue = $1 AND a.outcome IN ('failed', 'lease_expired')
+               AND a.state_after = 'queued'",
+            &[&queue],
+        )
+        .await;
+    let expiries = db
+        .scalar(
+            "SELECT count(*) FROM job_attempts a JOIN jobs j ON j.id = a.job_id
+             WHERE j.queue = $1 AND a.outcome = 'lease_expired'",
+            &[&queue],
+        )
+        .await;
+    (retries, expiries)
+}
