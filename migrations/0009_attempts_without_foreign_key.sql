@@ -16,31 +16,48 @@
 -- runlease.job_deletes = 'explicit'. A DELETE of jobs outside such a
 -- transaction (by hand, or by a coordinator of an earlier version during
 -- a rolling upgrade, which counted on the cascade), and every TRUNCATE of
--- jobs, asks for a recount through the statement-level triggers of
--- version 8 (the triggers below); the recount now also deletes the
--- attempts whose job is gone. Until that recount (after the next fold, at
--- most once a minute per coordinator), such attempts stay in the log:
--- they are only ever read by their job's id, so no answer shows them.
+-- jobs, appends a row to job_attempt_sweeps through the statement-level
+-- triggers below. After its next fold (about every second), a coordinator
+-- of this version or later deletes the attempts whose job is gone, in
+-- batches, at most once a minute per coordinator, one at a time, and then
+-- the requests it saw (job_attempts_sweep.sql). Until then such attempts
+-- stay in the log: they are only ever read by their job's id, so no answer
+-- shows them. The requests have a table of their own, apart from the
+-- recount requests of version 8, because a coordinator of version 8
+-- serves those without sweeping.
 --
 -- Attempts are written only for a job row the writing statement holds
 -- locked (a finish, the reaper, a retry), so no attempt can be written
 -- for a job being deleted: a delete waits for that lock, and a statement
 -- that waits for a delete finds no row and writes nothing.
 --
--- Locking: dropping the constraint takes the ACCESS EXCLUSIVE lock of
--- job_attempt_log and of jobs until the migration commits (it waits for
--- the transactions open on either, and every read and write of them waits
--- for it); no row is read.
+-- Locking: dropping the constraint and creating the triggers take the
+-- ACCESS EXCLUSIVE lock of job_attempt_log and of jobs until the migration
+-- commits (it waits for the transactions open on either, and every read
+-- and write of them waits for it); no row is read.
 ALTER TABLE job_attempt_log DROP CONSTRAINT job_attempts_job_id_fkey;
 
--- The delete trigger of version 8 asked for a recount of the tallies
--- unless the transaction wrote its own tally rows (runlease.tally_deletes);
--- it now also asks unless the transaction deletes its own attempts. Only
--- coordinators of version 9 and later set runlease.job_deletes, and they
--- do both.
-DROP TRIGGER jobs_tallies_recount_delete ON jobs;
-CREATE TRIGGER jobs_tallies_recount_delete AFTER DELETE ON jobs
+-- Requests to sweep the attempt log; the sweep deletes the requests it
+-- saw once it has swept. No key: requests from concurrent sessions never
+-- wait on each other.
+CREATE TABLE job_attempt_sweeps (
+    requested_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE FUNCTION job_attempts_request_sweep() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO job_attempt_sweeps DEFAULT VALUES;
+    RETURN NULL;
+END
+$$;
+
+-- Only coordinators of version 9 and later set runlease.job_deletes, and
+-- only on transactions whose deletes of jobs delete their attempts too.
+CREATE TRIGGER jobs_attempts_sweep_delete AFTER DELETE ON jobs
     FOR EACH STATEMENT
     WHEN (current_setting('runlease.job_deletes', true) IS DISTINCT FROM 'explicit')
-    EXECUTE FUNCTION job_tallies_request_recount();
-
+    EXECUTE FUNCTION job_attempts_request_sweep();
+CREATE TRIGGER jobs_attempts_sweep_truncate AFTER TRUNCATE ON jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION job_attempts_request_sweep();

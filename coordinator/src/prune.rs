@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{DepthLabels, Metrics};
-use crate::store::prune::{Folded, Pruned, Recount};
+use crate::store::prune::{Folded, Pruned, Recount, Sweep};
 use crate::store::{Store, StoreError};
 use crate::wake::jittered;
 
@@ -92,7 +92,7 @@ impl Pruner {
     }
 
     /// Folds the tallies, then, if a change made outside the coordinator
-    /// asked for a recount, starts one (in a task of its own, so the loop
+    /// asked for a recount or a sweep, starts them (in a task of its own, so the loop
     /// goes on) unless one of this pruner is running or counted in the last
     /// [`RECOUNT_INTERVAL`]. Answers false if another replica holds the
     /// prune lock. A recount that fails is counted and logged, and waits
@@ -122,28 +122,49 @@ impl Pruner {
         Ok(true)
     }
 
-    /// One recount of the tallies, if one was asked for.
+    /// One recount of the tallies and one sweep of the attempt log, each
+    /// if it was asked for.
     async fn recount(&self) {
         let started = Instant::now();
+        // Whether anything was done (or failed): the interval counts from it.
+        let mut worked = false;
         match self.store.recount_tallies().await {
-            Ok(Recount::Counted { swept }) => {
-                *self.last_recount.lock().expect("never held across a panic") = Some(started);
+            Ok(Recount::Counted) => {
+                worked = true;
                 self.metrics.tally_recounts.inc();
-                self.metrics
-                    .attempts_swept
-                    .inc_by(u64::try_from(swept).unwrap_or(0));
                 tracing::info!(
                     elapsed_ms = started.elapsed().as_millis() as u64,
-                    swept,
-                    "terminal tallies counted again, and attempts of deleted jobs swept, after changes of jobs made outside the coordinator"
+                    "terminal tallies counted again after changes of jobs made outside the coordinator"
                 );
             }
             Ok(Recount::NotAsked | Recount::Busy) => {}
             Err(e) => {
-                *self.last_recount.lock().expect("never held across a panic") = Some(started);
+                worked = true;
                 self.metrics.prune_errors.inc();
                 tracing::warn!(error = %e, "counting the tallies again failed; retrying after the recount interval");
             }
+        }
+        match self.store.sweep_attempts().await {
+            Ok(Sweep::Swept { attempts }) => {
+                worked = true;
+                self.metrics
+                    .attempts_swept
+                    .inc_by(u64::try_from(attempts).unwrap_or(0));
+                tracing::info!(
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    attempts,
+                    "attempts of jobs deleted outside the coordinator swept"
+                );
+            }
+            Ok(Sweep::NotAsked | Sweep::Busy) => {}
+            Err(e) => {
+                worked = true;
+                self.metrics.prune_errors.inc();
+                tracing::warn!(error = %e, "sweeping the attempts of deleted jobs failed; retrying after the recount interval");
+            }
+        }
+        if worked {
+            *self.last_recount.lock().expect("never held across a panic") = Some(started);
         }
     }
 

@@ -316,9 +316,12 @@ impl TestDb {
     }
 
     /// Runs `sql` in a transaction marked as the coordinator marks its own
-    /// (`runlease.tallies` and `runlease.tally_deletes`), so it asks for no
-    /// recount of the tallies: for arranging rows in ways that change no
-    /// terminal tally. Answers the rows it changed.
+    /// deletes (`sql::TALLIED_DELETES`: the terminal and attempt tallies,
+    /// and deletes of jobs), so it asks for no recount of the tallies and
+    /// no sweep of the attempt log, and the attempts it writes are not
+    /// counted: for arranging rows in ways that change no tally. (A delete
+    /// of jobs through it must delete their attempts too.) Answers the
+    /// rows it changed.
     pub async fn execute_marked(
         &self,
         sql: &str,

@@ -54,14 +54,30 @@ pub enum Recount {
     Busy,
     /// Nothing asked for a recount: nothing was counted.
     NotAsked,
-    /// The terminal tallies were counted again from the jobs, and the
-    /// attempts of deleted jobs swept.
-    Counted {
-        /// Attempts deleted whose job was gone (left by a delete of jobs
-        /// made outside the coordinator).
-        swept: i64,
+    /// The terminal tallies were counted again from the jobs.
+    Counted,
+}
+
+/// What a sweep of the attempt log did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweep {
+    /// Another replica is recounting or sweeping: nothing more was done
+    /// (batches already committed stand).
+    Busy,
+    /// Nothing asked for a sweep: nothing was read.
+    NotAsked,
+    /// Swept: the attempts whose job was gone are deleted, and the
+    /// requests seen are served.
+    Swept {
+        /// Attempts deleted (left by deletes of jobs made outside the
+        /// coordinator).
+        attempts: i64,
     },
 }
+
+/// Attempts a batch of a sweep deletes at most: a batch is a transaction,
+/// so a sweep after a `TRUNCATE` of a large history commits as it goes.
+const SWEEP_BATCH: i64 = 10_000;
 
 impl Store {
     /// Deletes up to `limit` jobs of `queue` in terminal `state` that have
@@ -160,18 +176,69 @@ impl Store {
                 ))
                 .await?;
                 let stmt = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
-                let row = tx.query_one(&stmt, &[]).await?;
-                let requests: i64 = col(&row, "requests")?;
-                let swept: i64 = col(&row, "swept")?;
+                let requests: i64 = col(&tx.query_one(&stmt, &[]).await?, "requests")?;
                 tx.commit().await?;
                 Ok(if requests > 0 {
-                    Recount::Counted { swept }
+                    Recount::Counted
                 } else {
                     Recount::NotAsked
                 })
             },
         )
         .await
+    }
+
+    /// Deletes the attempts whose job is gone if a delete made outside the
+    /// coordinator asked for it (`job_attempts_sweep.sql`), in batches of
+    /// [`SWEEP_BATCH`], each its own transaction under the recount lock;
+    /// the last batch serves the requests. Each batch reads the attempt
+    /// log, so each runs under [`RECOUNT_TIMEOUT`] instead of the call
+    /// timeout.
+    pub async fn sweep_attempts(&self) -> Result<Sweep, StoreError> {
+        let mut attempts = 0;
+        loop {
+            let batch = self
+                .timed_within(
+                    "sweep_attempts",
+                    RECOUNT_TIMEOUT + RECOUNT_TIMEOUT_MARGIN,
+                    || async move {
+                        let mut client = self.conn().await?;
+                        // Read committed: the snapshot is taken after the
+                        // lock is won.
+                        let tx = client
+                            .build_transaction()
+                            .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+                            .start()
+                            .await?;
+                        if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
+                            return Ok(None);
+                        }
+                        tx.batch_execute(&format!(
+                            "SET LOCAL statement_timeout = {}",
+                            RECOUNT_TIMEOUT.as_millis()
+                        ))
+                        .await?;
+                        let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_SWEEP).await?;
+                        let row = tx.query_one(&stmt, &[&SWEEP_BATCH]).await?;
+                        let requests: i64 = col(&row, "requests")?;
+                        let swept: i64 = col(&row, "swept")?;
+                        let done: bool = col(&row, "done")?;
+                        tx.commit().await?;
+                        Ok(Some((requests, swept, done)))
+                    },
+                )
+                .await?;
+            match batch {
+                None => return Ok(Sweep::Busy),
+                Some((0, _, _)) => return Ok(Sweep::NotAsked),
+                Some((_, swept, done)) => {
+                    attempts += swept;
+                    if done {
+                        return Ok(Sweep::Swept { attempts });
+                    }
+                }
+            }
+        }
     }
 }
 

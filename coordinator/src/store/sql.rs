@@ -55,16 +55,18 @@ pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
 /// The mark of [`TALLIED_BEGIN`], for a transaction already open.
 pub const TALLIED: &str = tallied!();
 /// The marks of a transaction whose deletes of jobs take them off the
-/// tallies and delete their attempts themselves (`job_prune.sql` and
-/// `job_delete.sql`, each followed by `job_attempts_delete.sql`;
-/// migrations 8 and 9): deletes have a mark of their own, since
-/// coordinators of earlier versions delete in transactions marked
-/// [`TALLIED`] (version 7: without writing deltas) or
-/// `runlease.tally_deletes` (version 8: counting on the foreign key's
-/// cascade for the attempts).
+/// tallies (`runlease.tally_deletes`, migration 8: deletes have a mark of
+/// their own, since a coordinator of version 7 deletes in transactions
+/// marked [`TALLIED`] without writing deltas) and delete their attempts
+/// (`runlease.job_deletes`, migration 9: a coordinator of version 8
+/// counted on the foreign key's cascade) themselves: `job_prune.sql` and
+/// `job_delete.sql`, each followed by `job_attempts_delete.sql`.
 macro_rules! tallied_deletes {
     () => {
-        concat!(tallied!(), "; SET LOCAL runlease.job_deletes = 'explicit'")
+        concat!(
+            tallied!(),
+            "; SET LOCAL runlease.tally_deletes = 'explicit'; SET LOCAL runlease.job_deletes = 'explicit'"
+        )
     };
 }
 /// [`TALLIED`] and the mark of deletes, for a transaction already open.
@@ -115,6 +117,8 @@ pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
 pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
 /// Delete the attempts of jobs just deleted.
 pub const JOB_ATTEMPTS_DELETE: &str = include_str!("sql/job_attempts_delete.sql");
+/// One batch of a sweep of attempts whose job is gone.
+pub const JOB_ATTEMPTS_SWEEP: &str = include_str!("sql/job_attempts_sweep.sql");
 /// Delete expired terminal jobs of a queue and state.
 pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
 /// The queues that hold terminal jobs.
@@ -171,6 +175,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_match", JOB_MATCH),
     ("job_delete", JOB_DELETE),
     ("job_attempts_delete", JOB_ATTEMPTS_DELETE),
+    ("job_attempts_sweep", JOB_ATTEMPTS_SWEEP),
     ("job_prune", JOB_PRUNE),
     ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),

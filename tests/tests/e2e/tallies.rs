@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use runlease_coordinator::store::prune::{Folded, Recount};
+use runlease_coordinator::store::prune::{Folded, Recount, Sweep};
 use runlease_coordinator::store::sql;
 use runlease_protocol::JobState;
 use runlease_tests::{Api, TestCoordinator, TestDb};
@@ -62,6 +62,11 @@ pub(crate) async fn no_recount_asked(api: &Api, db: &TestDb) {
         .unwrap()
         .get(0);
     assert_eq!(requests, 0, "recount requests waiting");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_attempt_sweeps", &[]).await,
+        0,
+        "sweep requests waiting"
+    );
     assert_eq!(
         api.metric("runlease_tally_recounts_total").await,
         0.0,
@@ -256,10 +261,7 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
     let mut folding = db.client().await;
     let fold = folding.transaction().await.unwrap();
     fold.batch_execute(sql::JOB_TALLY_FOLD).await.unwrap();
-    assert!(matches!(
-        store.recount_tallies().await.unwrap(),
-        Recount::Counted { swept: 0 }
-    ));
+    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
     fold.commit().await.unwrap();
     assert_eq!(
         store.recount_tallies().await.unwrap(),
@@ -305,10 +307,7 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
         .unwrap()
         .get(0);
     assert_eq!(requests, 1);
-    assert!(matches!(
-        store.recount_tallies().await.unwrap(),
-        Recount::Counted { swept: 0 }
-    ));
+    assert_eq!(store.recount_tallies().await.unwrap(), Recount::Counted);
     let (tallied, counted) = tallied_and_counted(&db).await;
     assert_eq!(tallied, counted, "after a delete of the previous version");
     assert_eq!(counted.get(&key("moved", "done")), None);
@@ -317,10 +316,12 @@ async fn a_recount_beside_an_open_finish_loses_and_doubles_nothing() {
 /// The attempt log keeps no foreign key to jobs: the coordinator's prune
 /// and bulk delete delete the attempts of the jobs they delete, and a
 /// delete made anywhere else (by hand; by a coordinator of version 8,
-/// which counted on the key's cascade) asks for a recount, which deletes
-/// the attempts it left and no other.
+/// which counted on the key's cascade) asks for a sweep, which deletes the
+/// attempts it left and no other, in batches, and only then serves the
+/// requests. A coordinator of version 8 serving the recount requests
+/// leaves the sweep's requests alone: they have a table of their own.
 #[tokio::test]
-async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the_recount() {
+async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let by_hand = db
@@ -332,22 +333,12 @@ async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the
     let kept = db
         .insert_terminal_jobs("s", JobState::Cancelled, 4, Duration::from_secs(60))
         .await;
-    let logged = |ids: &[Uuid]| {
-        let ids = ids.to_vec();
-        let db = &db;
-        async move {
-            db.scalar(
-                "SELECT count(*) FROM job_attempt_log WHERE job_id = ANY($1)",
-                &[&ids],
-            )
-            .await
-        }
-    };
     assert_eq!(
-        logged(&by_hand).await,
+        logged(&db, &by_hand).await,
         3,
         "a cancelled job's attempt is in the log"
     );
+    assert_eq!(store.sweep_attempts().await.unwrap(), Sweep::NotAsked);
 
     let client = db.client().await;
     let deleted = client
@@ -355,6 +346,7 @@ async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the
         .await
         .unwrap();
     assert_eq!(deleted, 3);
+    // A coordinator of version 8: marked for its tallies, which it writes.
     let mut v8 = db.client().await;
     let tx = v8.transaction().await.unwrap();
     tx.batch_execute(
@@ -371,26 +363,57 @@ async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the
     .await
     .unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(logged(&by_hand).await, 3, "no cascade");
+    assert_eq!(logged(&db, &by_hand).await, 3, "no cascade");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_attempt_sweeps", &[]).await,
+        2,
+        "each delete asked for a sweep"
+    );
     assert_eq!(
         db.scalar("SELECT count(*) FROM job_tally_recounts", &[]).await,
-        2,
-        "each delete asked"
+        1,
+        "the delete by hand asked for a recount; the version-8 one wrote its tallies"
     );
+    // A version-8 coordinator's recount serves the recount requests only.
+    client
+        .execute("DELETE FROM job_tally_recounts", &[])
+        .await
+        .unwrap();
 
-    assert!(matches!(
-        store.recount_tallies().await.unwrap(),
-        Recount::Counted { swept: 5 }
-    ));
-    assert_eq!(logged(&by_hand).await, 0);
-    assert_eq!(logged(&by_v8).await, 0);
-    assert_eq!(logged(&kept).await, 4, "attempts of jobs still here stay");
-    let (tallied, counted) = tallied_and_counted(&db).await;
-    assert_eq!(tallied, counted);
-    assert_eq!(counted.get(&key("s", "cancelled")), Some(&4));
+    assert_eq!(
+        store.sweep_attempts().await.unwrap(),
+        Sweep::Swept { attempts: 5 }
+    );
+    assert_eq!(logged(&db, &by_hand).await, 0);
+    assert_eq!(logged(&db, &by_v8).await, 0);
+    assert_eq!(logged(&db, &kept).await, 4, "attempts of jobs still here stay");
+    assert_eq!(
+        db.scalar("SELECT count(*) FROM job_attempt_sweeps", &[]).await,
+        0,
+        "the requests were served"
+    );
+    assert_eq!(store.sweep_attempts().await.unwrap(), Sweep::NotAsked);
+
+    // More orphans than a batch: a TRUNCATE leaves every attempt behind,
+    // and the sweep takes them in several transactions.
+    db.execute_marked(
+        "INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+         SELECT $1, g, 'w', now(), now(), 'released', NULL, 'queued' FROM generate_series(2, 25001) g",
+        &[&kept[0]],
+    )
+    .await;
+    client.execute("TRUNCATE jobs", &[]).await.unwrap();
+    assert_eq!(
+        store.sweep_attempts().await.unwrap(),
+        Sweep::Swept { attempts: 25_004 }
+    );
+    assert_eq!(db.scalar("SELECT count(*) FROM job_attempt_log", &[]).await, 0);
 
     // The coordinator's bulk delete takes the attempts with the jobs and
     // asks for nothing.
+    let more = db
+        .insert_terminal_jobs("s", JobState::Cancelled, 4, Duration::from_secs(60))
+        .await;
     let c = TestCoordinator::start(&db).await;
     let (status, body) = c
         .api
@@ -401,12 +424,21 @@ async fn attempts_left_by_a_delete_made_outside_the_coordinator_are_swept_by_the
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["changed"], 4, "{body}");
-    assert_eq!(logged(&kept).await, 0);
+    assert_eq!(logged(&db, &more).await, 0);
     assert_eq!(
-        db.scalar("SELECT count(*) FROM job_tally_recounts", &[]).await,
+        db.scalar("SELECT count(*) FROM job_attempt_sweeps", &[]).await,
         0,
-        "the bulk delete asked for no recount"
+        "the bulk delete asked for no sweep"
     );
+}
+
+/// Rows of `job_attempt_log` for `ids`.
+async fn logged(db: &TestDb, ids: &[Uuid]) -> i64 {
+    db.scalar(
+        "SELECT count(*) FROM job_attempt_log WHERE job_id = ANY($1)",
+        &[&ids.to_vec()],
+    )
+    .await
 }
 
 /// The attempt tallies (`lease_expiries`, `retries`) count every attempt

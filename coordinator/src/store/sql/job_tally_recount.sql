@@ -9,23 +9,13 @@
 -- as it was, committed or not. So nothing is lost or counted twice. Two
 -- recounts never run at once (the store takes the recount lock first, in
 -- an earlier statement); the next one sees this one's correction.
--- The same request also sweeps the attempt log: a delete of jobs made
--- outside the coordinator's statements leaves their attempts behind
--- (job_attempt_log keeps no foreign key to jobs; migration 9), and those
--- whose job is gone are deleted here. A job this snapshot does not see was
--- deleted, or not yet created, and an attempt is written only for an
--- existing job row its statement holds locked: an attempt this snapshot
--- sees whose job it does not see belongs to a deleted job.
 -- No parameters. Answers one row: how many requests it served (0: nothing
--- was counted or swept), and how many attempts it deleted.
+-- was counted).
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal, read
 -- whole (index only where the visibility map allows), only when there is
 -- a request: its cost follows the terminal jobs kept, so the store gives
 -- it a statement timeout of its own.
--- The sweep reads job_attempt_log whole, with one jobs_pkey probe per
--- attempt (or one pass over jobs, as the planner prefers), also only when
--- asked.
--- Locking: the request rows and the attempt rows it deletes.
+-- Locking: the request rows it deletes.
 WITH requests AS (
     DELETE FROM job_tally_recounts RETURNING 1
 ), asked AS (
@@ -50,10 +40,4 @@ WITH requests AS (
     FULL JOIN tallied t ON t.queue = c.queue AND t.tally = c.tally
     WHERE coalesce(c.n, 0) <> coalesce(t.n, 0)
 )
-, swept AS (
-    DELETE FROM job_attempt_log a
-    WHERE (SELECT n FROM asked) > 0
-      AND NOT EXISTS (SELECT 1 FROM jobs j WHERE j.id = a.job_id)
-    RETURNING 1
-)
-SELECT n AS requests, (SELECT count(*) FROM swept) AS swept FROM asked
+SELECT n AS requests FROM asked
