@@ -183,6 +183,14 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
                 if name == "lease_finish" {
                     assert!(!plan.contains("LockRows"), "{name}:\n{plan}");
                     assert!(plan.contains("Nested Loop"), "{name}:\n{plan}");
+                    // The items drive the loop, in the order the store
+                    // sorted them (id order): that order is its lock order.
+                    let items = plan.find("Function Scan on t");
+                    let rows = plan.find("Index Scan using jobs_pkey on jobs j");
+                    assert!(
+                        matches!((items, rows), (Some(i), Some(r)) if i < r),
+                        "{name}:\n{plan}"
+                    );
                     assert!(!plan.contains("Hash Join"), "{name}:\n{plan}");
                     assert!(!plan.contains("Merge Join"), "{name}:\n{plan}");
                 }
