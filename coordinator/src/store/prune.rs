@@ -12,7 +12,7 @@ use runlease_protocol::{JobState, QueueName};
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, col, queue_col};
-use crate::store::{Store, StoreError, sql};
+use crate::store::{Db, Store, StoreError, sql};
 
 /// Advisory lock key of pruning ("rl-prune" in ASCII, as an i64).
 const PRUNE_LOCK_KEY: i64 = 0x726c2d7072756e65;
@@ -160,21 +160,9 @@ impl Store {
             RECOUNT_TIMEOUT + RECOUNT_TIMEOUT_MARGIN,
             || async move {
                 let mut client = self.conn().await?;
-                // Read committed whatever the database's default: the
-                // count's snapshot must be taken after the lock is won.
-                let tx = client
-                    .build_transaction()
-                    .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
-                    .start()
-                    .await?;
-                if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
+                let Some(tx) = under_recount_lock(&mut client).await? else {
                     return Ok(Recount::Busy);
-                }
-                tx.batch_execute(&format!(
-                    "SET LOCAL statement_timeout = {}",
-                    RECOUNT_TIMEOUT.as_millis()
-                ))
-                .await?;
+                };
                 let stmt = tx.prepare_cached(sql::JOB_TALLY_RECOUNT).await?;
                 let requests: i64 = col(&tx.query_one(&stmt, &[]).await?, "requests")?;
                 tx.commit().await?;
@@ -203,21 +191,9 @@ impl Store {
                     RECOUNT_TIMEOUT + RECOUNT_TIMEOUT_MARGIN,
                     || async move {
                         let mut client = self.conn().await?;
-                        // Read committed: the snapshot is taken after the
-                        // lock is won.
-                        let tx = client
-                            .build_transaction()
-                            .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
-                            .start()
-                            .await?;
-                        if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
+                        let Some(tx) = under_recount_lock(&mut client).await? else {
                             return Ok(None);
-                        }
-                        tx.batch_execute(&format!(
-                            "SET LOCAL statement_timeout = {}",
-                            RECOUNT_TIMEOUT.as_millis()
-                        ))
-                        .await?;
+                        };
                         let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_SWEEP).await?;
                         let row = tx.query_one(&stmt, &[&SWEEP_BATCH]).await?;
                         let requests: i64 = col(&row, "requests")?;
@@ -240,6 +216,29 @@ impl Store {
             }
         }
     }
+}
+
+/// Opens a read-committed transaction on `client` (whatever the database's
+/// default: a statement's snapshot is then taken after the lock is won)
+/// that holds the recount lock, with [`RECOUNT_TIMEOUT`] as its statement
+/// timeout; `None` if another session holds the lock.
+async fn under_recount_lock(
+    client: &mut Db,
+) -> Result<Option<deadpool_postgres::Transaction<'_>>, StoreError> {
+    let tx = client
+        .build_transaction()
+        .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
+        .start()
+        .await?;
+    if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
+        return Ok(None);
+    }
+    tx.batch_execute(&format!(
+        "SET LOCAL statement_timeout = {}",
+        RECOUNT_TIMEOUT.as_millis()
+    ))
+    .await?;
+    Ok(Some(tx))
 }
 
 /// Deletes the attempts of the jobs a statement of `tx` deleted (`rows`,
