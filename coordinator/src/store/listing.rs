@@ -6,9 +6,9 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{JobId, JobState, QueueName};
 use uuid::Uuid;
 
-use crate::store::prune::delete_attempts;
+use crate::store::prune::delete_jobs;
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, query_marked, sql};
+use crate::store::{Store, StoreError, query_tallied, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
 fn v7_floor(t: DateTime<Utc>) -> Uuid {
@@ -305,18 +305,12 @@ impl Store {
                         sql::JOB_CANCEL
                     };
                     let stmt = client.prepare_cached(text).await?;
-                    (
-                        query_marked(&client, sql::TALLIED_BEGIN, &stmt, &[&ids, &states]).await?,
-                        true,
-                    )
+                    (query_tallied(&client, &stmt, &[&ids, &states]).await?, true)
                 }
                 BulkAction::Delete => {
                     // The jobs, then their attempts, in one transaction.
                     let tx = client.transaction().await?;
-                    tx.batch_execute(sql::TALLIED_DELETES).await?;
-                    let stmt = tx.prepare_cached(sql::JOB_DELETE).await?;
-                    let rows = tx.query(&stmt, &[&ids, &states]).await?;
-                    delete_attempts(&tx, &rows).await?;
+                    let rows = delete_jobs(&tx, sql::JOB_DELETE, &[&ids, &states]).await?;
                     tx.commit().await?;
                     (rows, false)
                 }

@@ -144,22 +144,11 @@ pub(crate) async fn query_tallied(
     stmt: &tokio_postgres::Statement,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-    query_marked(client, sql::TALLIED_BEGIN, stmt, params).await
-}
-
-/// Runs `stmt` in a transaction opened by `begin` (`sql::TALLIED_BEGIN`)
-/// and committed, in one round trip.
-pub(crate) async fn query_marked(
-    client: &tokio_postgres::Client,
-    begin: &'static str,
-    stmt: &tokio_postgres::Statement,
-    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-) -> Result<Vec<tokio_postgres::Row>, StoreError> {
     // One round trip: BEGIN and its setting, the statement, COMMIT. A
     // statement the server refuses aborts the transaction and the COMMIT
     // rolls it back.
     let (begun, rows, committed) = tokio::join!(
-        client.batch_execute(begin),
+        client.batch_execute(sql::TALLIED_BEGIN),
         client.query(stmt, params),
         client.batch_execute("COMMIT"),
     );

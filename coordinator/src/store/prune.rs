@@ -95,14 +95,12 @@ impl Store {
             if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
                 return Ok(Pruned::Busy);
             }
-            // The statements take what they delete off the tallies, and
-            // delete its attempts, themselves.
-            tx.batch_execute(sql::TALLIED_DELETES).await?;
-            let stmt = tx.prepare_cached(sql::JOB_PRUNE).await?;
-            let rows = tx
-                .query(&stmt, &[&queue.as_str(), &state.as_str(), &keep_ms, &limit])
-                .await?;
-            delete_attempts(&tx, &rows).await?;
+            let rows = delete_jobs(
+                &tx,
+                sql::JOB_PRUNE,
+                &[&queue.as_str(), &state.as_str(), &keep_ms, &limit],
+            )
+            .await?;
             tx.commit().await?;
             let deleted = rows
                 .iter()
@@ -241,21 +239,26 @@ async fn under_recount_lock(
     Ok(Some(tx))
 }
 
-/// Deletes the attempts of the jobs a statement of `tx` deleted (`rows`,
-/// each with the job's `id`), in the same transaction
-/// (`job_attempts_delete.sql`): job_attempt_log has no foreign key to
-/// cascade the delete (migration 9).
-pub(crate) async fn delete_attempts(
+/// Runs `text`, a statement that deletes jobs and takes them off the
+/// tallies (`job_prune.sql`, `job_delete.sql`, each answering the `id`s it
+/// deleted), in `tx` marked as such (`sql::TALLIED_DELETES`), then deletes
+/// those jobs' attempts in a statement of their own
+/// (`job_attempts_delete.sql`: job_attempt_log has no foreign key to
+/// cascade the delete, migration 9). Answers the first statement's rows.
+pub(crate) async fn delete_jobs(
     tx: &deadpool_postgres::Transaction<'_>,
-    rows: &[tokio_postgres::Row],
-) -> Result<(), StoreError> {
+    text: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    tx.batch_execute(sql::TALLIED_DELETES).await?;
+    let stmt = tx.prepare_cached(text).await?;
+    let rows = tx.query(&stmt, params).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
-    if ids.is_empty() {
-        return Ok(());
+    if !ids.is_empty() {
+        let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_DELETE).await?;
+        tx.execute(&stmt, &[&ids]).await?;
     }
-    let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_DELETE).await?;
-    tx.execute(&stmt, &[&ids]).await?;
-    Ok(())
+    Ok(rows)
 }
 
 /// Takes the transaction-level advisory lock `key` if no other session
