@@ -26,7 +26,8 @@
 //!   with pg_waldump), and the server's (`pg_current_wal_lsn()`, which other
 //!   clients of the same server add to);
 //! - CPU µs per job over the drain, from `/proc`: PostgreSQL's backends of
-//!   the run's database, the whole server (the postmaster and its
+//!   the run's database (to the nanosecond, from their `schedstat`), the
+//!   whole server (the postmaster and its
 //!   children, its other clients' work included), the coordinator process,
 //!   and this process (the workers);
 //! - HTTP requests per job (claims and finishes sent);
@@ -52,8 +53,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
 use crate::stats::{
-    BackendCpu, Cpu, backends_gone, database_wal, percentile, postmaster_pid, process_ticks, server_ticks,
-    ticks_us, wal_lsn, xacts_settled,
+    BackendCpu, Cpu, backends_gone, database_wal, ns_us, percentile, postmaster_pid, process_ticks,
+    server_ticks, ticks_us, wal_lsn, xacts_settled,
 };
 
 /// Which build (its index) ran with how many workers.
@@ -493,8 +494,8 @@ async fn drain(
             (wal_after - wal_before) as f64 / n,
             (wal_after - wal_start) as f64 / n,
         ),
-        pg_cpu: (ticks_us(pg_own) / n, ticks_us(pg_all) / n),
-        pg_enqueue_cpu: ticks_us(pg_enqueue) / n,
+        pg_cpu: (ns_us(pg_own) / n, ticks_us(pg_all) / n),
+        pg_enqueue_cpu: ns_us(pg_enqueue) / n,
         coordinator_cpu: ticks_us(coordinator) / n,
         bench_cpu: bench,
         requests: requests as f64 / n,
@@ -587,7 +588,7 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
             (wal_after - wal_before) as f64 / n,
             (wal_after - wal_start) as f64 / n,
         ),
-        pg_cpu: (ticks_us(pg_own) / n, ticks_us(pg_all) / n),
+        pg_cpu: (ns_us(pg_own) / n, ticks_us(pg_all) / n),
         pg_enqueue_cpu: f64::NAN,
         coordinator_cpu: ticks_us(node) / n,
         bench_cpu: f64::NAN,

@@ -31,7 +31,8 @@ use runlease_tests::TestDb;
 use tokio::process::Command;
 
 use crate::stats::{
-    BackendCpu, backends_gone, database_wal, postmaster_pid, server_ticks, ticks_us, wal_lsn, xacts_settled,
+    BackendCpu, backends_gone, database_wal, ns_us, postmaster_pid, server_ticks, ticks_us, wal_lsn,
+    xacts_settled,
 };
 
 /// Where Debian's PostgreSQL 15 puts pgbench.
@@ -164,7 +165,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
             (wal_after - wal_before) as f64 / n,
             (wal_after - wal_start) as f64 / n,
         ),
-        pg_cpu: (ticks_us(own) / n, ticks_us(all) / n),
+        pg_cpu: (ns_us(own) / n, ticks_us(all) / n),
     })
 }
 
