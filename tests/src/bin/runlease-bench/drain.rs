@@ -21,6 +21,9 @@
 //! - drain jobs/s, and × the roofline run just before it;
 //! - PostgreSQL transactions per job: `pg_stat_database` of the run's
 //!   database over the drain, read after the coordinator process exited;
+//! - PostgreSQL shared buffers touched per job (`blks_hit + blks_read`,
+//!   read with the transactions): a count of pages visited that, unlike
+//!   CPU time, does not drift with the machine's speed;
 //! - WAL bytes per job over the drain and over enqueue + drain: the run's
 //!   database's own (its records and its transactions' commits, read back
 //!   with pg_waldump), and the server's (`pg_current_wal_lsn()`, which other
@@ -53,8 +56,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
 use crate::stats::{
-    BackendCpu, Cpu, backends_gone, database_wal, ns_us, percentile, postmaster_pid, process_ticks,
-    server_ticks, ticks_us, wal_lsn, xacts_settled,
+    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, ns_us, percentile, postmaster_pid,
+    process_ticks, server_ticks, ticks_us, wal_lsn,
 };
 
 /// Which build (its index) ran with how many workers.
@@ -313,6 +316,8 @@ struct Run {
     jobs_per_s: f64,
     mode: &'static str,
     xacts: f64,
+    /// Shared buffers PostgreSQL's backends touched (drain).
+    buffers: f64,
     /// WAL bytes: drain, enqueue + drain.
     wal: (f64, f64),
     /// WAL bytes of the run's database alone (pg_waldump): drain, enqueue + drain.
@@ -366,7 +371,7 @@ async fn drain(
     let pg_enqueue = BackendCpu::start(&db.name).await;
     enqueue(&http, &base, QUEUE, jobs).await;
     let pg_enqueue = pg_enqueue.stop().await;
-    let xacts_before = xacts_settled(&db.name, SETTLE).await;
+    let before = counters_settled(&db.name, SETTLE).await;
 
     let progress = Arc::new(Progress {
         target: jobs,
@@ -478,17 +483,18 @@ async fn drain(
         }
     }
     backends_gone(&db.name).await;
-    let xacts_after = xacts_settled(&db.name, Duration::ZERO).await;
+    let after = counters_settled(&db.name, Duration::ZERO).await;
 
     claim_to_complete.sort_by(f64::total_cmp);
     enqueue_to_start.sort_by(f64::total_cmp);
     let n = jobs as f64;
     // The two queries after the drain ran in this database.
-    let xacts = (xacts_after - xacts_before - 2) as f64 / n;
+    let xacts = (after.xacts - before.xacts - 2) as f64 / n;
     Ok(Run {
         jobs_per_s: n / elapsed.as_secs_f64(),
         mode: mode_label(ride),
         xacts,
+        buffers: (after.buffers - before.buffers) as f64 / n,
         db_wal,
         wal: (
             (wal_after - wal_before) as f64 / n,
@@ -542,7 +548,7 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
         line.as_deref() == Some("ready"),
         "drain.mjs said {line:?}, not ready"
     );
-    let xacts_before = xacts_settled(&db.name, SETTLE).await;
+    let before = counters_settled(&db.name, SETTLE).await;
     let wal_before = wal_lsn(&admin).await;
     let postmaster = postmaster_pid().await;
     let pg_all = server_ticks(postmaster);
@@ -566,7 +572,7 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
         child.kill().await?;
     }
     backends_gone(&db.name).await;
-    let xacts_after = xacts_settled(&db.name, Duration::ZERO).await;
+    let after = counters_settled(&db.name, Duration::ZERO).await;
     let left = db
         .scalar("SELECT count(*) FROM graphile_worker._private_jobs", &[])
         .await;
@@ -579,7 +585,8 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
     Ok(Run {
         jobs_per_s: n / (ms / 1e3),
         mode: "local queue, batched completes",
-        xacts: (xacts_after - xacts_before) as f64 / n,
+        xacts: (after.xacts - before.xacts) as f64 / n,
+        buffers: (after.buffers - before.buffers) as f64 / n,
         db_wal: (
             per_job(database_wal(&db.name, wal_before, wal_after).await),
             per_job(database_wal(&db.name, wal_start, wal_after).await),
@@ -623,9 +630,10 @@ fn mode_label(ride: bool) -> &'static str {
 
 fn print_roofline(r: &Roofline, label: &str) {
     eprintln!(
-        "  {label}roofline: {:.0} jobs/s, {:.3} xacts/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job",
+        "  {label}roofline: {:.0} jobs/s, {:.3} xacts/job, {:.1} buffers/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job",
         r.jobs_per_s,
         r.xacts_per_job,
+        r.buffers_per_job,
         r.db_wal_per_job.0,
         r.db_wal_per_job.1,
         r.wal_per_job.0,
@@ -676,13 +684,14 @@ pub async fn report(
                         System::Graphile(dir) => graphile(dir, w, jobs).await?,
                     };
                     eprintln!(
-                        "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
+                        "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, {:.1} buffers/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
                         round + 1,
                         label(system, k),
                         d.mode,
                         d.jobs_per_s,
                         d.jobs_per_s / r.jobs_per_s,
                         d.xacts,
+                        d.buffers,
                         d.db_wal.0,
                         d.db_wal.1,
                         d.wal.0,
@@ -710,17 +719,18 @@ pub async fn report(
         "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table"
     );
     println!(
-        "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
+        "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG buffers: shared buffers the run's database's backends touched (blks_hit + blks_read), the same whatever the machine's speed; PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
     );
     println!(
-        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (server) | PG CPU µs/job enqueue | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
+        "| system | workers | mode | drain jobs/s | × roofline | PG xacts/job | PG buffers/job | WAL B/job drain / enq+drain | server WAL B/job drain / enq+drain | PG CPU µs/job (backends) | PG CPU µs/job (server) | PG CPU µs/job enqueue | coordinator CPU µs/job | bench CPU µs/job | HTTP req/job | claim→complete p50/p99 ms | enqueue→start p50/p99 ms | rounds (jobs/s) |"
     );
-    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|");
     let all: Vec<String> = rooflines.iter().map(|r| format!("{:.0}", r.jobs_per_s)).collect();
     println!(
-        "| PostgreSQL roofline (pgbench) | 16 clients | claim 100, complete 100 | {:.0} | 1.00 | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | – | {} |",
+        "| PostgreSQL roofline (pgbench) | 16 clients | claim 100, complete 100 | {:.0} | 1.00 | {:.3} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | – | {} |",
         med(&rooflines, |r| r.jobs_per_s),
         med(&rooflines, |r| r.xacts_per_job),
+        med(&rooflines, |r| r.buffers_per_job),
         med(&rooflines, |r| r.db_wal_per_job.0),
         med(&rooflines, |r| r.db_wal_per_job.1),
         med(&rooflines, |r| r.wal_per_job.0),
@@ -737,11 +747,12 @@ pub async fn report(
         };
         let all: Vec<String> = v.iter().map(|(r, _)| format!("{:.0}", r.jobs_per_s)).collect();
         let row = format!(
-            "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
+            "| {} | {w} | {mode} | {:.0} | {:.2} | {:.3} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.1} / {:.1} | {:.0} / {:.0} | {} |",
             label(&systems[*b], *k),
             med(v, |(r, _)| r.jobs_per_s),
             med(v, |(_, x)| *x),
             med(v, |(r, _)| r.xacts),
+            med(v, |(r, _)| r.buffers),
             med(v, |(r, _)| r.db_wal.0),
             med(v, |(r, _)| r.db_wal.1),
             med(v, |(r, _)| r.wal.0),
@@ -778,9 +789,9 @@ fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
         "\nagainst {first}, round by round (the median of each round's ratio, and its range over the rounds)\n"
     );
     println!(
-        "| system | workers | drain jobs/s ÷ {first} | PG CPU µs/job (backends) ÷ {first} | coordinator CPU µs/job ÷ {first} | WAL B/job drain ÷ {first} |"
+        "| system | workers | drain jobs/s ÷ {first} | PG CPU µs/job (backends) ÷ {first} | PG buffers/job ÷ {first} | coordinator CPU µs/job ÷ {first} | WAL B/job drain ÷ {first} |"
     );
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for ((b, w, k), v) in runs {
         if *b == 0 {
             continue;
@@ -797,10 +808,11 @@ fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
             )
         };
         println!(
-            "| {} | {w} | {} | {} | {} | {} |",
+            "| {} | {w} | {} | {} | {} | {} | {} |",
             label(&systems[*b], *k),
             cell(|r| r.jobs_per_s),
             cell(|r| r.pg_cpu.0),
+            cell(|r| r.buffers),
             cell(|r| r.coordinator_cpu),
             cell(|r| r.db_wal.0),
         );

@@ -31,8 +31,8 @@ use runlease_tests::TestDb;
 use tokio::process::Command;
 
 use crate::stats::{
-    BackendCpu, backends_gone, database_wal, ns_us, postmaster_pid, server_ticks, ticks_us, wal_lsn,
-    xacts_settled,
+    BackendCpu, backends_gone, counters_settled, database_wal, ns_us, postmaster_pid, server_ticks, ticks_us,
+    wal_lsn,
 };
 
 /// Where Debian's PostgreSQL 15 puts pgbench.
@@ -68,6 +68,8 @@ pub struct Roofline {
     pub jobs_per_s: f64,
     /// Transactions of the roofline database per job (drain).
     pub xacts_per_job: f64,
+    /// Shared buffers its backends touched per job (drain).
+    pub buffers_per_job: f64,
     /// WAL bytes per job: over the drain, and over insert + drain.
     pub wal_per_job: (f64, f64),
     /// WAL bytes per job of the roofline's database alone (pg_waldump):
@@ -110,7 +112,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     // This connection's counters are published when it closes.
     drop(client);
     backends_gone(&db.name).await;
-    let xacts_before = xacts_settled(&db.name, Duration::ZERO).await;
+    let before = counters_settled(&db.name, Duration::ZERO).await;
     let admin = runlease_tests::admin().await;
     let wal_before = wal_lsn(&admin).await;
 
@@ -146,7 +148,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     let transactions = (per_client * CLIENTS) as f64;
     let elapsed = transactions / tps;
     backends_gone(&db.name).await;
-    let xacts_after = xacts_settled(&db.name, Duration::ZERO).await;
+    let after = counters_settled(&db.name, Duration::ZERO).await;
     let done = db
         .scalar("SELECT count(*) FROM roofline_jobs WHERE state = 'done'", &[])
         .await;
@@ -160,7 +162,8 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     Ok(Roofline {
         db_wal_per_job,
         jobs_per_s: n / elapsed,
-        xacts_per_job: (xacts_after - xacts_before) as f64 / n,
+        xacts_per_job: (after.xacts - before.xacts) as f64 / n,
+        buffers_per_job: (after.buffers - before.buffers) as f64 / n,
         wal_per_job: (
             (wal_after - wal_before) as f64 / n,
             (wal_after - wal_start) as f64 / n,

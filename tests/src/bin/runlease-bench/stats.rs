@@ -185,24 +185,46 @@ pub async fn wal_lsn(client: &tokio_postgres::Client) -> i64 {
         .get(0)
 }
 
-/// Transactions committed or rolled back in database `db`, read once every
-/// backend's counters are in: after `settle` (a backend that went idle
-/// publishes within about ten seconds; one that exits, at once).
-pub async fn xacts_settled(db: &str, settle: Duration) -> i64 {
+/// What `pg_stat_database` counts for one database.
+#[derive(Debug, Clone, Copy)]
+pub struct DbCounters {
+    /// Transactions committed or rolled back.
+    pub xacts: i64,
+    /// Shared buffers its backends read or wrote (`blks_hit + blks_read`):
+    /// every page a statement touches, found in memory or not. Unlike CPU
+    /// time, it does not move with the machine's speed, so it shows a
+    /// change in PostgreSQL's work that the CPU figures' noise can hide.
+    pub buffers: i64,
+}
+
+/// The counters of database `db`, read once every backend's counters are
+/// in: after `settle` (a backend that went idle publishes within about ten
+/// seconds; one that exits, at once).
+pub async fn counters_settled(db: &str, settle: Duration) -> DbCounters {
     tokio::time::sleep(settle).await;
     let admin = admin().await;
     admin
         .batch_execute("SELECT pg_stat_clear_snapshot()")
         .await
         .unwrap();
-    admin
+    let row = admin
         .query_one(
-            "SELECT (xact_commit + xact_rollback)::bigint FROM pg_stat_database WHERE datname = $1",
+            "SELECT (xact_commit + xact_rollback)::bigint, (blks_hit + blks_read)::bigint \
+             FROM pg_stat_database WHERE datname = $1",
             &[&db],
         )
         .await
-        .unwrap()
-        .get(0)
+        .unwrap();
+    DbCounters {
+        xacts: row.get(0),
+        buffers: row.get(1),
+    }
+}
+
+/// Transactions committed or rolled back in database `db`, read as
+/// [`counters_settled`] does.
+pub async fn xacts_settled(db: &str, settle: Duration) -> i64 {
+    counters_settled(db, settle).await.xacts
 }
 
 /// Waits until no backend serves database `db` (its clients have gone and
