@@ -434,6 +434,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn run_time_counts_a_thread_s_work_in_nanoseconds() {
+        // This thread's own id (the test runs on a thread of its own; a
+        // backend's process id is its one thread's id): `/proc/TID` reads
+        // that thread alone.
+        let me: u32 = std::fs::read_link("/proc/thread-self")
+            .expect("/proc/thread-self")
+            .file_name()
+            .and_then(|t| t.to_str()?.parse().ok())
+            .expect("a thread id");
+        let before = process_run_ns(me).expect("this thread's schedstat");
+        // Spin until the clock has moved 20 ms: the time this thread spent
+        // on a CPU must then have grown, by at least a millisecond (other
+        // tests share the cores, so not by all of it) and by no more than
+        // the wall time plus slack (the second field, time spent waiting to
+        // run, would not pass both).
+        let started = std::time::Instant::now();
+        let mut x = 0u64;
+        while started.elapsed() < Duration::from_millis(20) {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let wall = started.elapsed().as_nanos() as u64;
+        let spent = process_run_ns(me).expect("still running") - before;
+        assert!(
+            (1_000_000..=wall + 5_000_000).contains(&spent),
+            "spent {spent} ns over {wall} ns"
+        );
+        assert_eq!(process_run_ns(u32::MAX), None);
+    }
+
+    #[test]
     fn lsn_text_is_pg_lsn_notation() {
         assert_eq!(lsn_text(0x1_6394_F958), "1/6394F958");
         assert_eq!(lsn_text(0x10), "0/10");
