@@ -30,9 +30,8 @@
 //!   clients of the same server add to);
 //! - CPU µs per job over the drain, from `/proc`: PostgreSQL's backends of
 //!   the run's database (to the nanosecond, from their `schedstat`), the
-//!   whole server (the postmaster and its
-//!   children, its other clients' work included), the coordinator process,
-//!   and this process (the workers);
+//!   whole server (the postmaster and its children, its other clients' work
+//!   included), the coordinator process, and this process (the workers);
 //! - HTTP requests per job (claims and finishes sent);
 //! - claim→complete p50/p99 as the workers see it (claim answered → finish
 //!   answered), and enqueue→start p50/p99 from the rows (`created_at` →
