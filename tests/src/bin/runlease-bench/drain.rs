@@ -55,8 +55,8 @@ use tokio_util::sync::CancellationToken;
 use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
 use crate::stats::{
-    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, ns_us, percentile, postmaster_pid,
-    process_ticks, server_ticks, ticks_us, wal_lsn,
+    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, median, ns_us, percentile,
+    postmaster_pid, process_ticks, server_ticks, ticks_us, wal_lsn,
 };
 
 /// Which build (its index) ran with how many workers.
@@ -605,11 +605,6 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
     })
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
-}
-
 /// The medians of one column over runs.
 fn med<T>(runs: &[T], f: impl Fn(&T) -> f64) -> f64 {
     median(runs.iter().map(f).collect())
@@ -821,7 +816,7 @@ fn print_paired(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)]) {
 
 /// The ratios `other[i] / base[i]` of the rounds where both are figures:
 /// their median, lowest and highest (`None` when no round has both).
-fn paired(base: &[f64], other: &[f64]) -> Option<(f64, f64, f64)> {
+pub(crate) fn paired(base: &[f64], other: &[f64]) -> Option<(f64, f64, f64)> {
     let mut ratios: Vec<f64> = base
         .iter()
         .zip(other)

@@ -15,6 +15,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use crate::history::enqueue;
+use crate::stats::median;
 use crate::throughput::lean_worker;
 
 const WORKERS: usize = 256;
@@ -84,11 +85,6 @@ async fn drain(binary: &Path, jobs: usize, max_running: Option<i32>) -> f64 {
     }
     drop(process);
     rate
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 pub async fn report(older: &[PathBuf], jobs: usize, rounds: usize) -> anyhow::Result<()> {

@@ -37,6 +37,12 @@
 //!   measured the same way. `--coordinators 1,3` runs each build as that
 //!   many processes over one database, the workers spread over them (the
 //!   scale-out figures). See `drain.rs` and `roofline.rs`.
+//! - `--pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
+//!   backend's CPU) with the coordinator's claim and finish statements on one
+//!   connection, on the schema as migrated and on variants each without one
+//!   of its parts (an index, the checks, the primary key's uniqueness) or
+//!   with ended jobs moved to a history table: what each part costs. See
+//!   `parts.rs`.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
@@ -47,6 +53,7 @@
 //! target/release/runlease-bench --wake 200
 //! target/release/runlease-bench --parked 10000
 //! target/release/runlease-bench --history 0,1000000,10000000
+//! target/release/runlease-bench --pg-parts --repeat 5
 //! target/release/runlease-bench --drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
 //! ```
 
@@ -56,6 +63,7 @@ mod drain;
 mod flow;
 mod history;
 mod parked;
+mod parts;
 mod raw;
 mod roofline;
 mod stats;
@@ -85,6 +93,7 @@ struct Args {
     baseline: bool,
     repeat: usize,
     coordinators: Vec<usize>,
+    parts: bool,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -104,6 +113,7 @@ fn parse_args() -> anyhow::Result<Args> {
         baseline: true,
         repeat: 1,
         coordinators: vec![1],
+        parts: false,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
@@ -163,6 +173,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--graphile" => args.graphile = Some(value()?.into()),
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
+            "--pg-parts" => args.parts = true,
             "--no-baseline" => args.baseline = false,
             "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
@@ -198,6 +209,9 @@ fn parse_args() -> anyhow::Result<Args> {
                 );
                 println!(
                     "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
+                );
+                println!(
+                    "runlease-bench --pg-parts [--jobs 20000] [--repeat 5]  PostgreSQL's work per job (pages, WAL, CPU) by part of the schema"
                 );
                 std::process::exit(0);
             }
@@ -237,6 +251,9 @@ async fn main() -> anyhow::Result<()> {
             &args.coordinators,
         )
         .await;
+    }
+    if args.parts {
+        return parts::report(args.jobs, args.repeat.max(1)).await;
     }
     if let Some(sizes) = &args.history {
         return history::report(sizes, args.jobs).await;

@@ -4,6 +4,12 @@ use std::time::Duration;
 
 use runlease_tests::admin;
 
+/// The median of samples (the upper one of an even count; NaN of none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// The `p` quantile of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
@@ -432,6 +438,14 @@ pub async fn database_wal(db: &str, start: i64, end: i64) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_median_is_the_middle_sample() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        // Of an even count, the upper of the two middle samples.
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 3.0);
+        assert!(median(Vec::new()).is_nan());
+    }
 
     #[test]
     fn run_time_counts_a_thread_s_work_in_nanoseconds() {
