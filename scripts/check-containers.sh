@@ -259,6 +259,7 @@ api_keys="producer:$producer_key,worker:$worker_key,admin:$admin_key"
 secret=dev-secret-change-me-0123456789abcdef
 
 ready() { curl -fsS "http://127.0.0.1:$1/readyz" | grep -q '"status":"ready"'; }
+redis_ok() { curl -fsS "http://127.0.0.1:$1/readyz" | grep -q '"redis":"ok"'; }
 
 # enqueue PORT PAYLOAD: prints the job id.
 enqueue() {
@@ -313,10 +314,10 @@ run_image() {
     -e "RUNLEASE_API_KEYS=$api_keys" -e "RUNLEASE_SECRET=$secret" \
     "$coordinator_image" >/dev/null
   until_true 60 "/readyz ready on the published port $port" ready "$port"
-  local readyz
-  readyz="$(curl -fsS "http://127.0.0.1:$port/readyz")"
-  echo "readyz: $readyz"
-  [[ "$readyz" == *'"redis":"ok"'* ]] || fail "/readyz does not report Redis ok"
+  # Ready means PostgreSQL and the migrations; the Redis subscription comes
+  # up beside them and /readyz says "degraded" until it has, so wait for it.
+  until_true 30 "/readyz reporting Redis ok" redis_ok "$port"
+  echo "readyz: $(curl -fsS "http://127.0.0.1:$port/readyz")"
 
   local applied expected
   applied="$(podman exec "$pg" psql -U postgres -d runlease -Atc 'SELECT count(*) FROM runlease_migrations')"
