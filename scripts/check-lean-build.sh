@@ -6,12 +6,14 @@
 #   RUNLEASE_SQS_QUEUES names queues (rather than ignore them) while starting
 #   normally without it.
 # - `--features otlp` (the OpenTelemetry exporter, off by default) builds.
-# The default binary in target/debug is rebuilt at the end, since the lean
-# build replaces it there (the e2e tests and other checks start that one).
+# The default binary in the target dir's debug/ is rebuilt at the end, since
+# the lean build replaces it there (the e2e tests and other checks start it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 log() { printf '\n== %s\n' "$*" >&2; }
+# shellcheck source=scripts/live-coordinator.sh
+source scripts/live-coordinator.sh
 package=runlease-coordinator
 
 log "$package --no-default-features: dependency tree"
@@ -29,9 +31,10 @@ echo "$package: $lean_crates crates without default features (no aws- crate), $f
 
 log "$package --no-default-features: debug build"
 cargo build -q -p "$package" --no-default-features --bin runlease-coordinator
-lean_dir=target/debug/lean
+debug_dir="${CARGO_TARGET_DIR:-target}/debug"
+lean_dir="$debug_dir/lean"
 mkdir -p "$lean_dir"
-cp target/debug/runlease-coordinator "$lean_dir/runlease-coordinator"
+cp "$debug_dir/runlease-coordinator" "$lean_dir/runlease-coordinator"
 lean="$lean_dir/runlease-coordinator"
 
 log "the lean coordinator refuses SQS bindings at start-up"
@@ -48,30 +51,17 @@ fi
 echo "refused (exit $rc): $(grep -o 'RUNLEASE_SQS_QUEUES binds.*' <<<"$out" | head -n 1)"
 
 log "the lean coordinator serves without SQS bindings"
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+port=$(free_port)
 db="runlease_lean_check_$$"
-RUNLEASE_DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" RUNLEASE_LISTEN="127.0.0.1:$port" \
-  RUNLEASE_REDIS_URL= "$lean" serve >"$lean_dir/serve.log" 2>&1 &
-pid=$!
-cleanup() {
-  kill "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true
-}
-trap cleanup EXIT
-ready=
-for _ in $(seq 1 100); do
-  if curl -fsS "http://127.0.0.1:$port/readyz" >/dev/null 2>&1; then ready=1; break; fi
-  kill -0 "$pid" 2>/dev/null || break
-  sleep 0.2
-done
-if [ -z "$ready" ]; then
-  echo "the lean coordinator did not become ready; its log:" >&2
-  cat "$lean_dir/serve.log" >&2
-  exit 1
-fi
+drop_db() { psql -h 127.0.0.1 -U postgres -qc "DROP DATABASE IF EXISTS $db" >/dev/null 2>&1 || true; }
+start_coordinator "$lean" "$lean_dir/serve.log" \
+  RUNLEASE_DATABASE_URL="postgres://postgres@127.0.0.1:5432/$db" RUNLEASE_LISTEN="127.0.0.1:$port" \
+  RUNLEASE_REDIS_URL=
+trap 'stop_coordinator; drop_db' EXIT
+wait_ready "http://127.0.0.1:$port" 20
 echo "ready on 127.0.0.1:$port"
-cleanup
+stop_coordinator
+drop_db
 trap - EXIT
 
 # A debug build rather than `cargo check`: it reuses the dependencies the
@@ -79,5 +69,5 @@ trap - EXIT
 log "$package --features otlp: debug build"
 cargo build -q -p "$package" --features otlp --bin runlease-coordinator
 
-log "restoring the default $package binary in target/debug"
+log "restoring the default $package binary in $debug_dir"
 cargo build -q -p "$package" --bin runlease-coordinator

@@ -23,6 +23,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$(pwd)"
+# shellcheck source=scripts/live-coordinator.sh
+source scripts/live-coordinator.sh
 
 rules=infra/prometheus/alerts.yml
 rule_tests=infra/prometheus/alerts_test.yml
@@ -360,43 +362,17 @@ echo "== fresh database $db_name"
 PGOPTIONS="-c client_min_messages=warning" psql "$admin_url" -v ON_ERROR_STOP=1 -q \
   -c "DROP DATABASE IF EXISTS $db_name WITH (FORCE)"
 
-port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(free_port)"
 base="http://127.0.0.1:$port"
 echo "== starting the coordinator on $base (log: $log)"
-RUNLEASE_DATABASE_URL="$server_url" \
-RUNLEASE_LISTEN="127.0.0.1:$port" \
-RUNLEASE_SECRET="check-monitoring-secret" \
-RUNLEASE_REDIS_URL="" \
-RUNLEASE_REAPER_INTERVAL_MS=1000 \
-RUNLEASE_SHUTDOWN_GRACE_MS=2000 \
-  "$binary" serve >"$log" 2>&1 &
-coordinator=$!
-stop_coordinator() {
-  if kill -0 "$coordinator" 2>/dev/null; then
-    kill -TERM "$coordinator" 2>/dev/null || true
-    wait "$coordinator" 2>/dev/null || true
-  fi
-}
-trap stop_coordinator EXIT
-
-ready=no
-for _ in $(seq 1 300); do
-  if ! kill -0 "$coordinator" 2>/dev/null; then
-    echo "the coordinator exited during start:" >&2
-    cat "$log" >&2
-    exit 1
-  fi
-  if curl -fsS "$base/readyz" >/dev/null 2>&1; then
-    ready=yes
-    break
-  fi
-  sleep 0.1
-done
-if [[ $ready != yes ]]; then
-  echo "the coordinator did not become ready on $base:" >&2
-  cat "$log" >&2
-  exit 1
-fi
+start_coordinator "$binary" "$log" \
+  RUNLEASE_DATABASE_URL="$server_url" \
+  RUNLEASE_LISTEN="127.0.0.1:$port" \
+  RUNLEASE_SECRET="check-monitoring-secret" \
+  RUNLEASE_REDIS_URL="" \
+  RUNLEASE_REAPER_INTERVAL_MS=1000 \
+  RUNLEASE_SHUTDOWN_GRACE_MS=2000
+wait_ready "$base" 30
 
 echo "== exercising it: enqueue, claim, heartbeat, complete, fail, a late call, a forged token"
 api() { # METHOD PATH [BODY]: the answer's body; any status but 2xx fails
@@ -430,11 +406,7 @@ curl -sS -o /dev/null "$base/v1/jobs/00000000-0000-0000-0000-000000000000"
 curl -fsS "$base/metrics" >"$work/metrics.txt"
 stop_coordinator
 trap - EXIT
-if grep -q "panicked" "$log"; then
-  echo "the coordinator panicked:" >&2
-  grep -n -A5 "panicked" "$log" >&2
-  exit 1
-fi
+no_panic "while it was exercised" || exit 1
 
 check served "$work/metrics.txt" >"$work/served.txt"
 families="$(grep -c '^# TYPE ' "$work/metrics.txt" || true)"

@@ -16,6 +16,8 @@ root="$(pwd)"
 
 # shellcheck source=scripts/pytools.sh
 source scripts/pytools.sh
+# shellcheck source=scripts/live-coordinator.sh
+source scripts/live-coordinator.sh
 for tool in psql curl python3 cargo; do
   command -v "$tool" >/dev/null || { echo "schemathesis.sh needs $tool on PATH" >&2; exit 1; }
 done
@@ -39,45 +41,19 @@ binary="$target/debug/runlease-coordinator"
 echo "== fresh database $db_name"
 psql "$admin_url" -v ON_ERROR_STOP=1 -q -c "DROP DATABASE IF EXISTS $db_name WITH (FORCE)"
 
-port="$("$PYTOOLS/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+port="$(free_port)"
 base="http://127.0.0.1:$port"
 server_url="${admin_url%/*}/$db_name"
 
 echo "== starting the coordinator on $base (log: $log)"
-RUNLEASE_DATABASE_URL="$server_url" \
-RUNLEASE_LISTEN="127.0.0.1:$port" \
-RUNLEASE_SECRET="schemathesis-secret" \
-RUNLEASE_REDIS_PREFIX="runlease-schemathesis-$$" \
-RUNLEASE_REAPER_INTERVAL_MS=1000 \
-RUNLEASE_SHUTDOWN_GRACE_MS=5000 \
-  "$binary" serve >"$log" 2>&1 &
-coordinator=$!
-stop_coordinator() {
-  if kill -0 "$coordinator" 2>/dev/null; then
-    kill -TERM "$coordinator" 2>/dev/null || true
-    wait "$coordinator" 2>/dev/null || true
-  fi
-}
-trap stop_coordinator EXIT
-
-ready=no
-for _ in $(seq 1 200); do
-  if ! kill -0 "$coordinator" 2>/dev/null; then
-    echo "the coordinator exited during start:" >&2
-    cat "$log" >&2
-    exit 1
-  fi
-  if curl -fsS "$base/readyz" >/dev/null 2>&1; then
-    ready=yes
-    break
-  fi
-  sleep 0.1
-done
-if [[ $ready != yes ]]; then
-  echo "the coordinator did not become ready on $base:" >&2
-  cat "$log" >&2
-  exit 1
-fi
+start_coordinator "$binary" "$log" \
+  RUNLEASE_DATABASE_URL="$server_url" \
+  RUNLEASE_LISTEN="127.0.0.1:$port" \
+  RUNLEASE_SECRET="schemathesis-secret" \
+  RUNLEASE_REDIS_PREFIX="runlease-schemathesis-$$" \
+  RUNLEASE_REAPER_INTERVAL_MS=1000 \
+  RUNLEASE_SHUTDOWN_GRACE_MS=5000
+wait_ready "$base" 20
 
 echo "== schemathesis $("$PYTOOLS/schemathesis" --version | awk '{print $NF}') against $base/openapi.yaml"
 # Lease tokens schemathesis makes up are malformed (400) or forged (409); the
@@ -114,11 +90,7 @@ fi
 
 stop_coordinator
 trap - EXIT
-if grep -q "panicked" "$log"; then
-  echo "the coordinator panicked during the run:" >&2
-  grep -n -A5 "panicked" "$log" >&2
-  status=1
-fi
+no_panic "during the run" || status=1
 if [[ $status -ne 0 ]]; then
   echo "schemathesis found problems (exit $status); coordinator log: $log" >&2
   exit "$status"

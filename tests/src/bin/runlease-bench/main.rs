@@ -94,6 +94,8 @@ struct Args {
     repeat: usize,
     coordinators: Vec<usize>,
     parts: bool,
+    /// Slots per claim of `--pg-parts`.
+    slots: usize,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -114,6 +116,7 @@ fn parse_args() -> anyhow::Result<Args> {
         repeat: 1,
         coordinators: vec![1],
         parts: false,
+        slots: parts::SLOTS,
     };
     let mut it = std::env::args().skip(1).peekable();
     while let Some(flag) = it.next() {
@@ -174,6 +177,7 @@ fn parse_args() -> anyhow::Result<Args> {
             "--wake" => args.wake = Some(value()?.parse()?),
             "--lean" => args.lean = true,
             "--pg-parts" => args.parts = true,
+            "--slots" => args.slots = value()?.parse()?,
             "--no-baseline" => args.baseline = false,
             "--repeat" => args.repeat = value()?.parse()?,
             "--parked" => args.parked = Some(value()?.parse()?),
@@ -211,7 +215,7 @@ fn parse_args() -> anyhow::Result<Args> {
                     "runlease-bench --history 0,1000000,10000000 [--jobs 20000]  scrape latency and drain rate as history grows; pruning"
                 );
                 println!(
-                    "runlease-bench --pg-parts [--jobs 20000] [--repeat 5]  PostgreSQL's work per job (pages, WAL, CPU) by part of the schema"
+                    "runlease-bench --pg-parts [--jobs 20000] [--slots 512] [--repeat 5]  PostgreSQL's work per job (pages, WAL, CPU) by part of the schema, claims of --slots"
                 );
                 std::process::exit(0);
             }
@@ -253,7 +257,7 @@ async fn main() -> anyhow::Result<()> {
         .await;
     }
     if args.parts {
-        return parts::report(args.jobs, args.repeat.max(1)).await;
+        return parts::report(args.jobs, args.slots, args.repeat.max(1)).await;
     }
     if let Some(sizes) = &args.history {
         return history::report(sizes, args.jobs).await;

@@ -12,7 +12,9 @@
 //! checkpoint, then one connection drains the queue in the shape of the
 //! coordinator's transactions when claims ride finishes: each transaction
 //! opened with the claim's settings, finishing (complete) the previous
-//! claim's leases, then claiming `SLOTS` more. One connection and nothing
+//! claim's leases, then claiming `--slots` more (default [`SLOTS`], about
+//! a claim at 256 workers; 32 to 64 is a batch at 16 workers, where the
+//! work done once per statement and per commit weighs more). One connection and nothing
 //! else: PostgreSQL's work without HTTP, the coordinator or contention.
 //! Per run:
 //! - shared buffers touched per job (`pg_stat_database` blks_hit +
@@ -35,9 +37,9 @@ use crate::drain::paired;
 use crate::raw::{claim_slots, complete, enqueue_rows};
 use crate::stats::{backends_gone, counters_settled, database_wal, median, ns_us, process_run_ns, wal_lsn};
 
-/// Slots per claim statement: about what one claim carries at 256 workers
-/// each asking for up to 8.
-const SLOTS: usize = 512;
+/// Slots per claim statement by default: about what one claim carries at
+/// 256 workers each asking for up to 8.
+pub const SLOTS: usize = 512;
 /// Queue of the jobs.
 const QUEUE: &str = "parts";
 
@@ -58,6 +60,23 @@ BEGIN
     FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass AND contype = 'c' LOOP
         EXECUTE format('ALTER TABLE jobs DROP CONSTRAINT %I', c);
     END LOOP;
+END $$";
+
+/// Replaces the `CHECK` constraints of `jobs` by one holding them all
+/// (PostgreSQL prepares each constraint of a table again for every
+/// statement that writes it).
+const MERGE_CHECKS: &str = "DO $$
+DECLARE
+    c text;
+    merged text;
+BEGIN
+    SELECT string_agg(format('(%s)', substring(pg_get_constraintdef(oid) FROM '^CHECK \\((.*)\\)( NOT VALID)?$')), ' AND ')
+    INTO merged
+    FROM pg_constraint WHERE conrelid = 'jobs'::regclass AND contype = 'c';
+    FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass AND contype = 'c' LOOP
+        EXECUTE format('ALTER TABLE jobs DROP CONSTRAINT %I', c);
+    END LOOP;
+    EXECUTE format('ALTER TABLE jobs ADD CONSTRAINT jobs_checks CHECK (%s)', merged);
 END $$";
 
 /// A history table for ended jobs: the columns and checks of `jobs`, its
@@ -147,6 +166,11 @@ const VARIANTS: &[Variant] = &[
         finish: None,
     },
     Variant {
+        name: "the CHECK constraints as one",
+        setup: MERGE_CHECKS,
+        finish: None,
+    },
+    Variant {
         name: "id indexed, not unique",
         setup: "ALTER TABLE jobs DROP CONSTRAINT jobs_pkey; CREATE INDEX jobs_id_idx ON jobs (id)",
         finish: None,
@@ -185,7 +209,7 @@ const FINISH_TYPES: &[Type] = &[
     Type::INT8,
 ];
 
-async fn run(variant: &Variant, jobs: usize) -> anyhow::Result<Measured> {
+async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Measured> {
     let db = TestDb::new().await;
     {
         let client = db.client().await;
@@ -212,7 +236,7 @@ async fn run(variant: &Variant, jobs: usize) -> anyhow::Result<Measured> {
         .await?
         .get::<_, i32>(0);
     let pid = pid.unsigned_abs();
-    let slots = vec!["parts-worker"; SLOTS];
+    let slots = vec!["parts-worker"; slots];
     let wal_start = wal_lsn(&admin).await;
     let cpu_start = backend_run_ns(pid)?;
     let mut held: Vec<tokio_postgres::Row> = Vec::new();
@@ -254,16 +278,17 @@ fn backend_run_ns(pid: u32) -> anyhow::Result<u64> {
 }
 
 /// Runs every variant `repeat` times and prints the table.
-pub async fn report(jobs: usize, repeat: usize) -> anyhow::Result<()> {
+pub async fn report(jobs: usize, slots: usize, repeat: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(slots >= 1, "--slots must be at least 1");
     println!(
-        "PostgreSQL's work per job by part of the schema: {jobs} jobs, claims of {SLOTS} riding the finish of the previous claim's leases, one connection, {repeat} rounds"
+        "PostgreSQL's work per job by part of the schema: {jobs} jobs, claims of {slots} riding the finish of the previous claim's leases, one connection, {repeat} rounds"
     );
     let mut runs: Vec<Vec<Measured>> = VARIANTS.iter().map(|_| Vec::new()).collect();
     for round in 0..repeat {
         for k in 0..VARIANTS.len() {
             let i = (k + round) % VARIANTS.len();
             let v = &VARIANTS[i];
-            let m = run(v, jobs).await?;
+            let m = run(v, jobs, slots).await?;
             println!(
                 "  round {}: {}: {:.2} buffers/job, WAL {:.0} B/job, backend CPU {:.1} µs/job",
                 round + 1,
@@ -318,7 +343,7 @@ mod tests {
     async fn every_variant_drains_its_jobs() {
         let jobs = 1_100;
         for v in VARIANTS {
-            let m = run(v, jobs).await.unwrap();
+            let m = run(v, jobs, 64).await.unwrap();
             assert!(m.buffers > 1.0, "{}: {} buffers/job", v.name, m.buffers);
             assert!(m.cpu_us > 0.0, "{}: {} µs/job", v.name, m.cpu_us);
         }
