@@ -41,8 +41,9 @@
 //!   backend's CPU) with the coordinator's claim and finish statements on one
 //!   connection, on the schema as migrated and on variants each without one
 //!   of its parts (an index, the checks, the primary key's uniqueness) or
-//!   with ended jobs moved to a history table: what each part costs. See
-//!   `parts.rs`.
+//!   with ended jobs moved to a history table: what each part costs;
+//!   `--slots N` sets the claims' size (default 512, a claim at 256
+//!   workers; 64 is about a batch at 16 workers). See `parts.rs`.
 //! - `--history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
