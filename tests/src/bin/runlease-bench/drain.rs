@@ -55,7 +55,7 @@ use tokio_util::sync::CancellationToken;
 use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
 use crate::stats::{
-    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, median, ns_us, percentile,
+    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, med, median, ns_us, percentile,
     postmaster_pid, process_ticks, server_ticks, ticks_us, wal_lsn,
 };
 
@@ -603,11 +603,6 @@ async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow:
         claim_to_complete: (f64::NAN, f64::NAN),
         enqueue_to_start: (f64::NAN, f64::NAN),
     })
-}
-
-/// The medians of one column over runs.
-fn med<T>(runs: &[T], f: impl Fn(&T) -> f64) -> f64 {
-    median(runs.iter().map(f).collect())
 }
 
 /// A system's name in the report, with its coordinator count beyond one.

@@ -35,7 +35,9 @@ use tokio_postgres::types::Type;
 
 use crate::drain::paired;
 use crate::raw::{claim_slots, complete, enqueue_rows};
-use crate::stats::{backends_gone, counters_settled, database_wal, median, ns_us, process_run_ns, wal_lsn};
+use crate::stats::{
+    backends_gone, counters_settled, database_wal, med, median, ns_us, process_run_ns, wal_lsn,
+};
 
 /// Slots per claim statement by default: about what one claim carries at
 /// 256 workers each asking for up to 8.
@@ -300,20 +302,20 @@ pub async fn report(jobs: usize, slots: usize, repeat: usize) -> anyhow::Result<
             runs[i].push(m);
         }
     }
-    let column = |ms: &[Measured], f: fn(&Measured) -> f64| ms.iter().map(f).collect::<Vec<f64>>();
+    let cpu_of = |ms: &[Measured]| ms.iter().map(|m| m.cpu_us).collect::<Vec<f64>>();
     let base = &runs[0];
-    let base_buffers = median(column(base, |m| m.buffers));
-    let base_wal = median(column(base, |m| m.wal));
-    let base_cpu = column(base, |m| m.cpu_us);
+    let base_buffers = med(base, |m| m.buffers);
+    let base_wal = med(base, |m| m.wal);
+    let base_cpu = cpu_of(base);
     println!();
     println!(
         "| schema | PG buffers/job | ÷ as migrated | WAL B/job | ÷ as migrated | backend CPU µs/job (range) | ÷ as migrated, round by round (range) |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     for (v, ms) in VARIANTS.iter().zip(&runs) {
-        let buffers = median(column(ms, |m| m.buffers));
-        let wal = median(column(ms, |m| m.wal));
-        let cpu = column(ms, |m| m.cpu_us);
+        let buffers = med(ms, |m| m.buffers);
+        let wal = med(ms, |m| m.wal);
+        let cpu = cpu_of(ms);
         let (lo, hi) = cpu
             .iter()
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {

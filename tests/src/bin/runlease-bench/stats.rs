@@ -10,6 +10,11 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
+/// The median of one column over runs.
+pub fn med<T>(runs: &[T], f: impl Fn(&T) -> f64) -> f64 {
+    median(runs.iter().map(f).collect())
+}
+
 /// The `p` quantile of sorted samples.
 pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
