@@ -14,8 +14,9 @@
 //! opened with the claim's settings, finishing (complete) the previous
 //! claim's leases, then claiming `--slots` more (default [`SLOTS`], about
 //! a claim at 256 workers; 32 to 64 is a batch at 16 workers, where the
-//! work done once per statement and per commit weighs more). One connection and nothing
-//! else: PostgreSQL's work without HTTP, the coordinator or contention.
+//! work done once per statement and per commit weighs more). One
+//! connection and nothing else: PostgreSQL's work without HTTP, the
+//! coordinator or contention.
 //! Per run:
 //! - shared buffers touched per job (`pg_stat_database` blks_hit +
 //!   blks_read, read once the connection has gone): a count of pages
