@@ -78,7 +78,10 @@ impl ClientBuilder {
         }
         let http = reqwest::Client::builder()
             .connect_timeout(self.connect_timeout)
-            .pool_idle_timeout(Duration::from_secs(60))
+            // Below the coordinator's RUNLEASE_IDLE_TIMEOUT_MS (60 s by
+            // default), so the client drops an idle connection before the
+            // server closes it under a request.
+            .pool_idle_timeout(Duration::from_secs(45))
             .tcp_nodelay(true)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;

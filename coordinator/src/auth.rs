@@ -80,6 +80,18 @@ pub struct Caller {
     pub role: Role,
     /// The queues the key is limited to; `None` for all.
     pub queues: Option<HashSet<String>>,
+    /// Which key this is, for limits counted per key (the open caller is
+    /// [`KeyId::OPEN`]).
+    pub key: KeyId,
+}
+
+/// A configured API key's number in `RUNLEASE_API_KEYS` (never the key).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(pub u32);
+
+impl KeyId {
+    /// Every caller when no keys are configured.
+    pub const OPEN: KeyId = KeyId(u32::MAX);
 }
 
 impl Caller {
@@ -88,6 +100,7 @@ impl Caller {
         Self {
             role: Role::Admin,
             queues: None,
+            key: KeyId::OPEN,
         }
     }
 
@@ -112,7 +125,12 @@ impl ApiKeys {
     /// Parses `RUNLEASE_API_KEYS`.
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut by_hash = HashMap::new();
-        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        for (n, entry) in spec
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .enumerate()
+        {
             let mut parts = entry.splitn(3, ':');
             let role = parts.next().unwrap_or_default();
             let role = Role::parse(role).ok_or_else(|| {
@@ -135,7 +153,18 @@ impl ApiKeys {
                     Some(set)
                 }
             };
-            if by_hash.insert(hash(key), Caller { role, queues }).is_some() {
+            let id = KeyId(u32::try_from(n).map_err(|_| "RUNLEASE_API_KEYS: too many keys".to_owned())?);
+            if by_hash
+                .insert(
+                    hash(key),
+                    Caller {
+                        role,
+                        queues,
+                        key: id,
+                    },
+                )
+                .is_some()
+            {
                 return Err("RUNLEASE_API_KEYS: a key appears twice".into());
             }
         }

@@ -72,10 +72,23 @@ pub const DEFAULT_PRUNE_INTERVAL_MS: u64 = 10_000;
 pub const DEFAULT_PRUNE_BATCH: u32 = 1000;
 /// Default `RUNLEASE_SHUTDOWN_GRACE_MS`: how long in-flight requests may take after SIGTERM.
 pub const DEFAULT_SHUTDOWN_GRACE_MS: u64 = 30_000;
+/// Fewest bytes in each `RUNLEASE_SECRET` key: HMAC-SHA256 is only as
+/// strong as its key, and a short one can be guessed from a single token.
+/// The key a coordinator generates when none is set has this many.
+pub const MIN_SECRET_BYTES: usize = 32;
 
 /// Command line of `runlease-coordinator`.
 #[derive(Debug, Parser)]
-#[command(name = "runlease-coordinator", version, about = "The runlease coordinator")]
+#[command(
+    name = "runlease-coordinator",
+    version,
+    about = "The runlease coordinator",
+    // `--help` names each setting's variable but never shows its value
+    // from the environment: the database and Redis URLs carry passwords.
+    // Applied to every argument once all are added, so a setting added
+    // later (or flattened in from elsewhere) cannot forget it.
+    mut_args = |arg: clap::Arg| arg.hide_env_values(true)
+)]
 pub struct Cli {
     /// What to do (default: serve).
     #[command(subcommand)]
@@ -247,6 +260,9 @@ pub struct Config {
     /// Log as JSON lines instead of text.
     #[arg(long, env = "RUNLEASE_LOG_JSON", default_value_t = false)]
     pub log_json: bool,
+    /// Limits on connections, parked long-polls and answer sizes.
+    #[command(flatten)]
+    pub limits: crate::limits::LimitSettings,
 }
 
 impl Config {
@@ -298,15 +314,52 @@ impl Config {
 
     /// The lease-token secrets: `RUNLEASE_SECRET` may list several,
     /// comma-separated; the first signs new tokens, every one verifies.
+    /// [`Config::validate`] refuses a key shorter than [`MIN_SECRET_BYTES`].
     pub fn secrets(&self) -> Vec<Vec<u8>> {
+        self.secret_keys().map(|s| s.as_bytes().to_vec()).collect()
+    }
+
+    /// The keys of `RUNLEASE_SECRET`, split at commas, trimmed, empty ones dropped.
+    fn secret_keys(&self) -> impl Iterator<Item = &str> {
         self.secret
             .as_deref()
             .unwrap_or_default()
             .split(',')
             .map(str::trim)
             .filter(|s| !s.is_empty())
-            .map(|s| s.as_bytes().to_vec())
-            .collect()
+    }
+
+    /// Refuses a `RUNLEASE_SECRET` key shorter than [`MIN_SECRET_BYTES`],
+    /// and a value that holds only commas and blanks (it would otherwise
+    /// read as unset and get a generated key). The message never quotes a
+    /// key.
+    fn validate_secret(&self) -> Result<(), String> {
+        const MAKE_ONE: &str = "make one with `openssl rand -base64 32`";
+        let keys: Vec<&str> = self.secret_keys().collect();
+        if keys.is_empty() {
+            if self.secret.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+                return Err(format!(
+                    "RUNLEASE_SECRET holds no key: it is split at commas into keys, and every part is empty; set at least one key of {MIN_SECRET_BYTES} bytes or more ({MAKE_ONE}), or unset it to have one generated"
+                ));
+            }
+            return Ok(());
+        }
+        let Some((n, short)) = keys.iter().enumerate().find(|(_, k)| k.len() < MIN_SECRET_BYTES) else {
+            return Ok(());
+        };
+        if keys.len() == 1 {
+            Err(format!(
+                "RUNLEASE_SECRET is {} bytes; a lease-token key must be at least {MIN_SECRET_BYTES} bytes ({MAKE_ONE})",
+                short.len()
+            ))
+        } else {
+            Err(format!(
+                "RUNLEASE_SECRET key {} of {} is {} bytes; every lease-token key must be at least {MIN_SECRET_BYTES} bytes ({MAKE_ONE}). RUNLEASE_SECRET is split at commas into keys (the first signs, every one verifies), so a secret with a comma in it is read as several shorter keys",
+                n + 1,
+                keys.len(),
+                short.len()
+            ))
+        }
     }
 
     /// Lease terms and the retry policy, as durations.
@@ -343,8 +396,10 @@ impl Config {
         Duration::from_millis(self.reaper_interval_ms)
     }
 
-    /// Checks that settings agree with each other.
+    /// Checks that settings agree with each other, and that every
+    /// `RUNLEASE_SECRET` key is at least [`MIN_SECRET_BYTES`] long.
     pub fn validate(&self) -> Result<(), String> {
+        self.validate_secret()?;
         if self.heartbeat_interval_ms >= self.lease_ttl_ms {
             return Err(format!(
                 "RUNLEASE_HEARTBEAT_INTERVAL_MS ({}) must be below RUNLEASE_LEASE_TTL_MS ({}); a third of it is usual",
@@ -365,5 +420,55 @@ impl Config {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    fn with_secret(secret: &str) -> Config {
+        let mut config = Cli::try_parse_from(["runlease-coordinator"]).unwrap().config;
+        config.secret = Some(secret.to_owned());
+        config
+    }
+
+    #[test]
+    fn every_secret_key_must_be_32_bytes() {
+        let long = "k".repeat(MIN_SECRET_BYTES);
+        assert_eq!(with_secret(&long).validate(), Ok(()));
+        assert_eq!(with_secret(&format!(" {long} , {long}x ,")).validate(), Ok(()));
+        let err = with_secret(&"k".repeat(MIN_SECRET_BYTES - 1))
+            .validate()
+            .unwrap_err();
+        assert!(
+            err.contains("31 bytes") && err.contains("at least 32 bytes"),
+            "{err}"
+        );
+        assert!(!err.contains(&"k".repeat(8)), "the message quotes the key: {err}");
+        let err = with_secret(&format!("{long},tail!")).validate().unwrap_err();
+        assert!(
+            err.contains("key 2 of 2 is 5 bytes") && err.contains("split at commas"),
+            "{err}"
+        );
+        assert!(!err.contains("tail!"), "the message quotes the key: {err}");
+        assert!(
+            with_secret(" , ")
+                .validate()
+                .unwrap_err()
+                .contains("holds no key")
+        );
+        // Unset (or blank) still means a generated key.
+        assert_eq!(with_secret(" ").validate(), Ok(()));
+    }
+
+    #[test]
+    fn help_shows_no_value_from_the_environment() {
+        let cli = Cli::command();
+        for arg in cli.get_arguments().filter(|a| a.get_env().is_some()) {
+            assert!(arg.is_hide_env_values_set(), "--{} shows its value", arg.get_id());
+        }
     }
 }

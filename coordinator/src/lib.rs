@@ -12,6 +12,7 @@
 //! - [`http`]: the v1 protocol on axum.
 //! - [`token`]: lease tokens (HMAC-SHA256).
 //! - [`auth`]: API keys and roles.
+//! - [`limits`]: connections, parked long-polls and answer sizes a caller may use.
 //! - [`reaper`]: takes back expired leases.
 //! - [`prune`]: retention: deletes terminal jobs past their queue's retention.
 //! - [`scheduler`]: the schedule loop: one job per fire time.
@@ -42,6 +43,7 @@ pub mod cron;
 pub mod dispatch;
 pub mod flow;
 pub mod http;
+pub mod limits;
 pub mod metrics;
 pub mod prune;
 pub mod reaper;
@@ -256,11 +258,21 @@ pub async fn serve(
         claims,
         finisher,
         renewer,
+        parked_claims: config.limits.parked_claims(),
+        parked_reads: config.limits.parked_reads(),
+        max_answer_bytes: config.limits.max_answer_bytes,
     });
     tracing::info!(%addr, "runlease coordinator listening");
-    axum::serve(listener, http::app(state, config.max_body_bytes))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
-        .await?;
+    let metrics = state.metrics.clone();
+    let app = http::app(state, config.max_body_bytes);
+    http::serve::serve(
+        listener,
+        app,
+        config.limits.connections(),
+        metrics,
+        shutdown.clone(),
+    )
+    .await;
     tracker.close();
     tracker.wait().await;
     tracing::info!("runlease coordinator stopped");

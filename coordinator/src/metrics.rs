@@ -120,8 +120,31 @@ fn latency_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 18))
 }
 
+/// Label set of connections closed by their deadline.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    /// `header`: a request head did not arrive in time; `idle`: no request came.
+    pub phase: &'static str,
+}
+
+/// Label set of requests refused by a limit.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusedLabels {
+    /// Which limit: `parked_claims`, `parked_reads`, `cross_origin`, `host`.
+    pub limit: &'static str,
+}
+
 /// Every metric of the coordinator.
 pub struct Metrics {
+    /// HTTP connections open.
+    pub connections_open: Gauge,
+    /// Connections refused because `RUNLEASE_MAX_CONNECTIONS` were open.
+    pub connections_refused: Counter,
+    /// Connections closed by the header or idle deadline.
+    pub connections_timed_out: Family<TimeoutLabels, Counter>,
+    /// Requests refused by a limit of the coordinator (not a flow-control
+    /// limit of a queue).
+    pub requests_refused: Family<RefusedLabels, Counter>,
     registry: Registry,
     /// The bound on queue label values, shared by every per-queue family.
     pub queue_cap: Arc<QueueCap>,
@@ -232,6 +255,10 @@ impl Metrics {
         let mut registry = Registry::with_prefix("runlease");
         let cap = Arc::new(QueueCap::new(max_queues));
         let m = Self {
+            connections_open: Gauge::default(),
+            connections_refused: Counter::default(),
+            connections_timed_out: Family::default(),
+            requests_refused: Family::default(),
             queue_cap: cap.clone(),
             registry: Registry::default(),
             enqueued: Capped::new(cap.clone()),
@@ -282,6 +309,26 @@ impl Metrics {
             slo,
         };
         registry.register("jobs_enqueued", "Jobs enqueued", m.enqueued.clone());
+        registry.register(
+            "connections_open",
+            "HTTP connections open",
+            m.connections_open.clone(),
+        );
+        registry.register(
+            "connections_refused",
+            "Connections refused because RUNLEASE_MAX_CONNECTIONS were open",
+            m.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_timed_out",
+            "Connections closed because a request head (header) or any request (idle) did not arrive in time",
+            m.connections_timed_out.clone(),
+        );
+        registry.register(
+            "requests_refused",
+            "Requests refused by a limit of the coordinator (parked claims or reads, a cross-origin or foreign-host request in open mode)",
+            m.requests_refused.clone(),
+        );
         registry.register("jobs_claimed", "Leases handed out by claims", m.claimed.clone());
         registry.register("jobs_completed", "Jobs completed", m.completed.clone());
         registry.register("jobs_failed", "Jobs that ended failed", m.failed.clone());

@@ -1,20 +1,25 @@
-//! Lease tokens: `rl1.<payload>.<mac>`, both parts base64url without padding.
-//! The payload is the job id (16 bytes), the run lease (8 bytes, big-endian)
-//! and the worker id (UTF-8); the MAC is HMAC-SHA256 under `RUNLEASE_SECRET`
+//! Lease tokens: `rl2.<payload>.<mac>`, both parts base64url without padding.
+//! The payload is the job id (16 bytes), the run lease (8 bytes, big-endian),
+//! the job's queue (a length byte, then UTF-8) and the worker id (UTF-8); the MAC is HMAC-SHA256 under `RUNLEASE_SECRET`
 //! over a domain tag and the payload. A token is checked before any database
 //! work, so a forged or altered one costs a hash, not a query.
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
-use runlease_protocol::{JobId, LeaseToken, RunLease, WorkerId};
+use runlease_protocol::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
 use sha2::Sha256;
 use uuid::Uuid;
 
 use crate::store::leases::LeaseRef;
 
-const PREFIX: &str = "rl1.";
-const DOMAIN: &[u8] = b"runlease lease token v1\0";
+const PREFIX: &str = "rl2.";
+const DOMAIN: &[u8] = b"runlease lease token v2\0";
+/// Tokens minted before they carried the queue: still verified, so leases
+/// running across an upgrade finish; only a key without queue limits may
+/// use them.
+const PREFIX_V1: &str = "rl1.";
+const DOMAIN_V1: &[u8] = b"runlease lease token v1\0";
 const CURSOR_DOMAIN: &[u8] = b"runlease list cursor v1\0";
 /// MAC bytes a cursor carries: forging one is as hard as guessing 2^128.
 const CURSOR_MAC_LEN: usize = 16;
@@ -73,9 +78,9 @@ impl TokenKey {
         Self { mac, verifiers }
     }
 
-    fn tag(&self, payload: &[u8]) -> Hmac<Sha256> {
+    fn tag(&self, domain: &[u8], payload: &[u8]) -> Hmac<Sha256> {
         let mut mac = self.mac.clone();
-        mac.update(DOMAIN);
+        mac.update(domain);
         mac.update(payload);
         mac
     }
@@ -121,13 +126,24 @@ impl TokenKey {
         Ok(JobId(id))
     }
 
-    /// The token for a lease.
-    pub fn mint(&self, job_id: JobId, run_lease: RunLease, worker_id: &WorkerId) -> LeaseToken {
-        let mut payload = Vec::with_capacity(24 + worker_id.as_str().len());
+    /// The token for a lease of a job of `queue`.
+    pub fn mint(
+        &self,
+        job_id: JobId,
+        run_lease: RunLease,
+        worker_id: &WorkerId,
+        queue: &QueueName,
+    ) -> LeaseToken {
+        let queue = queue.as_str().as_bytes();
+        let worker = worker_id.as_str().as_bytes();
+        let mut payload = Vec::with_capacity(25 + queue.len() + worker.len());
         payload.extend_from_slice(job_id.0.as_bytes());
         payload.extend_from_slice(&run_lease.0.to_be_bytes());
-        payload.extend_from_slice(worker_id.as_str().as_bytes());
-        let mac = self.tag(&payload).finalize().into_bytes();
+        // Queue names are at most 128 bytes: one length byte.
+        payload.push(u8::try_from(queue.len()).unwrap_or(u8::MAX));
+        payload.extend_from_slice(queue);
+        payload.extend_from_slice(worker);
+        let mac = self.tag(DOMAIN, &payload).finalize().into_bytes();
         LeaseToken(format!(
             "{PREFIX}{}.{}",
             URL_SAFE_NO_PAD.encode(&payload),
@@ -135,13 +151,25 @@ impl TokenKey {
         ))
     }
 
-    /// Reads and verifies a token.
+    /// Reads and verifies a token: its lease.
     pub fn verify(&self, token: &LeaseToken) -> Result<LeaseRef, TokenError> {
+        self.verify_scoped(token).map(|t| t.lease)
+    }
+
+    /// Reads and verifies a token: its lease and the queue of its job (a
+    /// token minted before tokens carried the queue has none).
+    pub fn verify_scoped(&self, token: &LeaseToken) -> Result<TokenClaims, TokenError> {
         let text = token.as_str();
         if text.len() > MAX_TOKEN_LEN {
             return Err(TokenError::Malformed);
         }
-        let rest = text.strip_prefix(PREFIX).ok_or(TokenError::Malformed)?;
+        let (domain, rest) = if let Some(rest) = text.strip_prefix(PREFIX) {
+            (DOMAIN, rest)
+        } else if let Some(rest) = text.strip_prefix(PREFIX_V1) {
+            (DOMAIN_V1, rest)
+        } else {
+            return Err(TokenError::Malformed);
+        };
         let (payload, mac) = rest.split_once('.').ok_or(TokenError::Malformed)?;
         let payload = URL_SAFE_NO_PAD
             .decode(payload)
@@ -152,32 +180,55 @@ impl TokenKey {
         }
         let verified = self.verifiers.iter().any(|key| {
             let mut tag = key.clone();
-            tag.update(DOMAIN);
+            tag.update(domain);
             tag.update(&payload);
             tag.verify_slice(&mac).is_ok()
         });
         if !verified {
             return Err(TokenError::Forged);
         }
-        // Verified: the fields are ours, but decode them defensively anyway.
         let job_id = Uuid::from_slice(&payload[..16]).map_err(|_| TokenError::Malformed)?;
         let mut lease = [0u8; 8];
         lease.copy_from_slice(&payload[16..24]);
-        let worker = std::str::from_utf8(&payload[24..]).map_err(|_| TokenError::Malformed)?;
+        let (queue, worker) = if domain == DOMAIN {
+            let len = usize::from(payload[24]);
+            let queue = payload.get(25..25 + len).ok_or(TokenError::Malformed)?;
+            let queue = std::str::from_utf8(queue).map_err(|_| TokenError::Malformed)?;
+            let queue = QueueName::new(queue).map_err(|_| TokenError::Malformed)?;
+            (Some(queue), &payload[25 + len..])
+        } else {
+            (None, &payload[24..])
+        };
+        let worker = std::str::from_utf8(worker).map_err(|_| TokenError::Malformed)?;
         let worker_id = WorkerId::new(worker).map_err(|_| TokenError::Malformed)?;
-        Ok(LeaseRef {
-            job_id: JobId(job_id),
-            run_lease: RunLease(i64::from_be_bytes(lease)),
-            worker_id,
+        Ok(TokenClaims {
+            lease: LeaseRef {
+                job_id: JobId(job_id),
+                run_lease: RunLease(i64::from_be_bytes(lease)),
+                worker_id,
+            },
+            queue,
         })
     }
+}
+
+/// What a verified lease token says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenClaims {
+    /// The lease.
+    pub lease: LeaseRef,
+    /// The queue of the job; `None` in a token minted before tokens carried it.
+    pub queue: Option<QueueName>,
 }
 
 impl TokenKey {
     /// What a well-formed token *claims* to be, unverified: only for echoing
     /// it back in a per-item `lease_lost` answer, never for a decision.
     pub fn peek(&self, token: &LeaseToken) -> Option<(JobId, RunLease)> {
-        let rest = token.as_str().strip_prefix(PREFIX)?;
+        let text = token.as_str();
+        let rest = text
+            .strip_prefix(PREFIX)
+            .or_else(|| text.strip_prefix(PREFIX_V1))?;
         let (payload, _) = rest.split_once('.')?;
         let payload = URL_SAFE_NO_PAD.decode(payload).ok()?;
         if payload.len() <= 24 {
@@ -198,11 +249,53 @@ mod tests {
         WorkerId::new("w-1").unwrap()
     }
 
+    fn queue() -> QueueName {
+        QueueName::new("emails").unwrap()
+    }
+
+    #[test]
+    fn a_token_carries_its_job_s_queue() {
+        let key = TokenKey::new(b"secret");
+        let token = key.mint(JobId::new(), RunLease(3), &worker(), &queue());
+        assert_eq!(key.verify_scoped(&token).unwrap().queue, Some(queue()));
+        // The longest queue and worker names fit in a token.
+        let long_queue = QueueName::new("q".repeat(128)).unwrap();
+        let long_worker = WorkerId::new("w".repeat(128)).unwrap();
+        let token = key.mint(JobId::new(), RunLease(i64::MAX), &long_worker, &long_queue);
+        let claims = key.verify_scoped(&token).unwrap();
+        assert_eq!(
+            (claims.queue, claims.lease.worker_id),
+            (Some(long_queue), long_worker)
+        );
+    }
+
+    #[test]
+    fn a_token_minted_before_tokens_carried_the_queue_still_verifies() {
+        let key = TokenKey::new(b"secret");
+        let id = JobId::new();
+        let mut payload = id.0.as_bytes().to_vec();
+        payload.extend_from_slice(&9i64.to_be_bytes());
+        payload.extend_from_slice(b"w-1");
+        let mac = key.tag(DOMAIN_V1, &payload).finalize().into_bytes();
+        let old = LeaseToken(format!(
+            "{PREFIX_V1}{}.{}",
+            URL_SAFE_NO_PAD.encode(&payload),
+            URL_SAFE_NO_PAD.encode(mac)
+        ));
+        let claims = key.verify_scoped(&old).unwrap();
+        assert_eq!(claims.queue, None);
+        assert_eq!((claims.lease.job_id, claims.lease.run_lease), (id, RunLease(9)));
+        assert_eq!(key.peek(&old), Some((id, RunLease(9))));
+        // A v1 MAC does not verify a v2 token of the same bytes, nor the reverse.
+        let swapped = LeaseToken(old.0.replacen(PREFIX_V1, PREFIX, 1));
+        assert!(key.verify(&swapped).is_err());
+    }
+
     #[test]
     fn a_minted_token_verifies_to_its_lease() {
         let key = TokenKey::new(b"secret");
         let id = JobId::new();
-        let token = key.mint(id, RunLease(7), &worker());
+        let token = key.mint(id, RunLease(7), &worker(), &queue());
         let lease = key.verify(&token).unwrap();
         assert_eq!(lease.job_id, id);
         assert_eq!(lease.run_lease, RunLease(7));
@@ -214,7 +307,7 @@ mod tests {
         let key = TokenKey::new(b"secret");
         let other = TokenKey::new(b"other secret");
         let id = JobId::new();
-        let token = key.mint(id, RunLease(1), &worker());
+        let token = key.mint(id, RunLease(1), &worker(), &queue());
         assert_eq!(other.verify(&token), Err(TokenError::Forged));
 
         // Raise the run lease inside the payload, keep the MAC.
@@ -225,7 +318,7 @@ mod tests {
         assert_eq!(key.verify(&altered), Err(TokenError::Forged));
 
         // A token for another job id, with a MAC made under a guessed key.
-        let guessed = other.mint(id, RunLease(2), &worker());
+        let guessed = other.mint(id, RunLease(2), &worker(), &queue());
         assert_eq!(key.verify(&guessed), Err(TokenError::Forged));
 
         for junk in ["", "rl1.", "rl1.abc", "rl1.!!.??", "xyz.aa.bb", &"a".repeat(600)] {

@@ -320,7 +320,10 @@ function timeline(job, now) {
   return h(
     "section",
     { class: "panel", "aria-labelledby": "attempts-h" },
-    h("h2", { id: "attempts-h" }, `Attempts (${attempts.length})`),
+    h("h2", { id: "attempts-h" }, job.earlier_attempts ? `Attempts (latest ${attempts.length})` : `Attempts (${attempts.length})`),
+    job.earlier_attempts
+      ? h("p", { class: "muted", id: "earlier-attempts" }, "Older attempts are not shown; page through them with GET /v1/jobs/{id}/attempts.")
+      : null,
     attempts.length === 0
       ? h("p", { class: "empty" }, "Not claimed yet.")
       : [

@@ -35,6 +35,7 @@ impl Serialize for ListedJob {
         let mut value = serde_json::to_value(&self.0).map_err(serde::ser::Error::custom)?;
         if let Some(fields) = value.as_object_mut() {
             fields.remove("attempts");
+            fields.remove("earlier_attempts");
         }
         value.serialize(serializer)
     }

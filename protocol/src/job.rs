@@ -194,9 +194,14 @@ pub struct Job {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<crate::trace::TraceParent>,
     /// The chronology: one entry per run lease, oldest first (absent from
-    /// a listing's jobs).
+    /// a listing's jobs). At most the latest 100 ended attempts, then the
+    /// running one.
     #[serde(default)]
     pub attempts: Vec<Attempt>,
+    /// The job has ended attempts older than those in `attempts`: read
+    /// them page by page from `GET /v1/jobs/{id}/attempts`.
+    #[serde(default)]
+    pub earlier_attempts: bool,
 }
 
 #[cfg(test)]

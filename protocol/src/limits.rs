@@ -46,6 +46,11 @@ pub const MAX_SCHEDULE_NAME_LEN: usize = 128;
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
 /// Largest page of `GET /v1/jobs`.
 pub const MAX_LIST_LIMIT: u32 = 500;
+/// Most ended attempts a job answer carries (the latest; older ones are
+/// paged by `GET /v1/jobs/{id}/attempts`), and that page's default size.
+pub const MAX_ATTEMPTS_PER_JOB_ANSWER: u32 = 100;
+/// Largest page of `GET /v1/jobs/{id}/attempts`.
+pub const MAX_ATTEMPTS_PAGE: u32 = 1000;
 /// Most ids one `POST /v1/jobs/bulk` may name.
 pub const MAX_BULK_IDS: usize = 10_000;
 /// Largest `max_running` and `max_running_per_key`.

@@ -83,6 +83,27 @@ pub struct GetJobQuery {
     pub wait_ms: Option<u64>,
 }
 
+/// Query of `GET /v1/jobs/{id}/attempts`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListAttemptsQuery {
+    /// Only attempts of run leases below this one (the first `run_lease`
+    /// of the page before); absent: the latest.
+    pub before: Option<i64>,
+    /// Most attempts on the page (1..=1000, default 100).
+    pub limit: Option<u32>,
+}
+
+/// Answer to `GET /v1/jobs/{id}/attempts`: ended attempts, oldest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ListAttemptsResponse {
+    /// The page, oldest first; the job's running attempt is not in it.
+    pub attempts: Vec<crate::Attempt>,
+    /// Earlier attempts exist: ask again with `before` set to the first
+    /// entry's `run_lease`.
+    pub earlier: bool,
+}
+
 /// Answer to `GET /v1/queues`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ListQueuesResponse {

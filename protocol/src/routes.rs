@@ -8,6 +8,8 @@ pub const JOBS_BULK: &str = "/v1/jobs/bulk";
 pub const JOBS_BATCH: &str = "/v1/jobs/batch";
 /// `GET`: read a job (`?wait_ms=`), with `{id}` the job id.
 pub const JOB: &str = "/v1/jobs/{id}";
+/// `GET`: a page of a job's attempt chronology (`?before=&limit=`).
+pub const JOB_ATTEMPTS: &str = "/v1/jobs/{id}/attempts";
 /// `POST`: cancel a job.
 pub const JOB_CANCEL: &str = "/v1/jobs/{id}/cancel";
 /// `POST`: put a failed or cancelled job back on its queue.

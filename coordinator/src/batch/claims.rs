@@ -45,10 +45,28 @@ struct Parked {
     reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
 }
 
+/// Parked claims served by one statement: the same queues, and a remaining
+/// run time in the same band. Bands, not exact values: each group costs a
+/// statement per wake-up and per re-check, so a client parking claims with
+/// thousands of distinct `time_left_ms` must not make thousands of groups.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct GroupKey {
     queues: Vec<QueueName>,
-    time_left_ms: Option<u64>,
+    time_left_band: Option<u64>,
+}
+
+/// The band of a remaining run time: its value with all but the three
+/// highest bits cleared, so at most four bands per doubling (under 64 in
+/// all for run times up to a day). A group's statement uses the least
+/// `time_left_ms` parked in it, so every job handed out fits every
+/// claimer of the group; a claimer gives up at most a quarter of its band.
+fn time_left_band(ms: u64) -> u64 {
+    let bits = 64 - ms.leading_zeros();
+    if bits <= 3 {
+        ms
+    } else {
+        ms >> (bits - 3) << (bits - 3)
+    }
 }
 
 struct Group {
@@ -253,7 +271,7 @@ impl ClaimBatcher {
         }
         let key = GroupKey {
             queues: parked.ask.queues.clone(),
-            time_left_ms: parked.ask.time_left_ms,
+            time_left_band: parked.ask.time_left_ms.map(time_left_band),
         };
         let group = groups.entry(key).or_insert_with(|| Group {
             parked: VecDeque::new(),
@@ -308,9 +326,14 @@ impl ClaimBatcher {
             let wanted = slots.len();
             self.metrics.batch("claim", wanted);
             let limited = self.flow.limited(&key.queues);
+            // Every claimer of a band has a time left: the least of them
+            // is what every job handed out must fit.
+            let time_left_ms = key
+                .time_left_band
+                .and(group.parked.iter().filter_map(|p| p.ask.time_left_ms).min());
             let claimed = match self
                 .store
-                .claim(&key.queues, &slots, key.time_left_ms, &limited)
+                .claim(&key.queues, &slots, time_left_ms, &limited)
                 .await
             {
                 Ok(claimed) => claimed,
@@ -405,5 +428,26 @@ pub(crate) async fn release_unwanted(
     store.give_back(leases).await;
     for r in &records {
         wake.ready(&r.queue);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::time_left_band;
+
+    #[test]
+    fn time_left_bands_are_few_and_never_above_the_value() {
+        let mut bands = std::collections::BTreeSet::new();
+        for ms in (0..100_000u64).chain((100_000..=86_400_000).step_by(997)) {
+            let band = time_left_band(ms);
+            assert!(band <= ms && band * 5 >= ms * 4, "{ms} -> {band}");
+            bands.insert(band);
+        }
+        assert!(bands.len() < 110, "{} bands", bands.len());
+        // 2,000 distinct values of a hostile client fall into a few dozen bands.
+        let hostile: std::collections::BTreeSet<u64> = (1..=2000).map(time_left_band).collect();
+        assert!(hostile.len() <= 40, "{} bands", hostile.len());
+        assert_eq!(time_left_band(300_000), 262_144);
+        assert_eq!(time_left_band(7), 7);
     }
 }

@@ -126,7 +126,10 @@ pub async fn list_jobs(
                 "cursor was not issued for this listing: pass a next_cursor unchanged, with the same queue and state",
             )
         })?;
-    let page = state.store.list_jobs(&filter, cursor, i64::from(limit)).await?;
+    let page = state
+        .store
+        .list_jobs(&filter, cursor, i64::from(limit), state.max_answer_bytes)
+        .await?;
     Ok(Json(ListJobsResponse {
         jobs: page.rows.into_iter().map(|r| ListedJob(views::job(r))).collect(),
         next_cursor: page.next.map(|last| state.tokens.mint_cursor(last, &scope)),

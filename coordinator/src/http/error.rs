@@ -20,6 +20,9 @@ pub struct ApiError {
     /// Set when PostgreSQL was unavailable, so the request is counted in
     /// `runlease_db_unavailable_total`.
     pub db_unavailable: bool,
+    /// Set when the caller asked for more than a limit of the coordinator
+    /// allows: `overloaded` is then answered 429 instead of 503.
+    pub too_many: bool,
 }
 
 /// Response extension marking an answer given because PostgreSQL was unavailable.
@@ -33,6 +36,16 @@ impl ApiError {
             code,
             message: message.into(),
             db_unavailable: false,
+            too_many: false,
+        }
+    }
+
+    /// 429 `overloaded` with `Retry-After`: the caller holds as much of a
+    /// limited resource as it may (parked long-polls).
+    pub fn too_many(message: impl Into<String>) -> Self {
+        Self {
+            too_many: true,
+            ..Self::new(ErrorCode::Overloaded, message)
         }
     }
 
@@ -120,7 +133,11 @@ impl From<StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = if self.too_many {
+            StatusCode::TOO_MANY_REQUESTS
+        } else {
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+        };
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code,

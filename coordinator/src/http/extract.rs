@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use crate::auth::{Action, Caller};
 use crate::http::AppState;
 use crate::http::error::ApiError;
+use crate::http::serve::BodyDeadline;
 
 /// A JSON body: 413 over the size limit, 400 when it is not JSON, 422 when
 /// fields are missing, mistyped, unknown or out of range. No Content-Type is
@@ -23,7 +24,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        // The accept loop sets the body's deadline (RUNLEASE_BODY_TIMEOUT_MS);
+        // a router served some other way (tests' `oneshot`) has none.
+        let deadline = req.extensions().get::<BodyDeadline>().map(|d| d.0);
+        let read = Bytes::from_request(req, state);
+        let read = match deadline {
+            Some(at) => tokio::time::timeout_at(at, read).await.map_err(|_| {
+                ApiError::bad_request(
+                    "the request body did not arrive within RUNLEASE_BODY_TIMEOUT_MS; send it at once",
+                )
+            })?,
+            None => read.await,
+        };
+        let bytes = read.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
                     ErrorCode::TooLarge,

@@ -6,13 +6,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use runlease_protocol::limits::{
-    MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN,
-    MAX_TIMEOUT_MS, MAX_WAIT_MS,
+    MAX_ATTEMPTS_LIMIT, MAX_ATTEMPTS_PAGE, MAX_ATTEMPTS_PER_JOB_ANSWER, MAX_BATCH_JOBS,
+    MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
 };
 use runlease_protocol::producer::{
-    EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery,
+    EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
+    ListAttemptsResponse,
 };
-use runlease_protocol::{ErrorCode, Job, JobId, TraceParent};
+use runlease_protocol::{ErrorCode, Job, JobId, RunLease, TraceParent};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
@@ -224,6 +225,36 @@ async fn visible_job(state: &AppState, caller: &Caller, id: JobId) -> Result<Job
     }
 }
 
+/// `GET /v1/jobs/{id}/attempts?before=&limit=`: a page of the job's ended
+/// attempts, oldest first, walking back from the latest.
+pub async fn list_attempts(
+    State(state): State<AppState>,
+    caller: Caller,
+    JobIdPath(id): JobIdPath,
+    QueryParams(query): QueryParams<ListAttemptsQuery>,
+) -> Result<Json<ListAttemptsResponse>, ApiError> {
+    require(&caller, Action::Read)?;
+    let limit = query.limit.unwrap_or(MAX_ATTEMPTS_PER_JOB_ANSWER);
+    if !(1..=MAX_ATTEMPTS_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "limit must be between 1 and {MAX_ATTEMPTS_PAGE}"
+        )));
+    }
+    let before = RunLease(query.before.unwrap_or(i64::MAX));
+    // The job must exist and be visible to the caller's key.
+    let job = visible_job(&state, &caller, id).await?;
+    record_job(&job);
+    let (attempts, earlier) = state.store.attempt_page(id, before, limit).await?;
+    Ok(Json(ListAttemptsResponse {
+        attempts: attempts.into_iter().map(views::attempt).collect(),
+        earlier,
+    }))
+}
+
+/// Parked job reads that re-check PostgreSQL per `RUNLEASE_CLAIM_RECHECK_MS`
+/// at most (more parked reads each re-check less often).
+const READS_RECHECKED_PER_INTERVAL: usize = 500;
+
 /// `GET /v1/jobs/{id}?wait_ms=N`: the job; with `wait_ms`, once it is terminal
 /// or N ms have passed, whichever is first.
 pub async fn get_job(
@@ -245,6 +276,7 @@ pub async fn get_job(
     // Counted from the first look that found the job unfinished: a parked
     // read is one a wake-up (or the timer) must answer.
     let mut waiting = None;
+    let mut parking = None;
     loop {
         let job = visible_job(&state, &caller, id).await?;
         record_job(&job);
@@ -252,8 +284,15 @@ pub async fn get_job(
         if job.state.is_terminal() || now >= deadline || state.shutdown.is_cancelled() {
             return Ok(Json(views::job(job)));
         }
+        if parking.is_none() {
+            parking = Some(state.park_read(&caller)?);
+        }
         waiting.get_or_insert_with(|| WaiterGauge::new(&state.metrics.job_waiters));
-        let nap = jittered(state.recheck).min(deadline - now);
+        // Wake-ups answer a parked read; the timer is the fallback. Many
+        // parked reads look less often each, so together they make at most
+        // about READS_RECHECKED_PER_INTERVAL reads per interval.
+        let spread = (state.parked_reads.parked() / READS_RECHECKED_PER_INTERVAL).max(1) as u32;
+        let nap = jittered(state.recheck * spread).min(deadline - now);
         tokio::select! {
             () = next_job_wake(&mut wakes, id) => {}
             () = tokio::time::sleep(nap) => {}

@@ -27,7 +27,7 @@ use crate::http::extract::{JsonBody, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::leases::{Ending, Finished, LeaseRef, Outcome, OutcomeKind, Renewal};
-use crate::store::rows::ClaimedJob;
+use crate::store::rows::{ClaimedJob, FIXED_FIELD_BYTES, json_len};
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -43,8 +43,23 @@ pub async fn claim(
 ) -> Result<Json<ClaimResponse>, ApiError> {
     require(&caller, Action::Work)?;
     let ask = claim_ask(&caller, req)?;
+    // Held until the answer: a claim that may park takes a place first.
+    let _parking = park(&state, &caller, &ask)?;
     let leases = hand_out(&state, ask).await?;
     Ok(Json(ClaimResponse { leases }))
+}
+
+/// A place among the parked claims for a claim that may wait, or 429.
+fn park(
+    state: &AppState,
+    caller: &Caller,
+    ask: &ClaimAsk,
+) -> Result<Option<crate::limits::Parking>, ApiError> {
+    if ask.wait.is_zero() {
+        Ok(None)
+    } else {
+        state.park_claim(caller).map(Some)
+    }
 }
 
 /// Checks a claim (of `/v1/claim`, or riding on `/v1/finish`).
@@ -89,7 +104,41 @@ fn claim_ask(caller: &Caller, req: ClaimRequest) -> Result<ClaimAsk, ApiError> {
 async fn hand_out(state: &AppState, ask: ClaimAsk) -> Result<Vec<Lease>, ApiError> {
     let worker = ask.worker.clone();
     let records = state.claims.claim(ask).await?;
+    let records = fit_answer(state, &worker, records).await;
     Ok(leases_of(state, &worker, records))
+}
+
+/// The claimed jobs that fit in one answer (`RUNLEASE_MAX_ANSWER_BYTES`,
+/// and always the first); the rest are given back at once, no attempt
+/// charged, for the next claim to take.
+async fn fit_answer(state: &AppState, worker: &WorkerId, mut records: Vec<ClaimedJob>) -> Vec<ClaimedJob> {
+    let mut bytes = 0;
+    let mut fit = 0;
+    for job in &records {
+        let size = FIXED_FIELD_BYTES + json_len(&job.payload) + job.progress.as_ref().map_or(0, json_len);
+        if fit > 0 && bytes + size > state.max_answer_bytes {
+            break;
+        }
+        bytes += size;
+        fit += 1;
+    }
+    if fit < records.len() {
+        let rest = records.split_off(fit);
+        tracing::info!(
+            handed_out = fit,
+            given_back = rest.len(),
+            "a claim's jobs exceed RUNLEASE_MAX_ANSWER_BYTES: giving the rest back"
+        );
+        state
+            .metrics
+            .requests_refused
+            .get_or_create(&crate::metrics::RefusedLabels {
+                limit: "answer_bytes",
+            })
+            .inc();
+        crate::batch::claims::release_unwanted(&state.store, &state.wake, worker, rest).await;
+    }
+    records
 }
 
 /// Mints a lease of each job claimed for `worker`.
@@ -103,7 +152,7 @@ fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<ClaimedJob>) -> V
             job_event!(job.traceparent.is_some(), job_id = %job.id, run_lease = job.run_lease.0, worker_id = %worker, attempt = job.attempt, trace_id = job.traceparent.as_ref().map(|t| t.trace_id()), "job claimed");
             let timeout = job.timeout_ms.map_or(terms.default_timeout, |t| Duration::from_millis(t as u64));
             Lease {
-                lease_token: state.tokens.mint(job.id, job.run_lease, worker),
+                lease_token: state.tokens.mint(job.id, job.run_lease, worker, &job.queue),
                 job_id: job.id,
                 run_lease: job.run_lease,
                 queue: job.queue,
@@ -120,10 +169,14 @@ fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<ClaimedJob>) -> V
 }
 
 /// Verifies a token. Malformed: 400 for the whole request. Forged: `None`,
-/// counted, and answered `lease_lost` by the caller.
-fn verify(state: &AppState, token: &LeaseToken) -> Result<Option<LeaseRef>, ApiError> {
-    match state.tokens.verify(token) {
-        Ok(lease) => Ok(Some(lease)),
+/// counted, and answered `lease_lost` by the caller. A token of a job whose
+/// queue the caller's key may not use: 403 for the whole request.
+fn verify(state: &AppState, caller: &Caller, token: &LeaseToken) -> Result<Option<LeaseRef>, ApiError> {
+    match state.tokens.verify_scoped(token) {
+        Ok(claims) => {
+            check_scope(caller, claims.queue.as_ref())?;
+            Ok(Some(claims.lease))
+        }
         Err(TokenError::Malformed) => {
             state.metrics.forged_tokens.inc();
             Err(ApiError::bad_request(TokenError::Malformed.to_string()))
@@ -133,6 +186,26 @@ fn verify(state: &AppState, token: &LeaseToken) -> Result<Option<LeaseRef>, ApiE
             tracing::warn!("refused a lease token that does not verify");
             Ok(None)
         }
+    }
+}
+
+/// 403 unless the caller's key may use the queue a token names. A key
+/// without queue limits may use any token; a limited key only tokens that
+/// name one of its queues (so not tokens minted before tokens named it).
+fn check_scope(caller: &Caller, queue: Option<&QueueName>) -> Result<(), ApiError> {
+    if caller.queues.is_none() {
+        return Ok(());
+    }
+    match queue {
+        Some(queue) if caller.may_use_queue(queue) => Ok(()),
+        Some(queue) => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            format!("this lease is of a job of queue {queue:?}, which this API key may not use"),
+        )),
+        None => Err(ApiError::new(
+            ErrorCode::Forbidden,
+            "this lease token was minted by a coordinator older than v1.2 and does not name its queue; only a key without queue limits may use it",
+        )),
     }
 }
 
@@ -187,7 +260,7 @@ pub async fn heartbeat(
     }
     let mut verified = Vec::with_capacity(req.leases.len());
     for item in &req.leases {
-        verified.push(verify(&state, &item.lease_token)?.ok_or(&item.lease_token));
+        verified.push(verify(&state, &caller, &item.lease_token)?.ok_or(&item.lease_token));
     }
     let renewals: Vec<Renewal> = req
         .leases
@@ -278,10 +351,15 @@ fn finished_effects(state: &AppState, run_lease: RunLease, kind: OutcomeKind, jo
 
 /// Applies one finishing outcome: verify, guarded write (batched with other
 /// requests), metrics, wake-ups.
-async fn finish_one(state: &AppState, token: &LeaseToken, outcome: Outcome) -> Result<Finished, ApiError> {
+async fn finish_one(
+    state: &AppState,
+    caller: &Caller,
+    token: &LeaseToken,
+    outcome: Outcome,
+) -> Result<Finished, ApiError> {
     let kind = outcome.kind();
     check_storable(&outcome)?;
-    let Some(lease) = verify(state, token)? else {
+    let Some(lease) = verify(state, caller, token)? else {
         return Err(lease_lost(state, kind.name()));
     };
     let span = tracing::Span::current();
@@ -342,7 +420,13 @@ pub async fn complete(
     JsonBody(req): JsonBody<CompleteRequest>,
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
-    let finished = finish_one(&state, &req.lease_token, Outcome::Complete { result: req.result }).await?;
+    let finished = finish_one(
+        &state,
+        &caller,
+        &req.lease_token,
+        Outcome::Complete { result: req.result },
+    )
+    .await?;
     answer(&state, finished).await
 }
 
@@ -354,7 +438,7 @@ pub async fn fail(
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
     let outcome = fail_outcome(req.error, req.retryable, req.retry_after_ms)?;
-    let finished = finish_one(&state, &req.lease_token, outcome).await?;
+    let finished = finish_one(&state, &caller, &req.lease_token, outcome).await?;
     answer(&state, finished).await
 }
 
@@ -366,7 +450,7 @@ pub async fn release(
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
     let progress = req.progress.filter(|p| !p.is_null());
-    let finished = finish_one(&state, &req.lease_token, Outcome::Release { progress }).await?;
+    let finished = finish_one(&state, &caller, &req.lease_token, Outcome::Release { progress }).await?;
     answer(&state, finished).await
 }
 
@@ -430,12 +514,15 @@ pub async fn finish(
             message: format!("claim: {}", e.message),
             ..e
         })?;
+    // Before anything is written: a finish refused for its claim's place
+    // changes nothing.
+    let _parking = ask.as_ref().map(|ask| park(&state, &caller, ask)).transpose()?;
     // Validate everything first: a bad item fails the request before any
     // write. Each token is verified once; a forged one is answered
     // lease_lost without a write.
     let mut checked = Vec::with_capacity(req.items.len());
     for (i, item) in req.items.iter().enumerate() {
-        let lease = verify(&state, &item.lease_token).map_err(|e| ApiError {
+        let lease = verify(&state, &caller, &item.lease_token).map_err(|e| ApiError {
             message: format!("items[{i}]: {}", e.message),
             ..e
         })?;
@@ -544,6 +631,7 @@ pub async fn finish(
                 let wait = ask.wait - waited;
                 Some(hand_out(&state, ClaimAsk { wait, ..ask }).await?)
             } else {
+                let records = fit_answer(&state, &ask.worker, records).await;
                 Some(leases_of(&state, &ask.worker, records))
             }
         }

@@ -9,6 +9,8 @@
 //! - [`schedules`]: cron schedules.
 //! - [`views`]: the store's rows as protocol answers.
 //! - [`ui`]: the web dashboard's built-in files.
+//! - [`origin`]: open mode's guard against web pages (Host, Origin).
+//! - [`serve`]: the accept loop: connection cap, header and idle deadlines.
 
 pub mod admin;
 pub mod error;
@@ -16,7 +18,9 @@ pub mod extract;
 pub mod jobs;
 pub mod leases;
 pub mod ops;
+pub mod origin;
 pub mod schedules;
+pub mod serve;
 pub mod ui;
 pub mod views;
 
@@ -35,7 +39,8 @@ use tracing::Instrument;
 use crate::auth::ApiKeys;
 use crate::batch::claims::ClaimBatcher;
 use crate::batch::{Finisher, Renewer};
-use crate::metrics::{Metrics, RouteLabels};
+use crate::limits::ParkLimit;
+use crate::metrics::{Metrics, RefusedLabels, RouteLabels};
 use crate::store::Store;
 use crate::token::TokenKey;
 use crate::wake::Wake;
@@ -69,6 +74,40 @@ pub struct Shared {
     pub finisher: Finisher,
     /// Writes lease renewals in shared statements.
     pub renewer: Renewer,
+    /// Places for parked claims, per key and in all.
+    pub parked_claims: ParkLimit,
+    /// Places for parked job reads, per key and in all.
+    pub parked_reads: ParkLimit,
+    /// Most bytes of jobs in one listing or claim answer.
+    pub max_answer_bytes: usize,
+}
+
+impl Shared {
+    /// A place for a parked claim of `caller`, or 429.
+    pub fn park_claim(&self, caller: &crate::auth::Caller) -> Result<crate::limits::Parking, ApiError> {
+        self.parked_claims.park(caller.key).map_err(|refused| {
+            self.metrics
+                .requests_refused
+                .get_or_create(&RefusedLabels {
+                    limit: "parked_claims",
+                })
+                .inc();
+            ApiError::too_many(refused.0)
+        })
+    }
+
+    /// A place for a parked job read of `caller`, or 429.
+    pub fn park_read(&self, caller: &crate::auth::Caller) -> Result<crate::limits::Parking, ApiError> {
+        self.parked_reads.park(caller.key).map_err(|refused| {
+            self.metrics
+                .requests_refused
+                .get_or_create(&RefusedLabels {
+                    limit: "parked_reads",
+                })
+                .inc();
+            ApiError::too_many(refused.0)
+        })
+    }
 }
 
 /// The router with every route of the v1 protocol.
@@ -78,6 +117,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::JOBS_BULK, post(admin::bulk))
         .route(routes::JOBS_BATCH, post(jobs::enqueue_batch))
         .route(routes::JOB, get(jobs::get_job))
+        .route(routes::JOB_ATTEMPTS, get(jobs::list_attempts))
         .route(routes::JOB_CANCEL, post(jobs::cancel))
         .route(routes::JOB_RETRY, post(jobs::retry))
         .route(routes::CLAIM, post(leases::claim))
@@ -104,6 +144,7 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -119,6 +160,24 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// The metric and log label of an HTTP method: the standard methods by
+/// name, anything else as `other`.
+pub fn method_label(method: &axum::http::Method) -> &'static str {
+    use axum::http::Method;
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::TRACE => "TRACE",
+        Method::CONNECT => "CONNECT",
+        _ => "other",
+    }
+}
+
 /// A span per request (job handlers record `job_id` and `run_lease` in it,
 /// and the job's trace context when it has one; a `traceparent` header puts
 /// the span in the caller's trace) and its duration per route.
@@ -128,7 +187,9 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .get::<MatchedPath>()
         .map_or("unmatched", |p| p.as_str())
         .to_owned();
-    let method = request.method().as_str().to_owned();
+    // A fixed set: a made-up method (any token, of any length, before any
+    // auth) must not become a metric series or a log field of its own.
+    let method = method_label(request.method());
     let span = tracing::info_span!(
         "request",
         %method,
@@ -152,7 +213,7 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         .request_duration
         .get_or_create(&RouteLabels {
             route,
-            method,
+            method: method.to_owned(),
             status: class,
         })
         .observe(started.elapsed().as_secs_f64());

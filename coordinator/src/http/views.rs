@@ -29,10 +29,12 @@ pub fn job(row: JobRow) -> Job {
         cancel_requested: row.cancel_requested_at.is_some(),
         traceparent: row.traceparent,
         attempts: row.attempts.into_iter().map(attempt).collect(),
+        earlier_attempts: row.earlier_attempts,
     }
 }
 
-fn attempt(a: AttemptRow) -> Attempt {
+/// An attempt row as the protocol's attempt.
+pub fn attempt(a: AttemptRow) -> Attempt {
     Attempt {
         run_lease: a.run_lease,
         worker_id: a.worker_id,

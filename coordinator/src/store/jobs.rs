@@ -3,12 +3,14 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{JobId, JobState, QueueName, TraceParent};
+use runlease_protocol::{JobId, JobState, QueueName, RunLease, TraceParent};
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::store::listing::BulkAction;
-use crate::store::rows::{JobRow, assemble, attempts_by_job, col, queue_col};
+use crate::store::rows::{
+    ATTEMPTS_ASKED, AttemptRow, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
+};
 use crate::store::{Store, StoreError, query_tallied, sql};
 
 /// A job to enqueue: validated, with the coordinator's defaults applied (by
@@ -127,7 +129,7 @@ impl Store {
                 let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
                 let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
                 let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
-                let attempts = attempts_by_job(&tx.query(&stmt, &[&ids]).await?)?;
+                let attempts = attempts_by_job(&tx.query(&stmt, &[&ids, &ATTEMPTS_ASKED]).await?)?;
                 for job in assemble(records, &attempts) {
                     let key = job.idempotency_key.clone().unwrap_or_default();
                     originals.insert((job.queue.to_string(), key), job);
@@ -269,8 +271,28 @@ impl Store {
             let stmt = client.prepare_cached(sql::JOB_GET).await?;
             let records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
             let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
-            let attempts = attempts_by_job(&client.query(&stmt, &[&ids]).await?)?;
+            let attempts = attempts_by_job(&client.query(&stmt, &[&ids, &ATTEMPTS_ASKED]).await?)?;
             Ok(assemble(records, &attempts))
+        })
+        .await
+    }
+
+    /// A page of one job's ended attempts: at most `limit` of those before
+    /// `before`, oldest first, and whether earlier ones exist.
+    pub async fn attempt_page(
+        &self,
+        id: JobId,
+        before: RunLease,
+        limit: u32,
+    ) -> Result<(Vec<AttemptRow>, bool), StoreError> {
+        let asked = i64::from(limit) + 1;
+        self.timed("attempt_page", || async move {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::ATTEMPT_PAGE).await?;
+            let rows = client.query(&stmt, &[&id.0, &before.0, &asked]).await?;
+            let page = attempts_by_job(&rows)?.remove(&id).unwrap_or_default();
+            let (earlier, kept) = keep_latest(&page, limit as usize);
+            Ok((kept.to_vec(), earlier))
         })
         .await
     }

@@ -102,6 +102,10 @@ impl JobChange {
     }
 }
 
+/// Jobs a listing reads per statement, so that a page stops reading once
+/// its answer is full.
+const LIST_READ_CHUNK: usize = 32;
+
 /// One page of a listing.
 #[derive(Debug, Clone, Default)]
 pub struct Page {
@@ -122,31 +126,47 @@ pub struct BulkReport {
 
 impl Store {
     /// One page of a listing: up to `limit` jobs older than `cursor` (by
-    /// id), newest first, without their chronology.
+    /// id), newest first, without their chronology, and no more than
+    /// `max_bytes` of them in an answer (at least one job): jobs are read a
+    /// few at a time, so a page of large payloads stops early, with a
+    /// cursor at its last job, instead of reading them all.
     pub async fn list_jobs(
         &self,
         filter: &JobFilter,
         cursor: Option<JobId>,
         limit: i64,
+        max_bytes: usize,
     ) -> Result<Page, StoreError> {
         // One id more than the page tells whether another page follows,
         // without a count; the page ends at the last id listed, even if a
         // job was deleted before its row was read.
         let mut ids = self.list_job_ids(filter, cursor, limit + 1).await?;
-        let more = ids.len() as i64 > limit;
+        let mut more = ids.len() as i64 > limit;
         ids.truncate(limit.max(0) as usize);
-        let Some(last) = ids.last().copied() else {
+        let Some(mut last) = ids.last().copied() else {
             return Ok(Page::default());
         };
-        let ids = &ids;
-        let mut rows = self
-            .timed("list_jobs", || async move {
-                let client = self.conn().await?;
-                let stmt = client.prepare_cached(sql::JOB_GET).await?;
-                JobRow::from_rows(&client.query(&stmt, &[ids]).await?)
-            })
-            .await?;
-        rows.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
+        let mut rows = Vec::with_capacity(ids.len());
+        let mut bytes = 0;
+        'chunks: for chunk in ids.chunks(LIST_READ_CHUNK) {
+            let mut read = self
+                .timed("list_jobs", || async move {
+                    let client = self.conn().await?;
+                    let stmt = client.prepare_cached(sql::JOB_GET).await?;
+                    JobRow::from_rows(&client.query(&stmt, &[&chunk]).await?)
+                })
+                .await?;
+            read.sort_unstable_by_key(|r| std::cmp::Reverse(r.id.0));
+            for row in read {
+                bytes += row.answer_bytes();
+                if bytes > max_bytes && !rows.is_empty() {
+                    more = true;
+                    last = rows.last().map_or(last, |r: &JobRow| r.id.0);
+                    break 'chunks;
+                }
+                rows.push(row);
+            }
+        }
         Ok(Page {
             rows,
             next: more.then_some(JobId(last)),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::error::Error;
 
 use chrono::{DateTime, Utc};
+use runlease_protocol::limits::MAX_ATTEMPTS_PER_JOB_ANSWER;
 use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, TraceParent, WorkerId};
 use serde_json::Value;
 use tokio_postgres::Row;
@@ -90,8 +91,11 @@ pub struct JobRow {
     /// The producer's W3C trace context.
     pub traceparent: Option<TraceParent>,
     /// The chronology, oldest first, the running attempt last; empty until
-    /// attached ([`assemble`]).
+    /// attached ([`assemble`]). At most the latest
+    /// [`MAX_ATTEMPTS_PER_JOB_ANSWER`] ended attempts.
     pub attempts: Vec<AttemptRow>,
+    /// Older ended attempts exist than those in `attempts`.
+    pub earlier_attempts: bool,
 }
 
 /// One attempt of a job: a `job_attempts` row, or the running attempt that
@@ -166,6 +170,7 @@ impl JobRow {
             claimed_at: col(row, "claimed_at")?,
             traceparent: traceparent_col(row)?,
             attempts: Vec::new(),
+            earlier_attempts: false,
         })
     }
 
@@ -248,12 +253,62 @@ pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<AttemptRow>>, 
     Ok(by_job)
 }
 
-/// Attaches each job's chronology: its ended attempts, then the running one.
+/// The length of a JSON value as it is written in an answer, without
+/// writing it anywhere.
+pub fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail.
+    let _ = serde_json::to_writer(&mut count, value);
+    count.0
+}
+
+/// A bound on the bytes of a job's fields other than its JSON values and
+/// its error, in an answer.
+pub const FIXED_FIELD_BYTES: usize = 1024;
+
+impl JobRow {
+    /// About how many bytes the job (without its chronology) takes in an
+    /// answer.
+    pub fn answer_bytes(&self) -> usize {
+        let values = [&self.payload]
+            .into_iter()
+            .chain(self.result.as_ref())
+            .chain(self.progress.as_ref());
+        FIXED_FIELD_BYTES + values.map(json_len).sum::<usize>() + self.error.as_ref().map_or(0, String::len)
+    }
+}
+
+/// Ended attempts asked of `attempt_list.sql` per job: one more than an
+/// answer carries, to know whether earlier ones exist.
+pub const ATTEMPTS_ASKED: i64 = MAX_ATTEMPTS_PER_JOB_ANSWER as i64 + 1;
+
+/// Attaches each job's chronology: its latest ended attempts (as
+/// `attempt_list.sql` read them, [`ATTEMPTS_ASKED`] at most), then the
+/// running one.
 pub fn assemble(mut rows: Vec<JobRow>, attempts: &HashMap<JobId, Vec<AttemptRow>>) -> Vec<JobRow> {
     for row in &mut rows {
         let running = row.running_attempt();
-        row.attempts = attempts.get(&row.id).cloned().unwrap_or_default();
+        let ended = attempts.get(&row.id).map_or(&[][..], Vec::as_slice);
+        let (earlier, kept) = keep_latest(ended, MAX_ATTEMPTS_PER_JOB_ANSWER as usize);
+        row.attempts = kept.to_vec();
+        row.earlier_attempts = earlier;
         row.attempts.extend(running);
     }
     rows
+}
+
+/// The last `most` of `attempts` (oldest first), and whether any were left out.
+pub fn keep_latest(attempts: &[AttemptRow], most: usize) -> (bool, &[AttemptRow]) {
+    let cut = attempts.len().saturating_sub(most);
+    (cut > 0, &attempts[cut..])
 }

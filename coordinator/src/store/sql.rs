@@ -20,8 +20,10 @@ pub const JOB_REPAIR_REQUEUE: &str = include_str!("sql/job_repair_requeue.sql");
 pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 /// Give the due times of unsent wake-ups back.
 pub const JOB_DISPATCH_UNMARK: &str = include_str!("sql/job_dispatch_unmark.sql");
-/// The ended attempts of jobs.
+/// The latest ended attempts of jobs.
 pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
+/// A page of one job's ended attempts.
+pub const ATTEMPT_PAGE: &str = include_str!("sql/attempt_page.sql");
 /// Claim leases.
 pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
 /// What a claim's transaction sets before `LEASE_CLAIM` (one literal for
@@ -155,6 +157,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_dispatch_pick", JOB_DISPATCH_PICK),
     ("job_dispatch_unmark", JOB_DISPATCH_UNMARK),
     ("attempt_list", ATTEMPT_LIST),
+    ("attempt_page", ATTEMPT_PAGE),
     ("lease_claim", LEASE_CLAIM),
     ("lease_claim_keyed", LEASE_CLAIM_KEYED),
     ("queue_limits_lock", QUEUE_LIMITS_LOCK),

@@ -139,11 +139,11 @@ async fn racing_claimers_never_share_a_lease_and_every_job_is_done_once() {
 }
 
 fn altered(token: &LeaseToken, tamper: impl FnOnce(&mut Vec<u8>)) -> LeaseToken {
-    let rest = token.0.strip_prefix("rl1.").unwrap();
+    let (version, rest) = token.0.split_once('.').unwrap();
     let (payload, mac) = rest.split_once('.').unwrap();
     let mut bytes = URL_SAFE_NO_PAD.decode(payload).unwrap();
     tamper(&mut bytes);
-    LeaseToken(format!("rl1.{}.{mac}", URL_SAFE_NO_PAD.encode(bytes)))
+    LeaseToken(format!("{version}.{}.{mac}", URL_SAFE_NO_PAD.encode(bytes)))
 }
 
 #[tokio::test]
@@ -169,6 +169,7 @@ async fn a_forged_token_changes_nothing() {
         victim.id,
         lease.run_lease,
         &runlease_protocol::WorkerId::new("honest").unwrap(),
+        &runlease_protocol::QueueName::new("q").unwrap(),
     );
     for token in [retargeted, bumped, foreign] {
         let forged = Lease {

@@ -21,6 +21,7 @@ mod finish_claim;
 mod finish_races;
 mod flow_control;
 mod guards;
+mod hostile_clients;
 mod json_values;
 mod lambda_emulator;
 mod lambda_worker;
