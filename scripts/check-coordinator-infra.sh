@@ -110,6 +110,17 @@ if "/healthz" not in " ".join(map(str, container.get("HealthCheck", {}).get("Com
 if container.get("LogConfiguration", {}).get("LogDriver") != "awslogs":
     errors.append("the container must log to CloudWatch (awslogs)")
 
+# Redis over TLS (rediss://) is accepted beside redis://, and empty.
+redis_url = params["RedisUrl"]
+for url in ("", "redis://r.example:6379", "rediss://master.r.example:6379", "rediss://r.example:6380/0"):
+    if not re.fullmatch(redis_url["AllowedPattern"], url):
+        errors.append(f"RedisUrl must accept {url!r}")
+for url in ("http://r.example:6379", "rediss://"):
+    if re.fullmatch(redis_url["AllowedPattern"], url):
+        errors.append(f"RedisUrl must refuse {url!r}")
+if not ref(env.get("RUNLEASE_REDIS_URL"), "RedisUrl"):
+    errors.append("RUNLEASE_REDIS_URL must be the RedisUrl parameter")
+
 # Shutdown: ECS's stop timeout above RUNLEASE_SHUTDOWN_GRACE_MS.
 if not ref(container.get("StopTimeout"), "StopTimeout"):
     errors.append("the container's StopTimeout must be the StopTimeout parameter")

@@ -368,7 +368,7 @@ echo "== starting the coordinator on $base (log: $log)"
 start_coordinator "$binary" "$log" \
   RUNLEASE_DATABASE_URL="$server_url" \
   RUNLEASE_LISTEN="127.0.0.1:$port" \
-  RUNLEASE_SECRET="check-monitoring-secret" \
+  RUNLEASE_SECRET="check-monitoring-secret-0123456789abcdef" \
   RUNLEASE_REDIS_URL="" \
   RUNLEASE_REAPER_INTERVAL_MS=1000 \
   RUNLEASE_SHUTDOWN_GRACE_MS=2000

@@ -68,6 +68,13 @@ def problems(schema: dict, compose: dict, base: Path) -> list[str]:
         for setting in ("RUNLEASE_DATABASE_URL", "RUNLEASE_LISTEN", "RUNLEASE_API_KEYS", "RUNLEASE_SECRET"):
             if not env.get(setting):
                 found.append(f"services/coordinator/environment: {setting} is not set")
+        # `${RUNLEASE_SECRET:-default}`: the default is what a laptop runs
+        # with, and the coordinator refuses a key under 32 bytes.
+        secret = str(env.get("RUNLEASE_SECRET", ""))
+        if secret.startswith("${RUNLEASE_SECRET:-") and secret.endswith("}"):
+            secret = secret[len("${RUNLEASE_SECRET:-") : -1]
+        if secret and not secret.startswith("$") and any(len(k.strip().encode()) < 32 for k in secret.split(",")):
+            found.append("services/coordinator/environment: every RUNLEASE_SECRET key must be at least 32 bytes")
         listen = str(env.get("RUNLEASE_LISTEN", ""))
         if listen and not listen.startswith(("127.", "[::1]")) and not env.get("RUNLEASE_API_KEYS"):
             found.append("services/coordinator: listening beyond loopback needs RUNLEASE_API_KEYS")
@@ -94,6 +101,10 @@ def breakages(compose: dict) -> list[tuple[str, dict]]:
     )
     broken("ports of the wrong type", lambda s: s["coordinator"].update(ports=8080))
     broken("the API keys left out", lambda s: s["coordinator"]["environment"].pop("RUNLEASE_API_KEYS"))
+    broken(
+        "a lease-token secret under 32 bytes",
+        lambda s: s["coordinator"]["environment"].update(RUNLEASE_SECRET="${RUNLEASE_SECRET:-dev-secret}"),
+    )
     broken(
         "a Dockerfile path that does not exist",
         lambda s: s["coordinator"]["build"].update(dockerfile="infra/Dockerfil"),

@@ -49,7 +49,7 @@ echo "== starting the coordinator on $base (log: $log)"
 start_coordinator "$binary" "$log" \
   RUNLEASE_DATABASE_URL="$server_url" \
   RUNLEASE_LISTEN="127.0.0.1:$port" \
-  RUNLEASE_SECRET="schemathesis-secret" \
+  RUNLEASE_SECRET="schemathesis-secret-0123456789abcdef" \
   RUNLEASE_REDIS_PREFIX="runlease-schemathesis-$$" \
   RUNLEASE_REAPER_INTERVAL_MS=1000 \
   RUNLEASE_SHUTDOWN_GRACE_MS=5000

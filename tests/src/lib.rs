@@ -50,8 +50,9 @@ pub use proxy::Proxy;
 pub use redis::TestRedis;
 pub use sqs::TestSqs;
 
-/// The shared secret test coordinators sign lease tokens with.
-pub const TEST_SECRET: &str = "runlease-test-secret";
+/// The shared secret test coordinators sign lease tokens with (at least
+/// 32 bytes, as the coordinator requires).
+pub const TEST_SECRET: &str = "runlease-test-secret-0123456789abcdef";
 
 /// A claim re-check interval far longer than any wake-up test runs (the
 /// most `RUNLEASE_CLAIM_RECHECK_MS` accepts; jittered, it never fires before

@@ -50,10 +50,15 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
             ErrorCode::Overloaded,
             "migrations are not current; run `runlease-coordinator migrate`",
         )),
-        Err(e) => Err(ApiError::new(
-            ErrorCode::Overloaded,
-            format!("PostgreSQL is not reachable: {e}"),
-        )),
+        // No key is needed here, so the answer stays generic: PostgreSQL's
+        // own text can name hosts, users and databases.
+        Err(e) => {
+            tracing::warn!(error = %e, "/readyz: PostgreSQL is not reachable");
+            Err(ApiError::new(
+                ErrorCode::Overloaded,
+                "PostgreSQL is not reachable or did not answer in time; the coordinator's log has the details",
+            ))
+        }
     }
 }
 

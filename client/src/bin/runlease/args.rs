@@ -14,9 +14,12 @@ use runlease_client::protocol::limits::{MAX_RATE, MAX_RUNNING_LIMIT};
 #[command(name = "runlease", version, about = "Talk to a runlease coordinator")]
 pub struct Cli {
     /// The coordinator's URL.
+    // Its value is hidden from `--help` like the key's: a URL may carry
+    // a password (`https://user:password@host`).
     #[arg(
         long,
         env = "RUNLEASE_URL",
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8080",
         global = true,
         help_heading = "Global options"
