@@ -5,11 +5,12 @@ use runlease_protocol::{ErrorCode, routes};
 use runlease_tests::{TestCoordinator, TestDb};
 
 /// Every path the coordinator routes, as `protocol/src/routes.rs` names them.
-const ROUTES: [&str; 21] = [
+const ROUTES: [&str; 22] = [
     routes::JOBS,
     routes::JOBS_BATCH,
     routes::JOBS_BULK,
     routes::JOB,
+    routes::JOB_ATTEMPTS,
     routes::JOB_CANCEL,
     routes::JOB_RETRY,
     routes::CLAIM,
