@@ -18,6 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use runlease_protocol::JobState;
+use runlease_protocol::worker::FinishAction;
 
 pub use crate::metrics::queue_cap::{Capped, OVERFLOW_QUEUE, QueueCap, QueueLabelled};
 use crate::store::OperationLabels;
@@ -594,7 +595,7 @@ impl Metrics {
             queue: queue.to_owned(),
         };
         match (via, state) {
-            (Via::Release, JobState::Queued) => {
+            (Via::Worker(FinishAction::Release), JobState::Queued) => {
                 self.released.get_or_create(&labels).inc();
             }
             (Via::Reap, JobState::Queued) => {
@@ -646,12 +647,8 @@ impl Metrics {
 /// What caused a transition, where the resulting state alone does not tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
-    /// A worker's fail.
-    Fail,
-    /// A worker's complete.
-    Complete,
-    /// A worker's release.
-    Release,
+    /// A worker's complete, fail or release.
+    Worker(FinishAction),
     /// The reaper.
     Reap,
     /// A producer's cancel.

@@ -171,8 +171,10 @@ pub struct FinishRequest {
     pub claim: Option<ClaimRequest>,
 }
 
-/// What to do with a lease in a finish request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// How a worker ends an attempt: the action of a finish item, of
+/// `/v1/complete`, `/v1/fail` and `/v1/release`, the `action` column of the
+/// finish statement and the `action` label of metrics, under one name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FinishAction {
     /// As `POST /v1/complete`.
@@ -182,6 +184,48 @@ pub enum FinishAction {
     /// As `POST /v1/release`.
     Release,
 }
+
+impl FinishAction {
+    /// Every action.
+    pub const ALL: [FinishAction; 3] = [FinishAction::Complete, FinishAction::Fail, FinishAction::Release];
+
+    /// The name on the wire, in SQL and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishAction::Complete => "complete",
+            FinishAction::Fail => "fail",
+            FinishAction::Release => "release",
+        }
+    }
+}
+
+impl std::fmt::Display for FinishAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for FinishAction {
+    type Err = UnknownAction;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FinishAction::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| UnknownAction(s.to_owned()))
+    }
+}
+
+/// Error for a text that names no finish action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownAction(pub String);
+
+impl std::fmt::Display for UnknownAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unknown finish action {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownAction {}
 
 /// One outcome of a finish request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::BatchSettings;
+use crate::batch::plan::{ClaimPlan, GroupKey, Placement};
 use crate::flow::FlowControl;
 use crate::metrics::{LimitLabels, Metrics};
 use crate::store::leases::{Claimed, LeaseRef};
@@ -43,30 +44,6 @@ struct Parked {
     ask: ClaimAsk,
     deadline: Instant,
     reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
-}
-
-/// Parked claims served by one statement: the same queues, and a remaining
-/// run time in the same band. Bands, not exact values: each group costs a
-/// statement per wake-up and per re-check, so a client parking claims with
-/// thousands of distinct `time_left_ms` must not make thousands of groups.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct GroupKey {
-    queues: Vec<QueueName>,
-    time_left_band: Option<u64>,
-}
-
-/// The band of a remaining run time: its value with all but the three
-/// highest bits cleared, so at most four bands per doubling (under 64 in
-/// all for run times up to a day). A group's statement uses the least
-/// `time_left_ms` parked in it, so every job handed out fits every
-/// claimer of the group; a claimer gives up at most a quarter of its band.
-fn time_left_band(ms: u64) -> u64 {
-    let bits = 64 - ms.leading_zeros();
-    if bits <= 3 {
-        ms
-    } else {
-        ms >> (bits - 3) << (bits - 3)
-    }
 }
 
 struct Group {
@@ -149,16 +126,12 @@ impl ClaimBatcher {
     async fn claim_alone(&self, ask: ClaimAsk, deadline: Instant) -> Result<Vec<ClaimedJob>, StoreError> {
         // Subscribed before the first look: an enqueue in between still wakes us.
         let mut wakes = self.wake.subscribe_queues();
-        let slots: Vec<&WorkerId> = (0..ask.max_jobs).map(|_| &ask.worker).collect();
+        // A statement of its own: as many slots as it asks for.
+        let mut plan = ClaimPlan::new(ask.max_jobs as usize);
+        plan.place(&ask);
         let mut waiting = None;
         loop {
-            self.metrics.batch("claim", slots.len());
-            let limited = self.flow.limited(&ask.queues);
-            let claimed = self
-                .store
-                .claim(&ask.queues, &slots, ask.time_left_ms, &limited)
-                .await?;
-            self.count_held_back(&claimed);
+            let claimed = self.claim_planned(&ask.queues, &plan).await?;
             if !claimed.rows.is_empty() {
                 return Ok(claimed.rows.into_iter().map(|(_, r)| r).collect());
             }
@@ -269,10 +242,7 @@ impl ClaimBatcher {
             let _ = parked.reply.send(Ok(Vec::new()));
             return;
         }
-        let key = GroupKey {
-            queues: parked.ask.queues.clone(),
-            time_left_band: parked.ask.time_left_ms.map(time_left_band),
-        };
+        let key = GroupKey::of(&parked.ask);
         let group = groups.entry(key).or_insert_with(|| Group {
             parked: VecDeque::new(),
             dirty: true,
@@ -310,32 +280,11 @@ impl ClaimBatcher {
             if group.parked.is_empty() {
                 return;
             }
-            // Slots in arrival order, capped per statement.
-            let mut slots: Vec<&WorkerId> = Vec::new();
-            let mut owners: Vec<usize> = Vec::new();
-            for (i, parked) in group.parked.iter().enumerate() {
-                if slots.len() >= self.max_slots {
-                    break;
-                }
-                let take = (parked.ask.max_jobs as usize).min(self.max_slots - slots.len());
-                for _ in 0..take {
-                    slots.push(&parked.ask.worker);
-                    owners.push(i);
-                }
-            }
-            let wanted = slots.len();
-            self.metrics.batch("claim", wanted);
-            let limited = self.flow.limited(&key.queues);
-            // Every claimer of a band has a time left: the least of them
-            // is what every job handed out must fit.
-            let time_left_ms = key
-                .time_left_band
-                .and(group.parked.iter().filter_map(|p| p.ask.time_left_ms).min());
-            let claimed = match self
-                .store
-                .claim(&key.queues, &slots, time_left_ms, &limited)
-                .await
-            {
+            let mut plan = ClaimPlan::new(self.max_slots);
+            // In arrival order, as far as the statement has room.
+            let placements: Vec<Placement> = group.parked.iter().map_while(|p| plan.place(&p.ask)).collect();
+            let wanted = plan.slots();
+            let claimed = match self.claim_planned(&key.queues, &plan).await {
                 Ok(claimed) => claimed,
                 Err(e) => {
                     for parked in group.parked.drain(..) {
@@ -344,46 +293,58 @@ impl ClaimBatcher {
                     return;
                 }
             };
-            self.count_held_back(&claimed);
-            let retry_in = claimed.retry_in;
-            let got = claimed.rows.len();
-            let mut per_parked: HashMap<usize, Vec<ClaimedJob>> = HashMap::new();
-            for (slot, record) in claimed.rows {
-                if let Some(&owner) = owners.get(slot) {
-                    per_parked.entry(owner).or_default().push(record);
-                }
-            }
-            // Answer the served claimers, back to front so indexes stay valid.
-            let mut served: Vec<usize> = per_parked.keys().copied().collect();
-            served.sort_unstable_by(|a, b| b.cmp(a));
-            for i in served {
-                let Some(parked) = group.parked.remove(i) else {
-                    continue;
-                };
-                let records = per_parked.remove(&i).unwrap_or_default();
-                if let Err(Ok(records)) = parked.reply.send(Ok(records)) {
+            let (retry_in, got) = (claimed.retry_in, claimed.rows.len());
+            let mut dealt = plan.deal(vec![claimed.rows]);
+            // Served claimers leave; the others keep their place, in
+            // arrival order.
+            let placed: Vec<Parked> = group.parked.drain(..placements.len()).collect();
+            let mut waiting = VecDeque::with_capacity(group.parked.len() + placed.len());
+            for (parked, placement) in placed.into_iter().zip(placements) {
+                let records = dealt.take(placement);
+                if records.is_empty() {
+                    waiting.push_back(parked);
+                } else if let Err(Ok(records)) = parked.reply.send(Ok(records)) {
                     self.release_unwanted(&parked.ask.worker, records).await;
                 }
             }
+            waiting.extend(group.parked.drain(..));
+            group.parked = waiting;
             if got < wanted {
-                // Nothing more is claimable now: wait for a wake-up or the timer.
-                group.dirty = false;
-                // A rate-limited queue looks again when its next token is due.
-                group.next_check =
-                    Instant::now() + jittered(self.recheck).min(retry_in.unwrap_or(Duration::MAX));
-                let now = Instant::now();
-                let mut kept = VecDeque::with_capacity(group.parked.len());
-                for parked in group.parked.drain(..) {
-                    if parked.deadline <= now {
-                        let _ = parked.reply.send(Ok(Vec::new()));
-                    } else {
-                        kept.push_back(parked);
-                    }
-                }
-                group.parked = kept;
+                self.rest(group, retry_in);
                 return;
             }
         }
+    }
+
+    /// Nothing more is claimable for `group` now: it waits for a wake-up or
+    /// its timer (a rate-limited queue's next token, when sooner), and the
+    /// claimers whose wait ran out are answered with nothing.
+    fn rest(&self, group: &mut Group, retry_in: Option<Duration>) {
+        group.dirty = false;
+        group.next_check = Instant::now() + jittered(self.recheck).min(retry_in.unwrap_or(Duration::MAX));
+        let now = Instant::now();
+        let (expired, waiting): (VecDeque<Parked>, VecDeque<Parked>) =
+            group.parked.drain(..).partition(|p| p.deadline <= now);
+        for parked in expired {
+            let _ = parked.reply.send(Ok(Vec::new()));
+        }
+        group.parked = waiting;
+    }
+
+    /// Runs the claim of a plan of one group (the limited path for its
+    /// queues with limits).
+    async fn claim_planned(&self, queues: &[QueueName], plan: &ClaimPlan<'_>) -> Result<Claimed, StoreError> {
+        let Some(group) = plan.claims().pop() else {
+            return Ok(Claimed::default());
+        };
+        self.metrics.batch("claim", group.slots.len());
+        let limited = self.flow.limited(queues);
+        let claimed = self
+            .store
+            .claim(queues, &group.slots, group.time_left_ms, &limited)
+            .await?;
+        self.count_held_back(&claimed);
+        Ok(claimed)
     }
 
     fn count_held_back(&self, claimed: &Claimed) {
@@ -428,26 +389,5 @@ pub(crate) async fn release_unwanted(
     store.give_back(leases).await;
     for r in &records {
         wake.ready(&r.queue);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::time_left_band;
-
-    #[test]
-    fn time_left_bands_are_few_and_never_above_the_value() {
-        let mut bands = std::collections::BTreeSet::new();
-        for ms in (0..100_000u64).chain((100_000..=86_400_000).step_by(997)) {
-            let band = time_left_band(ms);
-            assert!(band <= ms && band * 5 >= ms * 4, "{ms} -> {band}");
-            bands.insert(band);
-        }
-        assert!(bands.len() < 110, "{} bands", bands.len());
-        // 2,000 distinct values of a hostile client fall into a few dozen bands.
-        let hostile: std::collections::BTreeSet<u64> = (1..=2000).map(time_left_band).collect();
-        assert!(hostile.len() <= 40, "{} bands", hostile.len());
-        assert_eq!(time_left_band(300_000), 262_144);
-        assert_eq!(time_left_band(7), 7);
     }
 }

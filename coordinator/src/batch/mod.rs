@@ -7,8 +7,10 @@
 //!
 //! - [`Batcher`]: the gather-and-flush loop, generic over what it writes.
 //! - [`claims`]: the claim batcher.
+//! - [`plan`]: [`plan::ClaimPlan`], where the slots of claims go, for every way a claim is made.
 
 pub mod claims;
+pub mod plan;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -25,8 +27,9 @@ use runlease_protocol::worker::HeartbeatStatus;
 use runlease_protocol::WorkerId;
 
 use crate::batch::claims::ClaimAsk;
+use crate::batch::plan::{ClaimPlan, Placement};
 use crate::metrics::{BatchLabels, Metrics};
-use crate::store::leases::{ClaimGroup, Ending, LeaseRef, Outcome, Renewal};
+use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
 use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
@@ -368,26 +371,38 @@ pub type Finisher = Batcher<FinishWork, FinishDone>;
 /// requests' renewals in one statement.
 pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
 
-/// One finish request for the [`Finisher`]: its items, then its claim.
+/// One finish request for the [`Finisher`], in one of its two passes: its
+/// items are written first; a claim it carries is made by a later batch,
+/// in a transaction after the one that committed them (the protocol's
+/// promise: no lease of the claim is handed out before the outcomes it
+/// follows).
 #[derive(Debug, Clone)]
-pub struct FinishWork {
-    /// The outcomes to write.
-    items: Vec<(LeaseRef, Outcome)>,
-    /// The claim to make once the items are committed.
-    claim: Option<ClaimAsk>,
-    /// The items' answers once they are committed (the claim's pass).
-    endings: Option<Vec<Ending>>,
+pub enum FinishWork {
+    /// Write the outcomes; a claim, if any, then rides the next batch.
+    Write {
+        /// The outcomes to write.
+        items: Vec<(LeaseRef, Outcome)>,
+        /// The claim to make once they are committed.
+        claim: Option<ClaimAsk>,
+    },
+    /// The outcomes are committed (their answers kept): make the claim.
+    Claim {
+        /// The items' answers, one per item, in order.
+        endings: Vec<Ending>,
+        /// The claim.
+        claim: ClaimAsk,
+    },
 }
 
 impl FinishWork {
-    /// Items to write; with `claim`, a claim made in a later transaction
-    /// than the one that commits them (at once when there are no items).
+    /// Items to write, then `claim` (at once when there are no items).
     pub fn new(items: Vec<(LeaseRef, Outcome)>, claim: Option<ClaimAsk>) -> Self {
-        let endings = (items.is_empty() && claim.is_some()).then(Vec::new);
-        Self {
-            items,
-            claim,
-            endings,
+        match claim {
+            Some(claim) if items.is_empty() => FinishWork::Claim {
+                endings: Vec::new(),
+                claim,
+            },
+            claim => FinishWork::Write { items, claim },
         }
     }
 }
@@ -461,7 +476,10 @@ impl Finisher {
     }
 }
 
-/// One batch of the [`Finisher`]: see [`Finisher::finisher`].
+/// One batch of the [`Finisher`] (see [`Finisher::finisher`]): the items
+/// of its `Write` passes and the claims of its `Claim` passes, in one
+/// transaction. At shutdown no claim is made (as parked claims are
+/// answered then: empty).
 async fn flush_finishes(
     store: &Store,
     metrics: &Metrics,
@@ -469,117 +487,65 @@ async fn flush_finishes(
     max_slots: usize,
     works: &[FinishWork],
 ) -> Result<Vec<Pass<FinishWork, FinishDone>>, StoreError> {
-    // Items of the requests on their first pass.
-    let sizes: Vec<usize> = works
-        .iter()
-        .map(|w| if w.endings.is_none() { w.items.len() } else { 0 })
-        .collect();
     let items: Vec<&(LeaseRef, Outcome)> = works
         .iter()
-        .filter(|w| w.endings.is_none())
-        .flat_map(|w| &w.items)
+        .flat_map(|w| match w {
+            FinishWork::Write { items, .. } => items.as_slice(),
+            FinishWork::Claim { .. } => &[],
+        })
         .collect();
-    // Claims of the requests whose items are committed, by (queues, time
-    // left), slots in arrival order, each statement capped. At shutdown no
-    // claim is made (as parked claims are answered then: empty).
-    let mut claims: Vec<ClaimGroup<'_>> = Vec::new();
-    // Per request: (group, first slot, slots) of its claim this pass.
-    let mut placed: Vec<Option<(usize, usize, usize)>> = vec![None; works.len()];
-    if !stopping.is_cancelled() {
-        for (i, work) in works.iter().enumerate() {
-            let (Some(ask), Some(_)) = (&work.claim, &work.endings) else {
-                continue;
-            };
-            let g = match claims
-                .iter()
-                .position(|c| c.queues == ask.queues.as_slice() && c.time_left_ms == ask.time_left_ms)
-            {
-                Some(g) => g,
-                None => {
-                    claims.push(ClaimGroup {
-                        queues: &ask.queues,
-                        slots: Vec::new(),
-                        time_left_ms: ask.time_left_ms,
-                    });
-                    claims.len() - 1
-                }
-            };
-            let slots = &mut claims[g].slots;
-            // Filled as far as the statement has room (as the claim batcher
-            // does), so a large claim is never passed over for smaller ones.
-            let room = max_slots - slots.len();
-            if room == 0 {
-                continue; // the next batch
-            }
-            let want = (ask.max_jobs as usize).min(room);
-            placed[i] = Some((g, slots.len(), want));
-            slots.extend(std::iter::repeat_n(&ask.worker, want));
-        }
-    }
+    let mut plan = ClaimPlan::new(max_slots);
+    let placements: Vec<Option<Placement>> = works
+        .iter()
+        .map(|w| match w {
+            FinishWork::Claim { claim, .. } if !stopping.is_cancelled() => plan.place(claim),
+            _ => None,
+        })
+        .collect();
+    let claims = plan.claims();
     for claim in &claims {
         metrics.batch("claim", claim.slots.len());
     }
-    // One transaction for the items and the claims riding them (with no
-    // claims it holds the items alone).
+    // One transaction for the items and the claims riding them.
     let (endings, claimed) = if items.is_empty() && claims.is_empty() {
         (Vec::new(), Vec::new())
     } else {
         store.finish_then_claim(&items, &claims).await?
     };
-    let mut endings = split(&sizes, endings).into_iter();
-    // Each group's leases by slot.
-    let mut by_slot: Vec<Vec<Option<ClaimedJob>>> = claims
-        .iter()
-        .map(|c| (0..c.slots.len()).map(|_| None).collect())
-        .collect();
-    for (g, rows) in claimed.into_iter().enumerate() {
-        for (slot, row) in rows {
-            if let Some(at) = by_slot.get_mut(g).and_then(|s| s.get_mut(slot)) {
-                *at = Some(row);
-            }
-        }
-    }
+    let mut endings = endings.into_iter();
+    let mut dealt = plan.deal(claimed);
     Ok(works
         .iter()
-        .zip(placed)
-        .map(|(work, placed)| {
-            let first = endings.next().unwrap_or_default();
-            match (&work.endings, &work.claim) {
-                // Items written, no claim: answered.
-                (None, None) => Pass::Answer(FinishDone {
-                    endings: first,
-                    ..FinishDone::default()
-                }),
-                // Items written: the claim rides the next batch.
-                (None, Some(ask)) => Pass::Again(FinishWork {
-                    items: Vec::new(),
-                    claim: Some(ask.clone()),
-                    endings: Some(first),
-                }),
-                (Some(done), Some(ask)) => match placed {
-                    Some((g, from, n)) => Pass::Answer(FinishDone {
-                        endings: done.clone(),
-                        leases: Some(
-                            by_slot[g][from..from + n]
-                                .iter_mut()
-                                .filter_map(Option::take)
-                                .collect(),
-                        ),
-                        worker: Some(ask.worker.clone()),
+        .zip(placements)
+        .map(|(work, placement)| match work {
+            FinishWork::Write { items, claim } => {
+                let endings: Vec<Ending> = endings.by_ref().take(items.len()).collect();
+                match claim {
+                    None => Pass::Answer(FinishDone {
+                        endings,
+                        ..FinishDone::default()
                     }),
-                    None if stopping.is_cancelled() => Pass::Answer(FinishDone {
-                        endings: done.clone(),
-                        leases: Some(Vec::new()),
-                        worker: None,
+                    // Written: the claim rides the next batch.
+                    Some(claim) => Pass::Again(FinishWork::Claim {
+                        endings,
+                        claim: claim.clone(),
                     }),
-                    // No room in this batch's claims: the next one.
-                    None => Pass::Again(work.clone()),
-                },
-                (Some(done), None) => Pass::Answer(FinishDone {
-                    endings: done.clone(),
-                    ..FinishDone::default()
-                }),
+                }
             }
+            FinishWork::Claim { endings, claim } => match placement {
+                Some(placement) => Pass::Answer(FinishDone {
+                    endings: endings.clone(),
+                    leases: Some(dealt.take(placement)),
+                    worker: Some(claim.worker.clone()),
+                }),
+                None if stopping.is_cancelled() => Pass::Answer(FinishDone {
+                    endings: endings.clone(),
+                    leases: Some(Vec::new()),
+                    worker: None,
+                }),
+                // No room in this batch's claim statement: the next one.
+                None => Pass::Again(work.clone()),
+            },
         })
         .collect())
 }

@@ -3,7 +3,8 @@
 //! - [`error`]: `ApiError`, the one error body.
 //! - [`extract`]: JSON, path, query and caller extractors that answer with it.
 //! - [`jobs`]: producer endpoints.
-//! - [`leases`]: worker endpoints.
+//! - [`leases`]: worker endpoints: claim, heartbeat.
+//! - [`finish`]: complete, fail, release and finish.
 //! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
 //! - [`admin`]: job listing, bulk actions, one queue's figures and settings.
 //! - [`schedules`]: cron schedules.
@@ -15,6 +16,7 @@
 pub mod admin;
 pub mod error;
 pub mod extract;
+pub mod finish;
 pub mod jobs;
 pub mod leases;
 pub mod ops;
@@ -122,10 +124,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::JOB_RETRY, post(jobs::retry))
         .route(routes::CLAIM, post(leases::claim))
         .route(routes::HEARTBEAT, post(leases::heartbeat))
-        .route(routes::COMPLETE, post(leases::complete))
-        .route(routes::FAIL, post(leases::fail))
-        .route(routes::RELEASE, post(leases::release))
-        .route(routes::FINISH, post(leases::finish))
+        .route(routes::COMPLETE, post(finish::complete))
+        .route(routes::FAIL, post(finish::fail))
+        .route(routes::RELEASE, post(finish::release))
+        .route(routes::FINISH, post(finish::finish))
         .route(routes::QUEUES, get(ops::queues))
         .route(routes::QUEUE, get(admin::get_queue).patch(admin::update_queue))
         .route(routes::SCHEDULES, get(schedules::list))

@@ -7,11 +7,13 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use runlease_protocol::worker::HeartbeatStatus;
+use runlease_protocol::worker::{FinishAction, HeartbeatStatus};
 use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, WorkerId};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::flow;
+use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
 use crate::store::{Store, StoreError, ms, query_tallied, sql};
 
@@ -122,28 +124,6 @@ pub enum Outcome {
     },
 }
 
-/// Which of the three ways an attempt ends, without its data.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutcomeKind {
-    /// [`Outcome::Complete`].
-    Complete,
-    /// [`Outcome::Fail`].
-    Fail,
-    /// [`Outcome::Release`].
-    Release,
-}
-
-impl OutcomeKind {
-    /// The name of the outcome, for logs and metrics.
-    pub fn name(self) -> &'static str {
-        match self {
-            OutcomeKind::Complete => "complete",
-            OutcomeKind::Fail => "fail",
-            OutcomeKind::Release => "release",
-        }
-    }
-}
-
 impl Outcome {
     /// Whether an attempt that ended with `recorded` is this outcome already
     /// applied (so a repeat answers 200 instead of 409).
@@ -159,18 +139,13 @@ impl Outcome {
         }
     }
 
-    /// Which kind of outcome this is.
-    pub fn kind(&self) -> OutcomeKind {
+    /// Which action this is (its data aside).
+    pub fn action(&self) -> FinishAction {
         match self {
-            Outcome::Complete { .. } => OutcomeKind::Complete,
-            Outcome::Fail { .. } => OutcomeKind::Fail,
-            Outcome::Release { .. } => OutcomeKind::Release,
+            Outcome::Complete { .. } => FinishAction::Complete,
+            Outcome::Fail { .. } => FinishAction::Fail,
+            Outcome::Release { .. } => FinishAction::Release,
         }
-    }
-
-    /// The name of the outcome, for logs and metrics.
-    pub fn name(&self) -> &'static str {
-        self.kind().name()
     }
 }
 
@@ -302,7 +277,7 @@ impl<'a> FinishArgs<'a> {
         for (lease, outcome) in sorted {
             args.ids.push(lease.job_id.0);
             args.leases.push(lease.run_lease.0);
-            args.actions.push(outcome.name());
+            args.actions.push(outcome.action().as_str());
             let (result, error, retryable, delay, checkpoint) = match outcome {
                 Outcome::Complete { result } => (Some(result), None, None, None, None),
                 Outcome::Fail {
@@ -345,20 +320,18 @@ impl<'a> FinishArgs<'a> {
 
 /// What `lease_finish.sql` applied: (job, lease) → (the outcome that took
 /// effect, what it left).
-type Applied = HashMap<(Uuid, i64), (OutcomeKind, Finished)>;
+type Applied = HashMap<(Uuid, i64), (FinishAction, Finished)>;
 
 /// Reads the rows of `lease_finish.sql`.
 fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
         let action: String = col(row, "action")?;
-        let kind = match action.as_str() {
-            "complete" => OutcomeKind::Complete,
-            "fail" => OutcomeKind::Fail,
-            _ => OutcomeKind::Release,
-        };
+        let action: FinishAction = action
+            .parse()
+            .map_err(|e: runlease_protocol::worker::UnknownAction| StoreError::Database(e.to_string()))?;
         let finished = Finished::from_row(row, true)?;
-        applied.insert((finished.job_id.0, col(row, "run_lease")?), (kind, finished));
+        applied.insert((finished.job_id.0, col(row, "run_lease")?), (action, finished));
     }
     Ok(applied)
 }
@@ -399,8 +372,8 @@ async fn endings(
         .iter()
         .map(|(lease, outcome)| {
             let key = (lease.job_id.0, lease.run_lease.0);
-            if let Some((kind, finished)) = applied.get(&key) {
-                if *kind != outcome.kind() {
+            if let Some((action, finished)) = applied.get(&key) {
+                if *action != outcome.action() {
                     return Ending::Lost(Some(finished.state));
                 }
                 return Ending::Applied(Finished {
@@ -504,103 +477,58 @@ impl Store {
             // No settings (any more): no limits; the shared statement serves it.
             return Ok(outcome);
         };
-        let paused: bool = col(&limits, "paused")?;
-        let max_running: Option<i32> = col(&limits, "max_running")?;
-        let per_key: Option<i32> = col(&limits, "max_running_per_key")?;
-        let per_s: Option<f64> = col(&limits, "rate_per_s")?;
-        let burst: Option<i32> = col(&limits, "rate_burst")?;
-        let bucket: Option<f64> = col(&limits, "rate_tokens")?;
-        let refilled_at: Option<DateTime<Utc>> = col(&limits, "rate_refilled_at")?;
-        if paused {
+        if col::<bool>(&limits, "paused")? {
             return Ok(outcome);
         }
-        let stmt = tx.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
-        let count = tx.query_one(&stmt, &[&queue.as_str()]).await?;
-        let running: i64 = col(&count, "running")?;
-        let at: DateTime<Utc> = col(&count, "at")?;
-        // The bucket refilled up to `at` (full before the first claim).
-        let tokens = match (per_s, burst) {
-            (Some(per_s), Some(burst)) => {
-                let elapsed = refilled_at.map_or(0.0, |r| {
-                    ((at - r).num_microseconds().unwrap_or(0) as f64 / 1e6).max(0.0)
-                });
-                Some((bucket.unwrap_or(f64::from(burst)) + per_s * elapsed).min(f64::from(burst)))
-            }
+        let per_key: Option<i32> = col(&limits, "max_running_per_key")?;
+        let rate_limit = match (
+            col::<Option<f64>>(&limits, "rate_per_s")?,
+            col::<Option<i32>>(&limits, "rate_burst")?,
+        ) {
+            (Some(per_s), Some(burst)) => Some(RateLimit { per_s, burst }),
             _ => None,
         };
-        let wanted = slots.len() as i64;
-        let mut allowed = wanted;
-        if let Some(max) = max_running {
-            let room = (i64::from(max) - running).max(0);
-            if room < allowed {
-                outcome
-                    .held_back
-                    .push((LimitKind::MaxRunning, (allowed - room) as usize));
-                allowed = room;
-            }
-        }
-        if let (Some(tokens), Some(per_s)) = (tokens, per_s) {
-            let whole = tokens.floor().max(0.0) as i64;
-            if whole < allowed {
-                outcome
-                    .held_back
-                    .push((LimitKind::Rate, (allowed - whole) as usize));
-                allowed = whole;
-                // The next token is due when the bucket reaches its next whole number.
-                let missing = (whole as f64 + 1.0 - tokens).max(0.0);
-                // (Bounded: a rate so small the wait overflows leaves it to
-                // the re-check timer.)
-                outcome.retry_in = Duration::try_from_secs_f64(missing / per_s).ok();
-            }
-        }
-        if allowed <= 0 {
+        let limits = flow::Limits {
+            max_running: col(&limits, "max_running")?,
+            rate_limit,
+            tokens: col(&limits, "rate_tokens")?,
+            refilled_at: col(&limits, "rate_refilled_at")?,
+        };
+        let stmt = tx.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
+        let count = tx.query_one(&stmt, &[&queue.as_str()]).await?;
+        let at: DateTime<Utc> = col(&count, "at")?;
+        let admission = flow::admit(&limits, slots.len(), col(&count, "running")?, at);
+        outcome.held_back = admission.held_back;
+        outcome.retry_in = admission.retry_in;
+        let tokens = admission.tokens;
+        if admission.allowed == 0 {
             tx.commit().await?;
             return Ok(outcome);
         }
-        let names = [queue.as_str()];
+        let admitted = &slots[..admission.allowed.min(slots.len())];
         let rows = match per_key {
             None => {
-                let slots = &slots[..allowed as usize];
                 // Planned as the shared claim is (lease_claim.sql).
                 tx.batch_execute(sql::LEASE_CLAIM_SETTINGS).await?;
                 let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
+                let terms = self.lease_settings();
                 let pg: &tokio_postgres::Transaction<'_> = &tx;
                 claim_rows(
                     pg,
                     &stmt,
-                    &names,
-                    slots,
+                    &[queue.as_str()],
+                    admitted,
                     time_left_ms,
-                    self.lease_settings(),
+                    terms,
                     Some(at),
                 )
                 .await?
             }
             Some(per_key) => {
-                let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
-                let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-                let terms = self.lease_settings();
-                // Claims change no tally; marked so they ask for no recount.
-                tx.batch_execute(sql::TALLIED).await?;
-                let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
-                let allowed32 = i32::try_from(allowed).unwrap_or(i32::MAX);
-                let rows = tx
-                    .query(
-                        &stmt,
-                        &[
-                            &queue.as_str(),
-                            &workers,
-                            &ms(terms.ttl),
-                            &ms(terms.default_timeout),
-                            &time_left,
-                            &per_key,
-                            &allowed32,
-                            &at,
-                        ],
-                    )
+                let rows = self
+                    .claim_keyed(&tx, queue, admitted, time_left_ms, per_key, at)
                     .await?;
-                let rows = slotted(&rows)?;
-                if (rows.len() as i64) < allowed {
+                if rows.len() < admitted.len() {
                     // Fewer than the other limits allow: keys at their limit
                     // (or simply no more due jobs).
                     outcome.held_back.push((LimitKind::PerKey, 0));
@@ -616,6 +544,38 @@ impl Store {
         tx.commit().await?;
         outcome.rows = rows;
         Ok(outcome)
+    }
+
+    /// The claim of a queue with `max_running_per_key` (`lease_claim_keyed.sql`),
+    /// in the limited path's transaction: one lease per slot at most, no key
+    /// past `per_key` running jobs.
+    async fn claim_keyed(
+        &self,
+        tx: &deadpool_postgres::Transaction<'_>,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+        per_key: i32,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
+        let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+        let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+        let terms = self.lease_settings();
+        // Claims change no tally; marked so they ask for no recount.
+        tx.batch_execute(sql::TALLIED).await?;
+        let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
+        let allowed = i32::try_from(slots.len()).unwrap_or(i32::MAX);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &queue.as_str(),
+            &workers,
+            &ms(terms.ttl),
+            &ms(terms.default_timeout),
+            &time_left,
+            &per_key,
+            &allowed,
+            &at,
+        ];
+        slotted(&tx.query(&stmt, &params).await?)
     }
 
     /// Renews leases in one statement; answers each renewal in order.
