@@ -226,16 +226,13 @@ pub async fn serve(
         tracing::warn!(error = %e, "cannot read queue settings yet; retrying every second");
     }
     tracker.spawn(flow.clone().run(shutdown.child_token()));
-    let claims = ClaimBatcher::spawn(
-        store.clone(),
-        flow.clone(),
-        wake.clone(),
-        metrics.clone(),
-        settings,
-        recheck,
-        &tracker,
-        shutdown.clone(),
-    );
+    let parts = batch::Parts {
+        store: store.clone(),
+        wake: wake.clone(),
+        flow: flow.clone(),
+        metrics: metrics.clone(),
+    };
+    let claims = ClaimBatcher::spawn(&parts, settings, recheck, &tracker, shutdown.clone());
     let finisher = Finisher::finisher(
         &store,
         &wake,

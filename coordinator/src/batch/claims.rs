@@ -16,8 +16,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::batch::BatchSettings;
 use crate::batch::plan::{ClaimPlan, GroupKey, Placement};
+use crate::batch::{BatchSettings, Parts};
 use crate::flow::FlowControl;
 use crate::metrics::{LimitLabels, Metrics};
 use crate::store::leases::{Claimed, LeaseRef};
@@ -72,12 +72,8 @@ impl ClaimBatcher {
     /// A claim batcher over `store`; with batching on, its loop runs on `tracker`
     /// until every handle is dropped. At `shutdown` parked claims are
     /// answered with empty lists and new ones are answered at once.
-    #[allow(clippy::too_many_arguments)]
     pub fn spawn(
-        store: Store,
-        flow: Arc<FlowControl>,
-        wake: Wake,
-        metrics: Arc<Metrics>,
+        parts: &Parts,
         settings: BatchSettings,
         recheck: Duration,
         tracker: &TaskTracker,
@@ -86,10 +82,10 @@ impl ClaimBatcher {
         let mut this = Self {
             shards: Arc::default(),
             next_shard: Arc::default(),
-            store,
-            flow,
-            wake,
-            metrics,
+            store: parts.store.clone(),
+            flow: parts.flow.clone(),
+            wake: parts.wake.clone(),
+            metrics: parts.metrics.clone(),
             recheck,
             max_slots: settings.max_size.max(1),
             shutdown,
@@ -174,22 +170,7 @@ impl ClaimBatcher {
                         self.admit(&mut groups, parked, stopping);
                     }
                 }
-                wake = wakes.recv() => {
-                    match wake {
-                        Ok(Some(queue)) => {
-                            for (key, group) in groups.iter_mut() {
-                                if key.queues.contains(&queue) {
-                                    group.dirty = true;
-                                }
-                            }
-                        }
-                        // A wake-all, or a lag that may have hidden one.
-                        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
-                            groups.values_mut().for_each(|g| g.dirty = true);
-                        }
-                        Err(broadcast::error::RecvError::Closed) => {}
-                    }
-                }
+                wake = wakes.recv() => mark_woken(&mut groups, wake),
                 () = async {
                     match next_timer {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -205,10 +186,8 @@ impl ClaimBatcher {
                 }
                 () = self.shutdown.cancelled(), if !stopping => {
                     stopping = true;
-                    for (_, group) in groups.drain() {
-                        for parked in group.parked {
-                            let _ = parked.reply.send(Ok(Vec::new()));
-                        }
+                    for parked in groups.drain().flat_map(|(_, g)| g.parked) {
+                        let _ = parked.reply.send(Ok(Vec::new()));
                     }
                 }
             }
@@ -216,25 +195,30 @@ impl ClaimBatcher {
             if next_timer.is_some_and(|at| at <= Instant::now()) {
                 self.expire(&mut groups);
             }
-            let dirty: Vec<GroupKey> = groups
-                .iter()
-                .filter(|(_, g)| g.dirty)
-                .map(|(k, _)| k.clone())
-                .collect();
-            for key in dirty {
-                if let Some(mut group) = groups.remove(&key) {
-                    self.serve(&key, &mut group).await;
-                    if !group.parked.is_empty() {
-                        groups.insert(key, group);
-                    }
-                }
-            }
+            self.serve_dirty(&mut groups).await;
             // Shards share the gauge: each adds what changed on its side.
             let parked_now: i64 = groups.values().map(|g| g.parked.len() as i64).sum();
             self.metrics.claim_waiters.inc_by(parked_now - parked_before);
             parked_before = parked_now;
         }
         self.metrics.claim_waiters.dec_by(parked_before);
+    }
+
+    /// Serves every group marked dirty; a group left with nobody parked goes.
+    async fn serve_dirty(&self, groups: &mut HashMap<GroupKey, Group>) {
+        let dirty: Vec<GroupKey> = groups
+            .iter()
+            .filter(|(_, g)| g.dirty)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in dirty {
+            if let Some(mut group) = groups.remove(&key) {
+                self.serve(&key, &mut group).await;
+                if !group.parked.is_empty() {
+                    groups.insert(key, group);
+                }
+            }
+        }
     }
 
     fn admit(&self, groups: &mut HashMap<GroupKey, Group>, parked: Parked, stopping: bool) {
@@ -363,6 +347,27 @@ impl ClaimBatcher {
     /// [`release_unwanted`].
     async fn release_unwanted(&self, worker: &WorkerId, records: Vec<ClaimedJob>) {
         release_unwanted(&self.store, &self.wake, worker, records).await;
+    }
+}
+
+/// Marks the groups a wake-up concerns for another look.
+fn mark_woken(
+    groups: &mut HashMap<GroupKey, Group>,
+    wake: Result<Option<QueueName>, broadcast::error::RecvError>,
+) {
+    match wake {
+        Ok(Some(queue)) => {
+            for (key, group) in groups.iter_mut() {
+                if key.queues.contains(&queue) {
+                    group.dirty = true;
+                }
+            }
+        }
+        // A wake-all, or a lag that may have hidden one.
+        Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => {
+            groups.values_mut().for_each(|g| g.dirty = true);
+        }
+        Err(broadcast::error::RecvError::Closed) => {}
     }
 }
 

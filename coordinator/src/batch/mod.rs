@@ -34,6 +34,20 @@ use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
+/// What the batchers work with: the database, wake-ups, the flow-control
+/// view and the metrics, handed whole to each.
+#[derive(Clone)]
+pub struct Parts {
+    /// PostgreSQL.
+    pub store: Store,
+    /// Wake-ups (local, and Redis between coordinators).
+    pub wake: Wake,
+    /// Which queues have flow-control limits.
+    pub flow: Arc<crate::flow::FlowControl>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+}
+
 /// How requests are gathered.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchSettings {
@@ -191,6 +205,123 @@ impl<Req, Resp> Clone for Batcher<Req, Resp> {
     }
 }
 
+/// The loop of a [`Batcher`] with batching on: gathers requests into
+/// batches and starts a flush of each.
+struct GatherLoop<Req, Resp> {
+    name: &'static str,
+    rx: mpsc::UnboundedReceiver<Pending<Req, Resp>>,
+    /// False once every handle is gone.
+    open: bool,
+    max_size: usize,
+    parallel_min: usize,
+    max_delay: Duration,
+    flusher_count: usize,
+    flushers: Arc<Semaphore>,
+    /// Signalled as each flush ends (a stored signal only wakes the loop
+    /// once more to look again).
+    flushed: Arc<Notify>,
+    cancel: CancellationToken,
+    flush: Arc<FlushFn<Req, Resp>>,
+    orphaned: Option<Arc<OrphanFn<Resp>>>,
+    requeue: Arc<Requeue<Req, Resp>>,
+    gathering: Gauge,
+}
+
+impl<Req, Resp> GatherLoop<Req, Resp>
+where
+    Req: Send + Sync + 'static,
+    Resp: Send + 'static,
+{
+    /// Runs until every handle is gone, then lets the last batches commit
+    /// and answer.
+    async fn run(mut self) {
+        let in_flight = TaskTracker::new();
+        while let Some(first) = self.rx.recv().await {
+            let Some((batch, permit)) = self.gather(first).await else {
+                break;
+            };
+            self.gathering.dec_by(batch.len() as i64);
+            let (name, f, orphan, requeue) = (
+                self.name,
+                self.flush.clone(),
+                self.orphaned.clone(),
+                self.requeue.clone(),
+            );
+            let slot = FlushSlot {
+                permit: Some(permit),
+                flushed: self.flushed.clone(),
+            };
+            in_flight.spawn(async move {
+                flush_batch(name, &*f, orphan.as_deref(), &requeue, batch).await;
+                drop(slot);
+            });
+        }
+        in_flight.close();
+        in_flight.wait().await;
+    }
+
+    /// Moves what is queued into `batch`, up to the batch's size.
+    fn take_queued(&mut self, batch: &mut Vec<Pending<Req, Resp>>) {
+        while self.open && batch.len() < self.max_size {
+            match self.rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => self.open = false,
+            }
+        }
+    }
+
+    /// A batch starting with `first` and a flusher to write it. It waits
+    /// for a free flusher: requests arriving meanwhile join it (group
+    /// commit). With a flush in flight, a second one starts only for a batch
+    /// worth a transaction of its own; a smaller one waits for the flush in
+    /// flight and keeps gathering (at a few concurrent requests, two
+    /// transactions at once would each carry half as much).
+    async fn gather(
+        &mut self,
+        first: Pending<Req, Resp>,
+    ) -> Option<(Vec<Pending<Req, Resp>>, tokio::sync::OwnedSemaphorePermit)> {
+        let mut batch = vec![first];
+        let permit = loop {
+            self.take_queued(&mut batch);
+            let idle = self.flushers.available_permits() == self.flusher_count;
+            if (idle || batch.len() >= self.parallel_min)
+                && let Ok(permit) = self.flushers.clone().try_acquire_owned()
+            {
+                break permit;
+            }
+            if !self.open {
+                // Every handle is gone: this batch still goes out.
+                break self.flushers.clone().acquire_owned().await.ok()?;
+            }
+            tokio::select! {
+                () = self.flushed.notified() => {}
+                p = self.rx.recv(), if batch.len() < self.max_size => match p {
+                    Some(p) => batch.push(p),
+                    None => self.open = false,
+                },
+            }
+        };
+        if !self.max_delay.is_zero() && !self.cancel.is_cancelled() {
+            let until = Instant::now() + self.max_delay;
+            while batch.len() < self.max_size {
+                tokio::select! {
+                    p = self.rx.recv() => match p { Some(p) => batch.push(p), None => break },
+                    () = tokio::time::sleep_until(until) => break,
+                    () = self.cancel.cancelled() => break,
+                }
+            }
+        }
+        while batch.len() < self.max_size {
+            match self.rx.try_recv() {
+                Ok(p) => batch.push(p),
+                Err(_) => break,
+            }
+        }
+        Some((batch, permit))
+    }
+}
+
 impl<Req, Resp> Batcher<Req, Resp>
 where
     Req: Send + Sync + 'static,
@@ -232,95 +363,30 @@ where
                 gathering,
             };
         }
-        let (tx, mut rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
-        let requeue = Arc::new(Requeue {
-            tx: tx.downgrade(),
-            gathering: gathering.clone(),
-        });
-        let orphan = orphaned.clone();
-        let f = flush.clone();
+        let (tx, rx) = mpsc::unbounded_channel::<Pending<Req, Resp>>();
         let max_size = settings.max_size.max(1);
-        // A batch never holds more than max_size requests.
-        let parallel_min = settings.parallel_min.clamp(1, max_size);
         let flusher_count = settings.flushers.max(1);
-        let flushers = Arc::new(Semaphore::new(flusher_count));
-        // Signalled as each flush ends (a stored signal only wakes the loop
-        // once more to look again).
-        let flushed = Arc::new(Notify::new());
-        let in_flight = TaskTracker::new();
-        let tasks = in_flight.clone();
-        let gathered = gathering.clone();
-        tracker.spawn(async move {
-            while let Some(first) = rx.recv().await {
-                // Wait for a free flusher: requests arriving meanwhile join
-                // this batch (group commit). With a flush in flight, a
-                // second one starts only for a batch worth a transaction of
-                // its own; a smaller one waits for the flush in flight and
-                // keeps gathering (at a few concurrent requests, two
-                // transactions at once would each carry half as much).
-                let mut batch = vec![first];
-                let mut open = true;
-                let permit = loop {
-                    while open && batch.len() < max_size {
-                        match rx.try_recv() {
-                            Ok(p) => batch.push(p),
-                            Err(mpsc::error::TryRecvError::Empty) => break,
-                            Err(mpsc::error::TryRecvError::Disconnected) => open = false,
-                        }
-                    }
-                    let idle = flushers.available_permits() == flusher_count;
-                    if (idle || batch.len() >= parallel_min)
-                        && let Ok(permit) = flushers.clone().try_acquire_owned()
-                    {
-                        break Some(permit);
-                    }
-                    if !open {
-                        // Every handle is gone: this batch still goes out.
-                        break flushers.clone().acquire_owned().await.ok();
-                    }
-                    tokio::select! {
-                        () = flushed.notified() => {}
-                        p = rx.recv(), if batch.len() < max_size => match p {
-                            Some(p) => batch.push(p),
-                            None => open = false,
-                        },
-                    }
-                };
-                let Some(permit) = permit else {
-                    break;
-                };
-                if !settings.max_delay.is_zero() && !cancel.is_cancelled() {
-                    let until = Instant::now() + settings.max_delay;
-                    while batch.len() < max_size {
-                        tokio::select! {
-                            p = rx.recv() => match p { Some(p) => batch.push(p), None => break },
-                            () = tokio::time::sleep_until(until) => break,
-                            () = cancel.cancelled() => break,
-                        }
-                    }
-                }
-                while batch.len() < max_size {
-                    match rx.try_recv() {
-                        Ok(p) => batch.push(p),
-                        Err(_) => break,
-                    }
-                }
-                gathered.dec_by(batch.len() as i64);
-                let (f, orphan, requeue) = (f.clone(), orphan.clone(), requeue.clone());
-                let slot = FlushSlot {
-                    permit: Some(permit),
-                    flushed: flushed.clone(),
-                };
-                tasks.spawn(async move {
-                    flush_batch(name, &*f, orphan.as_deref(), &requeue, batch).await;
-                    drop(slot);
-                });
-            }
-            // Every handle is gone: let the last batches commit and answer.
-            tasks.close();
-            tasks.wait().await;
-        });
-        drop(in_flight);
+        let gather = GatherLoop {
+            name,
+            rx,
+            open: true,
+            max_size,
+            // A batch never holds more than max_size requests.
+            parallel_min: settings.parallel_min.clamp(1, max_size),
+            max_delay: settings.max_delay,
+            flusher_count,
+            flushers: Arc::new(Semaphore::new(flusher_count)),
+            flushed: Arc::new(Notify::new()),
+            cancel,
+            flush: flush.clone(),
+            orphaned: orphaned.clone(),
+            requeue: Arc::new(Requeue {
+                tx: tx.downgrade(),
+                gathering: gathering.clone(),
+            }),
+            gathering: gathering.clone(),
+        };
+        tracker.spawn(gather.run());
         Self {
             tx: Some(tx),
             flush,

@@ -187,3 +187,33 @@ pub fn require(caller: &Caller, action: Action) -> Result<(), ApiError> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use runlease_protocol::admin::BulkJobsRequest;
+    use runlease_protocol::worker::FinishRequest;
+
+    use super::*;
+
+    #[test]
+    fn a_json_body_of_the_wrong_shape_is_invalid_not_bad_request() {
+        // Found by the fuzz target request_body: serde_json reports a value
+        // of another JSON type where an enum's name is expected as a syntax
+        // error ("expected value"), which was answered 400 "not valid JSON".
+        for body in [
+            r#"{"action": ["retry"], "queue": "emails", "states": ["failed"]}"#,
+            r#"{"action": "retry", "queue": "emails", "states": [1]}"#,
+        ] {
+            let error = parse_json::<BulkJobsRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::Invalid, "{body}: {}", error.message);
+        }
+        let body = r#"{"items": [{"lease_token": "rl2.x", "action": 7}]}"#;
+        let error = parse_json::<FinishRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(error.code, ErrorCode::Invalid, "{}", error.message);
+        // What is not JSON stays 400.
+        for body in ["", "{", r#"{"action": retry}"#, "[1,]"] {
+            let error = parse_json::<BulkJobsRequest>(body.as_bytes()).unwrap_err();
+            assert_eq!(error.code, ErrorCode::BadRequest, "{body}: {}", error.message);
+        }
+    }
+}

@@ -72,6 +72,33 @@ pub enum RetryOutcome {
     NotRetryable(JobState),
 }
 
+/// The jobs that hold the idempotency keys of `skipped` (jobs an enqueue
+/// did not insert), with their chronology, by (queue, key).
+async fn originals_of(
+    tx: &deadpool_postgres::Transaction<'_>,
+    skipped: &[&NewJob],
+) -> Result<HashMap<(String, String), JobRow>, StoreError> {
+    let mut originals = HashMap::new();
+    if skipped.is_empty() {
+        return Ok(originals);
+    }
+    let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
+    let k: Vec<&str> = skipped
+        .iter()
+        .filter_map(|j| j.idempotency_key.as_deref())
+        .collect();
+    let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
+    let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
+    let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
+    let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
+    let attempts = attempts_by_job(&tx.query(&stmt, &[&ids, &ATTEMPTS_ASKED]).await?)?;
+    for job in assemble(records, &attempts) {
+        let key = job.idempotency_key.clone().unwrap_or_default();
+        originals.insert((job.queue.to_string(), key), job);
+    }
+    Ok(originals)
+}
+
 impl Store {
     /// Enqueues jobs in one transaction (one statement), answering them in
     /// request order. Jobs whose idempotency key exists answer the original.
@@ -118,23 +145,7 @@ impl Store {
 
             // Jobs skipped for an existing idempotency key: read the originals.
             let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
-            let mut originals: HashMap<(String, String), JobRow> = HashMap::new();
-            if !skipped.is_empty() {
-                let q: Vec<&str> = skipped.iter().map(|j| j.queue.as_str()).collect();
-                let k: Vec<&str> = skipped
-                    .iter()
-                    .filter_map(|j| j.idempotency_key.as_deref())
-                    .collect();
-                let stmt = tx.prepare_cached(sql::JOB_GET_BY_IDEMPOTENCY_KEY).await?;
-                let records = JobRow::from_rows(&tx.query(&stmt, &[&q, &k]).await?)?;
-                let ids: Vec<Uuid> = records.iter().map(|r| r.id.0).collect();
-                let stmt = tx.prepare_cached(sql::ATTEMPT_LIST).await?;
-                let attempts = attempts_by_job(&tx.query(&stmt, &[&ids, &ATTEMPTS_ASKED]).await?)?;
-                for job in assemble(records, &attempts) {
-                    let key = job.idempotency_key.clone().unwrap_or_default();
-                    originals.insert((job.queue.to_string(), key), job);
-                }
-            }
+            let originals = originals_of(&tx, &skipped).await?;
             tx.commit().await?;
 
             jobs.iter()

@@ -58,6 +58,28 @@ struct LimitedClaim {
     retry_in: Option<Duration>,
 }
 
+/// A limited queue's `max_running_per_key` and its other limits, from its
+/// locked settings row (`queue_limits_lock.sql`); `None` while it is paused.
+fn limits_of(row: &tokio_postgres::Row) -> Result<Option<(Option<i32>, flow::Limits)>, StoreError> {
+    if col::<bool>(row, "paused")? {
+        return Ok(None);
+    }
+    let rate_limit = match (
+        col::<Option<f64>>(row, "rate_per_s")?,
+        col::<Option<i32>>(row, "rate_burst")?,
+    ) {
+        (Some(per_s), Some(burst)) => Some(RateLimit { per_s, burst }),
+        _ => None,
+    };
+    let limits = flow::Limits {
+        max_running: col(row, "max_running")?,
+        rate_limit,
+        tokens: col(row, "rate_tokens")?,
+        refilled_at: col(row, "rate_refilled_at")?,
+    };
+    Ok(Some((col(row, "max_running_per_key")?, limits)))
+}
+
 /// Reads claim rows: each job with the slot (0-based) it filled.
 fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
     rows.iter()
@@ -159,6 +181,15 @@ pub struct Renewal {
     /// Checkpoint to save.
     pub progress: Option<Value>,
 }
+
+/// What each part of the lease transaction answered: BEGIN, the finish,
+/// each claim, COMMIT.
+type Sent = (
+    Result<(), tokio_postgres::Error>,
+    Result<Vec<tokio_postgres::Row>, StoreError>,
+    Vec<Result<Vec<(usize, ClaimedJob)>, StoreError>>,
+    Result<(), tokio_postgres::Error>,
+);
 
 /// A lease's identity as read from a verified token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -405,16 +436,15 @@ impl Store {
         time_left_ms: Option<u64>,
         limited: &[QueueName],
     ) -> Result<Claimed, StoreError> {
-        // The shared statement: a claim with no items to write before it
-        // (its own transaction, opened with the claim's settings: see
-        // `finish_then_claim_as`).
+        // The shared statement: the lease transaction with no items to
+        // write before its claim (see `write_leases`).
         let group = ClaimGroup {
             queues,
             slots: slots.to_vec(),
             time_left_ms,
         };
         let (_, mut groups) = self
-            .finish_then_claim_as("claim", &[], std::slice::from_ref(&group))
+            .write_leases("claim", &[], std::slice::from_ref(&group))
             .await?;
         let mut claimed = groups.pop().unwrap_or_default();
         let mut answer = Claimed::default();
@@ -477,22 +507,9 @@ impl Store {
             // No settings (any more): no limits; the shared statement serves it.
             return Ok(outcome);
         };
-        if col::<bool>(&limits, "paused")? {
+        let Some((per_key, limits)) = limits_of(&limits)? else {
+            // Paused: nothing starts.
             return Ok(outcome);
-        }
-        let per_key: Option<i32> = col(&limits, "max_running_per_key")?;
-        let rate_limit = match (
-            col::<Option<f64>>(&limits, "rate_per_s")?,
-            col::<Option<i32>>(&limits, "rate_burst")?,
-        ) {
-            (Some(per_s), Some(burst)) => Some(RateLimit { per_s, burst }),
-            _ => None,
-        };
-        let limits = flow::Limits {
-            max_running: col(&limits, "max_running")?,
-            rate_limit,
-            tokens: col(&limits, "rate_tokens")?,
-            refilled_at: col(&limits, "rate_refilled_at")?,
         };
         let stmt = tx.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
         let count = tx.query_one(&stmt, &[&queue.as_str()]).await?;
@@ -639,7 +656,7 @@ impl Store {
     /// table's size (ADR 022), and the transaction is marked as writing its
     /// own tallies.
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
-        Ok(self.finish_then_claim_as("finish", items, &[]).await?.0)
+        Ok(self.write_leases("finish", items, &[]).await?.0)
     }
 
     /// [`Store::finish`] of `items` and, in the same transaction, after
@@ -654,16 +671,17 @@ impl Store {
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
-        self.finish_then_claim_as("finish", items, claims).await
+        self.write_leases("finish", items, claims).await
     }
 
-    /// [`Store::finish_then_claim`], timed and counted as `operation`.
-    /// The claims' settings (`sql::LEASE_CLAIM_BEGIN`) give the claim its
-    /// generic plan, planned once per connection instead of at every claim
-    /// (planning cost about a third of a small claim), with the join
-    /// methods that plan may use pinned to nested loops (lease_claim.sql
-    /// says why).
-    async fn finish_then_claim_as(
+    /// The one transaction that ends attempts and claims leases: the items
+    /// of [`Store::finish`], then each of `claims` (timed and counted as
+    /// `operation`). It is opened with the claims' settings
+    /// (`sql::LEASE_CLAIM_BEGIN`), which give the claim its generic plan,
+    /// planned once per connection instead of at every claim (planning cost
+    /// about a third of a small claim), with the join methods that plan may
+    /// use pinned to nested loops (lease_claim.sql says why).
+    async fn write_leases(
         &self,
         operation: &'static str,
         items: &[&(LeaseRef, Outcome)],
@@ -671,46 +689,8 @@ impl Store {
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
         self.timed(operation, || async move {
             let client = self.conn().await?;
-            let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
-            let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
-            let args = FinishArgs::new(items, self.lease_settings());
-            let pg: &tokio_postgres::Client = &client;
-            let names: Vec<Vec<&str>> = claims
-                .iter()
-                .map(|c| c.queues.iter().map(QueueName::as_str).collect())
-                .collect();
-            // One transaction, sent in one go (requests made together are
-            // pipelined), opened with the claim's settings (its generic
-            // plan, nested loops only; the finish's plan under them is its
-            // usual one, a nested loop over jobs_pkey): the items first, so
-            // their rows are locked in id order before anything else
-            // (claims lock with SKIP LOCKED and never wait), then the
-            // claims. Nothing is answered unless every part and the COMMIT
-            // succeeded; a failed part aborts the transaction and its COMMIT
-            // rolls back.
-            let finishing = async {
-                if items.is_empty() {
-                    return Ok(Vec::new());
-                }
-                Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
-            };
-            let claiming = futures_util::future::join_all(claims.iter().zip(&names).map(|(c, names)| {
-                claim_rows(
-                    pg,
-                    &claim,
-                    names,
-                    &c.slots,
-                    c.time_left_ms,
-                    self.lease_settings(),
-                    None,
-                )
-            }));
-            let (begun, finished, claimed, committed) = tokio::join!(
-                pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
-                finishing,
-                claiming,
-                pg.batch_execute("COMMIT"),
-            );
+            let (begun, finished, claimed, committed) =
+                self.send_leases_transaction(&client, items, claims).await?;
             let committed = committed.map_err(StoreError::from);
             // Leases of the claims that answered, whatever else failed.
             let got: Vec<Vec<(usize, ClaimedJob)>> = claimed
@@ -745,6 +725,47 @@ impl Store {
             }
         })
         .await
+    }
+
+    /// Sends [`Store::write_leases`]'s transaction in one go (requests made
+    /// together are pipelined): BEGIN with the claims' settings, the items
+    /// first, so their rows are locked in id order before anything else
+    /// (claims lock with SKIP LOCKED and never wait), then the claims, then
+    /// COMMIT. A failed part aborts the transaction and its COMMIT rolls
+    /// back; the caller answers nothing unless every part succeeded.
+    async fn send_leases_transaction(
+        &self,
+        client: &crate::store::Db,
+        items: &[&(LeaseRef, Outcome)],
+        claims: &[ClaimGroup<'_>],
+    ) -> Result<Sent, StoreError> {
+        let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
+        let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
+        let args = FinishArgs::new(items, self.lease_settings());
+        let pg: &tokio_postgres::Client = client;
+        let names: Vec<Vec<&str>> = claims
+            .iter()
+            .map(|c| c.queues.iter().map(QueueName::as_str).collect())
+            .collect();
+        let finishing = async {
+            if items.is_empty() {
+                return Ok(Vec::new());
+            }
+            Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
+        };
+        let terms = self.lease_settings();
+        let claiming = futures_util::future::join_all(
+            claims
+                .iter()
+                .zip(&names)
+                .map(|(c, names)| claim_rows(pg, &claim, names, &c.slots, c.time_left_ms, terms, None)),
+        );
+        Ok(tokio::join!(
+            pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
+            finishing,
+            claiming,
+            pg.batch_execute("COMMIT"),
+        ))
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but

@@ -139,6 +139,107 @@ fn entry<'a>(
     Ok(by_queue.get_mut(&queue))
 }
 
+/// A state name from a statement's row.
+fn state_of(name: &str) -> Result<JobState, StoreError> {
+    name.parse().map_err(|e| StoreError::Database(format!("{e}")))
+}
+
+/// Adds the live states' counts (`queue_live_counts.sql`).
+fn add_live(
+    by_queue: &mut BTreeMap<String, QueueFigures>,
+    only: Option<&QueueName>,
+    rows: &[tokio_postgres::Row],
+) -> Result<(), StoreError> {
+    for row in rows {
+        let state = state_of(&col::<String>(row, "state")?)?;
+        let jobs: i64 = col(row, "jobs")?;
+        let age: Option<i64> = col(row, "oldest_due_age_ms")?;
+        if let Some(f) = entry(by_queue, only, col(row, "queue")?)? {
+            f.counts.insert(state, jobs);
+            if let Some(age) = age {
+                f.oldest_queued_age_ms = Some(f.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds the terminal states' counts and the attempt tallies (`queue_tallies.sql`).
+fn add_tallies(
+    by_queue: &mut BTreeMap<String, QueueFigures>,
+    only: Option<&QueueName>,
+    rows: &[tokio_postgres::Row],
+) -> Result<(), StoreError> {
+    for row in rows {
+        let tally: String = col(row, "tally")?;
+        let n: i64 = col(row, "n")?;
+        let queue: String = col(row, "queue")?;
+        // A queue whose tallies net to zero and that has nothing else is
+        // not listed.
+        if n == 0 && !by_queue.contains_key(&queue) {
+            continue;
+        }
+        if let Some(f) = entry(by_queue, only, queue)? {
+            match tally.as_str() {
+                "lease_expiries" => f.lease_expiries = n,
+                "retries" => f.retries = n,
+                state => {
+                    f.counts.insert(state_of(state)?, n);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Adds one queue's page figures: jobs ended in the last minute, and jobs
+/// held back by its limits.
+async fn add_detail(
+    client: &crate::store::Db,
+    by_queue: &mut BTreeMap<String, QueueFigures>,
+) -> Result<(), StoreError> {
+    // Only queues with terminal jobs can have ended any recently.
+    let ended: Vec<&str> = by_queue
+        .values()
+        .filter(|f| {
+            [JobState::Done, JobState::Failed, JobState::Cancelled]
+                .iter()
+                .any(|s| f.counts.get(s).is_some_and(|n| *n > 0))
+        })
+        .map(|f| f.queue.as_str())
+        .collect();
+    let mut recent = Vec::new();
+    if !ended.is_empty() {
+        let stmt = client.prepare_cached(sql::QUEUE_THROUGHPUT).await?;
+        for row in client.query(&stmt, &[&ended]).await? {
+            let queue: String = col(&row, "queue")?;
+            recent.push((
+                queue,
+                state_of(&col::<String>(&row, "state")?)?,
+                col::<i64>(&row, "n")?,
+            ));
+        }
+    }
+    for (queue, state, n) in recent {
+        if let Some(f) = by_queue.get_mut(&queue) {
+            f.ended_recently.insert(state, n);
+        }
+    }
+    let held_stmt = client.prepare_cached(sql::QUEUE_HELD_BACK).await?;
+    for f in by_queue.values_mut() {
+        let s = &f.settings;
+        let holds =
+            s.paused || s.max_running.is_some() || s.max_running_per_key.is_some() || s.rate_limit.is_some();
+        let waiting = f.counts.get(&JobState::Queued).copied().unwrap_or(0)
+            + f.counts.get(&JobState::EnqueueFailed).copied().unwrap_or(0);
+        if holds && waiting > 0 {
+            let row = client.query_one(&held_stmt, &[&f.queue.as_str()]).await?;
+            f.held_by_limits = col(&row, "held")?;
+        }
+    }
+    Ok(())
+}
+
 impl Store {
     /// Figures of every queue that holds jobs, has tallies or has settings;
     /// with `only`, of that queue alone (always answered, empty or not).
@@ -167,39 +268,8 @@ impl Store {
             if let Some(q) = only {
                 by_queue.insert(q.to_string(), QueueFigures::empty(q.clone()));
             }
-            for row in &live {
-                let state: String = col(row, "state")?;
-                let state: JobState = state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
-                let jobs: i64 = col(row, "jobs")?;
-                let age: Option<i64> = col(row, "oldest_due_age_ms")?;
-                if let Some(f) = entry(&mut by_queue, only, col(row, "queue")?)? {
-                    f.counts.insert(state, jobs);
-                    if let Some(age) = age {
-                        f.oldest_queued_age_ms = Some(f.oldest_queued_age_ms.map_or(age, |a| a.max(age)));
-                    }
-                }
-            }
-            for row in &tallies {
-                let tally: String = col(row, "tally")?;
-                let n: i64 = col(row, "n")?;
-                let queue: String = col(row, "queue")?;
-                // A queue whose tallies net to zero and that has nothing else
-                // is not listed.
-                if n == 0 && !by_queue.contains_key(&queue) {
-                    continue;
-                }
-                if let Some(f) = entry(&mut by_queue, only, queue)? {
-                    match tally.as_str() {
-                        "lease_expiries" => f.lease_expiries = n,
-                        "retries" => f.retries = n,
-                        state => {
-                            let state: JobState =
-                                state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
-                            f.counts.insert(state, n);
-                        }
-                    }
-                }
-            }
+            add_live(&mut by_queue, only, &live)?;
+            add_tallies(&mut by_queue, only, &tallies)?;
             for row in &settings {
                 let (queue, s) = settings_from_row(row)?;
                 if let Some(f) = entry(&mut by_queue, only, queue.to_string())? {
@@ -207,46 +277,7 @@ impl Store {
                 }
             }
             if detail {
-                // Only queues with terminal jobs can have ended any recently.
-                let ended: Vec<&str> = by_queue
-                    .values()
-                    .filter(|f| {
-                        [JobState::Done, JobState::Failed, JobState::Cancelled]
-                            .iter()
-                            .any(|s| f.counts.get(s).is_some_and(|n| *n > 0))
-                    })
-                    .map(|f| f.queue.as_str())
-                    .collect();
-                let mut recent = Vec::new();
-                if !ended.is_empty() {
-                    let stmt = client.prepare_cached(sql::QUEUE_THROUGHPUT).await?;
-                    for row in client.query(&stmt, &[&ended]).await? {
-                        let queue: String = col(&row, "queue")?;
-                        let state: String = col(&row, "state")?;
-                        let state: JobState =
-                            state.parse().map_err(|e| StoreError::Database(format!("{e}")))?;
-                        recent.push((queue, state, col::<i64>(&row, "n")?));
-                    }
-                }
-                for (queue, state, n) in recent {
-                    if let Some(f) = by_queue.get_mut(&queue) {
-                        f.ended_recently.insert(state, n);
-                    }
-                }
-                let held_stmt = client.prepare_cached(sql::QUEUE_HELD_BACK).await?;
-                for f in by_queue.values_mut() {
-                    let s = &f.settings;
-                    let holds = s.paused
-                        || s.max_running.is_some()
-                        || s.max_running_per_key.is_some()
-                        || s.rate_limit.is_some();
-                    let waiting = f.counts.get(&JobState::Queued).copied().unwrap_or(0)
-                        + f.counts.get(&JobState::EnqueueFailed).copied().unwrap_or(0);
-                    if holds && waiting > 0 {
-                        let row = client.query_one(&held_stmt, &[&f.queue.as_str()]).await?;
-                        f.held_by_limits = col(&row, "held")?;
-                    }
-                }
+                add_detail(&client, &mut by_queue).await?;
             }
             Ok(by_queue.into_values().collect())
         })
