@@ -37,6 +37,7 @@ mod redis_tls;
 mod restart;
 mod retention;
 mod schedules;
+mod schema_snapshot;
 mod secrets;
 mod signals;
 mod store;
