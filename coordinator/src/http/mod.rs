@@ -26,6 +26,9 @@ pub mod serve;
 pub mod ui;
 pub mod views;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
