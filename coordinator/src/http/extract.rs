@@ -54,11 +54,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(bytes).map_err(|e| {
         use serde_json::error::Category;
-        match e.classify() {
-            Category::Data => ApiError::invalid(format!("invalid request: {e}")),
+        // serde_json calls some shape errors syntax: a value of another JSON
+        // type where an enum's name is expected ("expected value"). A body
+        // that is a JSON document is 422 whatever the error says.
+        let shape = match e.classify() {
+            Category::Data => true,
             Category::Syntax | Category::Eof | Category::Io => {
-                ApiError::bad_request(format!("request body is not valid JSON: {e}"))
+                serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
             }
+        };
+        if shape {
+            ApiError::invalid(format!("invalid request: {e}"))
+        } else {
+            ApiError::bad_request(format!("request body is not valid JSON: {e}"))
         }
     })
 }

@@ -9,7 +9,7 @@
 //! that are not browsers (curl, the client crate, workers) send none of
 //! these headers or only a loopback `Host`, and keep working.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use axum::extract::{Request, State};
 use axum::http::HeaderMap;
@@ -88,18 +88,20 @@ pub fn check(headers: &HeaderMap, authority: Option<&str>) -> Result<(), (&'stat
 
 /// Whether `host[:port]` names a loopback address or `localhost`.
 fn is_loopback_authority(authority: &str) -> bool {
-    let host = if let Some(rest) = authority.strip_prefix('[') {
-        // [v6]:port
-        match rest.split_once(']') {
-            Some((v6, tail)) if tail.is_empty() || is_port(tail.strip_prefix(':')) => v6,
-            _ => return false,
-        }
-    } else {
-        match authority.rsplit_once(':') {
-            Some((host, port)) if is_port(Some(port)) => host,
-            Some(_) => return false,
-            None => authority,
-        }
+    if let Some(rest) = authority.strip_prefix('[') {
+        // [v6]:port; a trailing dot is a name's (`localhost.`), never an
+        // IP literal's.
+        return match rest.split_once(']') {
+            Some((v6, tail)) if tail.is_empty() || is_port(tail.strip_prefix(':')) => {
+                v6.parse::<Ipv6Addr>().is_ok_and(|ip| ip.is_loopback())
+            }
+            _ => false,
+        };
+    }
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if is_port(Some(port)) => host,
+        Some(_) => return false,
+        None => authority,
     };
     let host = host.strip_suffix('.').unwrap_or(host);
     host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
@@ -143,6 +145,9 @@ mod tests {
             "127.0.0.1:8080:9",
             "[::1]x",
             "0.0.0.0:8080",
+            // Found by the fuzz target request_head: a trailing dot is a
+            // name's (`localhost.`), never part of an IP literal.
+            "[::1.]:8080",
         ] {
             assert_eq!(
                 check(&headers(&[("host", host)]), None).map_err(|e| e.0),
