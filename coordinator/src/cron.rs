@@ -141,27 +141,18 @@ mod tests {
     #[test]
     fn daylight_saving_gaps_and_repeats_fire_once() {
         // Europe/Paris: 2026-03-29 02:00 does not exist; 2026-10-25 02:30 occurs twice.
-        let spring = CronSpec::parse("30 2 * * *", "Europe/Paris").unwrap();
-        let before = Utc.with_ymd_and_hms(2026, 3, 28, 12, 0, 0).unwrap();
-        let fire = spring.next_after(before).unwrap();
-        assert_eq!(
-            fire,
-            Utc.with_ymd_and_hms(2026, 3, 29, 1, 0, 0).unwrap(),
-            "03:00 CEST, right after the gap"
-        );
-        let autumn = CronSpec::parse("30 2 * * *", "Europe/Paris").unwrap();
-        let before = Utc.with_ymd_and_hms(2026, 10, 24, 12, 0, 0).unwrap();
-        let first = autumn.next_after(before).unwrap();
-        assert_eq!(
-            first,
-            Utc.with_ymd_and_hms(2026, 10, 25, 0, 30, 0).unwrap(),
-            "02:30 CEST"
-        );
-        let second = autumn.next_after(first).unwrap();
-        assert_eq!(
-            second,
-            Utc.with_ymd_and_hms(2026, 10, 26, 1, 30, 0).unwrap(),
-            "the next day, once"
-        );
+        let spec = CronSpec::parse("30 2 * * *", "Europe/Paris").unwrap();
+        let utc = |month, day, hour, minute| Utc.with_ymd_and_hms(2026, month, day, hour, minute, 0).unwrap();
+        for (after, fire, why) in [
+            (
+                utc(3, 28, 12, 0),
+                utc(3, 29, 1, 0),
+                "03:00 CEST, right after the gap",
+            ),
+            (utc(10, 24, 12, 0), utc(10, 25, 0, 30), "02:30 CEST"),
+            (utc(10, 25, 0, 30), utc(10, 26, 1, 30), "the next day, once"),
+        ] {
+            assert_eq!(spec.next_after(after).unwrap(), fire, "{why}");
+        }
     }
 }

@@ -126,27 +126,20 @@ impl Pruner {
     /// if it was asked for.
     async fn recount(&self) {
         let started = Instant::now();
-        // Whether anything was done (or failed): the interval counts from it.
-        let mut worked = false;
-        match self.store.recount_tallies().await {
-            Ok(Recount::Counted) => {
-                worked = true;
+        let counted = self.store.recount_tallies().await.map(|recount| match recount {
+            Recount::Counted => {
                 self.metrics.tally_recounts.inc();
                 tracing::info!(
                     elapsed_ms = started.elapsed().as_millis() as u64,
                     "terminal tallies counted again after changes of jobs made outside the coordinator"
                 );
+                true
             }
-            Ok(Recount::NotAsked | Recount::Busy) => {}
-            Err(e) => {
-                worked = true;
-                self.metrics.prune_errors.inc();
-                tracing::warn!(error = %e, "counting the tallies again failed; retrying after the recount interval");
-            }
-        }
-        match self.store.sweep_attempts().await {
-            Ok(Sweep::Swept { attempts }) => {
-                worked = true;
+            Recount::NotAsked | Recount::Busy => false,
+        });
+        let counted = self.worked(counted, "counting the tallies again");
+        let swept = self.store.sweep_attempts().await.map(|sweep| match sweep {
+            Sweep::Swept { attempts } => {
                 self.metrics
                     .attempts_swept
                     .inc_by(u64::try_from(attempts).unwrap_or(0));
@@ -155,17 +148,24 @@ impl Pruner {
                     attempts,
                     "attempts of jobs deleted outside the coordinator swept"
                 );
+                true
             }
-            Ok(Sweep::NotAsked | Sweep::Busy) => {}
-            Err(e) => {
-                worked = true;
-                self.metrics.prune_errors.inc();
-                tracing::warn!(error = %e, "sweeping the attempts of deleted jobs failed; retrying after the recount interval");
-            }
-        }
-        if worked {
+            Sweep::NotAsked | Sweep::Busy => false,
+        });
+        let swept = self.worked(swept, "sweeping the attempts of deleted jobs");
+        if counted || swept {
             *self.last_recount.lock().expect("never held across a panic") = Some(started);
         }
+    }
+
+    /// Whether a step of [`Pruner::recount`] did anything or failed: the
+    /// recount interval counts from either. A failure is counted and logged.
+    fn worked(&self, step: Result<bool, StoreError>, what: &str) -> bool {
+        step.unwrap_or_else(|e| {
+            self.metrics.prune_errors.inc();
+            tracing::warn!(error = %e, "{what} failed; retrying after the recount interval");
+            true
+        })
     }
 
     /// One pass: folds the tallies, then deletes every expired terminal job,

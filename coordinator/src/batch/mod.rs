@@ -672,6 +672,31 @@ mod tests {
         Arc::new(Metrics::new(Duration::from_secs(25)))
     }
 
+    /// A batcher of `(id, passes left)` requests answered with `id`.
+    type TestBatcher = Batcher<(u32, u32), u32>;
+
+    /// A [`TestBatcher`] that is never cancelled.
+    fn spawn_test<F, Fut>(
+        settings: BatchSettings,
+        tracker: &TaskTracker,
+        orphaned: Option<Arc<OrphanFn<u32>>>,
+        flush: F,
+    ) -> TestBatcher
+    where
+        F: Fn(Arc<Vec<(u32, u32)>>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Vec<Pass<(u32, u32), u32>>, StoreError>> + Send + 'static,
+    {
+        Batcher::spawn(
+            "test",
+            settings,
+            metrics(),
+            tracker,
+            CancellationToken::new(),
+            orphaned,
+            flush,
+        )
+    }
+
     /// A request `(id, passes left)`: answered `id` once no pass is left,
     /// else handed back with one pass less.
     fn pass((id, left): (u32, u32)) -> Pass<(u32, u32), u32> {
@@ -689,12 +714,9 @@ mod tests {
         // The first flush waits at the gate until every request is queued.
         let gate = Arc::new(Semaphore::new(0));
         let (seen, opened) = (batches.clone(), gate.clone());
-        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
-            "test",
+        let batcher = spawn_test(
             settings(true),
-            metrics(),
             &tracker,
-            CancellationToken::new(),
             None,
             move |reqs: Arc<Vec<(u32, u32)>>| {
                 let (seen, opened) = (seen.clone(), opened.clone());
@@ -747,28 +769,20 @@ mod tests {
         tracker: &TaskTracker,
         gate: Arc<Semaphore>,
         log: Arc<Mutex<Vec<String>>>,
-    ) -> Batcher<(u32, u32), u32> {
+    ) -> TestBatcher {
         let mut s = settings(true);
         s.flushers = 2;
         s.parallel_min = parallel_min;
-        Batcher::spawn(
-            "test",
-            s,
-            metrics(),
-            tracker,
-            CancellationToken::new(),
-            None,
-            move |reqs: Arc<Vec<(u32, u32)>>| {
-                let (gate, log) = (gate.clone(), log.clone());
-                async move {
-                    let ids: Vec<u32> = reqs.iter().map(|r| r.0).collect();
-                    log.lock().unwrap().push(format!("start {ids:?}"));
-                    gate.acquire().await.unwrap().forget();
-                    log.lock().unwrap().push(format!("end {ids:?}"));
-                    Ok(reqs.iter().copied().map(pass).collect())
-                }
-            },
-        )
+        spawn_test(s, tracker, None, move |reqs: Arc<Vec<(u32, u32)>>| {
+            let (gate, log) = (gate.clone(), log.clone());
+            async move {
+                let ids: Vec<u32> = reqs.iter().map(|r| r.0).collect();
+                log.lock().unwrap().push(format!("start {ids:?}"));
+                gate.acquire().await.unwrap().forget();
+                log.lock().unwrap().push(format!("end {ids:?}"));
+                Ok(reqs.iter().copied().map(pass).collect())
+            }
+        })
     }
 
     async fn until(check: impl Fn() -> bool) {
@@ -837,12 +851,9 @@ mod tests {
         let tracker = TaskTracker::new();
         let flushes: Seen = Arc::default();
         let seen = flushes.clone();
-        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
-            "test",
+        let batcher = spawn_test(
             settings(false),
-            metrics(),
             &tracker,
-            CancellationToken::new(),
             None,
             move |reqs: Arc<Vec<(u32, u32)>>| {
                 seen.lock().unwrap().push(reqs.to_vec());
@@ -865,12 +876,9 @@ mod tests {
         let kept = orphans.clone();
         let opened = gate.clone();
         let (flushing, mut flushed) = mpsc::unbounded_channel::<()>();
-        let batcher: Batcher<(u32, u32), u32> = Batcher::spawn(
-            "test",
+        let batcher = spawn_test(
             settings(true),
-            metrics(),
             &tracker,
-            CancellationToken::new(),
             Some(Arc::new(move |id| kept.lock().unwrap().push(id))),
             move |reqs: Arc<Vec<(u32, u32)>>| {
                 let (opened, flushing) = (opened.clone(), flushing.clone());

@@ -13,7 +13,7 @@ use crate::cron::CronSpec;
 use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
-use crate::store::schedules::{NewSchedule, ScheduleRow};
+use crate::store::schedules::{NewSchedule, ScheduleDefinition, ScheduleRow};
 
 /// A schedule name from the path: 1 to 128 bytes, no control characters.
 pub struct ScheduleName(pub String);
@@ -35,17 +35,18 @@ impl<S: Send + Sync> FromRequestParts<S> for ScheduleName {
 }
 
 fn view(row: ScheduleRow) -> Schedule {
+    let d = row.definition;
     Schedule {
-        name: row.name,
-        queue: row.queue,
-        cron: row.cron,
-        timezone: row.timezone,
-        payload: row.payload,
-        priority: row.priority,
-        max_attempts: row.max_attempts,
-        timeout_ms: row.timeout_ms,
-        next_fire_at: (!row.paused).then_some(row.next_fire_at),
-        paused: row.paused,
+        name: d.name,
+        queue: d.queue,
+        cron: d.cron,
+        timezone: d.timezone,
+        payload: d.payload,
+        priority: d.priority,
+        max_attempts: d.max_attempts,
+        timeout_ms: d.timeout_ms,
+        next_fire_at: (!d.paused).then_some(row.next_fire_at),
+        paused: d.paused,
         last_fired_at: row.last_fired_at,
         created_at: row.created_at,
         updated_at: row.updated_at,
@@ -72,7 +73,7 @@ pub async fn put(
     // schedule of another queue by putting one of the same name.
     if caller.queues.is_some()
         && let Some(existing) = state.store.schedules(Some(&name)).await?.pop()
-        && !caller.may_use_queue(&existing.queue)
+        && !caller.may_use_queue(&existing.definition.queue)
     {
         return Err(not_found());
     }
@@ -98,19 +99,22 @@ pub async fn put(
         )));
     }
     let schedule = NewSchedule {
-        name,
-        queue: req.queue,
-        cron: req.cron,
+        definition: ScheduleDefinition {
+            name,
+            queue: req.queue,
+            cron: req.cron,
+            timezone,
+            payload: req.payload,
+            priority: req.priority.unwrap_or(0),
+            max_attempts: req.max_attempts,
+            timeout_ms: req.timeout_ms,
+            paused: req.paused.unwrap_or(false),
+        },
         spec,
-        timezone,
-        payload: req.payload,
-        priority: req.priority.unwrap_or(0),
-        max_attempts: req.max_attempts,
-        timeout_ms: req.timeout_ms,
-        paused: req.paused.unwrap_or(false),
     };
     let (row, created) = state.store.put_schedule(&schedule).await?;
-    tracing::info!(schedule = %row.name, cron = %row.cron, timezone = %row.timezone, created, "schedule set");
+    let d = &row.definition;
+    tracing::info!(schedule = %d.name, cron = %d.cron, timezone = %d.timezone, created, "schedule set");
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -129,7 +133,7 @@ pub async fn list(
     Ok(Json(ListSchedulesResponse {
         schedules: rows
             .into_iter()
-            .filter(|r| caller.may_use_queue(&r.queue))
+            .filter(|r| caller.may_use_queue(&r.definition.queue))
             .map(view)
             .collect(),
     }))
@@ -143,7 +147,7 @@ pub async fn get(
 ) -> Result<Json<Schedule>, ApiError> {
     require(&caller, Action::Read)?;
     match state.store.schedules(Some(&name)).await?.pop() {
-        Some(row) if caller.may_use_queue(&row.queue) => Ok(Json(view(row))),
+        Some(row) if caller.may_use_queue(&row.definition.queue) => Ok(Json(view(row))),
         _ => Err(not_found()),
     }
 }
@@ -157,13 +161,13 @@ pub async fn delete(
 ) -> Result<Json<Schedule>, ApiError> {
     require(&caller, Action::Configure)?;
     if let Some(row) = state.store.schedules(Some(&name)).await?.pop()
-        && !caller.may_use_queue(&row.queue)
+        && !caller.may_use_queue(&row.definition.queue)
     {
         return Err(not_found());
     }
     match state.store.delete_schedule(&name).await? {
         Some(row) => {
-            tracing::info!(schedule = %row.name, "schedule deleted");
+            tracing::info!(schedule = %row.definition.name, "schedule deleted");
             Ok(Json(view(row)))
         }
         None => Err(not_found()),

@@ -25,48 +25,32 @@ struct Asset {
     body: &'static [u8],
 }
 
+const HTML: &str = "text/html; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
+const JAVASCRIPT: &str = "text/javascript; charset=utf-8";
+const SVG: &str = "image/svg+xml";
+
+/// The [`Asset`] of `coordinator/ui/<name>`.
+macro_rules! asset {
+    ($name:literal, $content_type:expr) => {
+        Asset {
+            name: $name,
+            content_type: $content_type,
+            body: include_bytes!(concat!("../../ui/", $name)),
+        }
+    };
+}
+
 /// Every file of the dashboard; `index.html` is also `GET /ui`.
 const ASSETS: &[Asset] = &[
-    Asset {
-        name: "index.html",
-        content_type: "text/html; charset=utf-8",
-        body: include_bytes!("../../ui/index.html"),
-    },
-    Asset {
-        name: "style.css",
-        content_type: "text/css; charset=utf-8",
-        body: include_bytes!("../../ui/style.css"),
-    },
-    Asset {
-        name: "app.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../ui/app.js"),
-    },
-    Asset {
-        name: "api.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../ui/api.js"),
-    },
-    Asset {
-        name: "dom.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../ui/dom.js"),
-    },
-    Asset {
-        name: "views.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../ui/views.js"),
-    },
-    Asset {
-        name: "format.js",
-        content_type: "text/javascript; charset=utf-8",
-        body: include_bytes!("../../ui/format.js"),
-    },
-    Asset {
-        name: "icon.svg",
-        content_type: "image/svg+xml",
-        body: include_bytes!("../../ui/icon.svg"),
-    },
+    asset!("index.html", HTML),
+    asset!("style.css", CSS),
+    asset!("app.js", JAVASCRIPT),
+    asset!("api.js", JAVASCRIPT),
+    asset!("dom.js", JAVASCRIPT),
+    asset!("views.js", JAVASCRIPT),
+    asset!("format.js", JAVASCRIPT),
+    asset!("icon.svg", SVG),
 ];
 
 /// Strong entity tags of the assets, computed once: a browser revalidates

@@ -63,29 +63,39 @@ impl QueueCap {
     }
 
     fn admit(&self, queue: &str) -> bool {
-        {
+        // Most calls are settled under the read lock; the write lock, taken
+        // only for a name not seen yet, settles it again (another call may
+        // have admitted it, or taken the last room, meanwhile).
+        let settled = {
             let known = self.known.read().unwrap_or_else(|p| p.into_inner());
-            if known.contains(queue) {
-                return true;
-            }
-            if known.len() >= self.max {
-                drop(known);
-                self.warn_once(queue);
-                return false;
-            }
-        }
-        let mut known = self.known.write().unwrap_or_else(|p| p.into_inner());
-        if known.contains(queue) {
-            return true;
-        }
-        if known.len() >= self.max {
-            drop(known);
+            self.settled(&known, queue)
+        };
+        let admitted = settled.unwrap_or_else(|| {
+            let mut known = self.known.write().unwrap_or_else(|p| p.into_inner());
+            self.settled(&known, queue).unwrap_or_else(|| {
+                known.insert(queue.to_owned());
+                self.labels.set(known.len() as i64);
+                true
+            })
+        });
+        // Warned with no lock held.
+        if !admitted {
             self.warn_once(queue);
-            return false;
         }
-        known.insert(queue.to_owned());
-        self.labels.set(known.len() as i64);
-        true
+        admitted
+    }
+
+    /// Whether `known` already settles `queue`: `Some(true)` if it has a
+    /// label value of its own, `Some(false)` if the cap is full, `None` if
+    /// there is room for it.
+    fn settled(&self, known: &HashSet<String>, queue: &str) -> Option<bool> {
+        if known.contains(queue) {
+            Some(true)
+        } else if known.len() >= self.max {
+            Some(false)
+        } else {
+            None
+        }
     }
 
     fn warn_once(&self, queue: &str) {

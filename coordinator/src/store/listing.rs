@@ -252,12 +252,8 @@ impl Store {
                         })
                         .await?;
                     let matched: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
-                    report.matched += matched.len() as u64;
-                    let done = self
-                        .apply_retrying(action, &matched, &filter.state_names())
+                    self.bulk_chunk(action, filter, &matched, &mut report, &mut changed)
                         .await?;
-                    report.changed += done.len() as u64;
-                    changed(&done);
                 }
             }
             None => {
@@ -266,12 +262,8 @@ impl Store {
                     let matched = self.list_job_ids(filter, cursor, BULK_CHUNK).await?;
                     let Some(last) = matched.last() else { break };
                     cursor = Some(JobId(*last));
-                    report.matched += matched.len() as u64;
-                    let done = self
-                        .apply_retrying(action, &matched, &filter.state_names())
+                    self.bulk_chunk(action, filter, &matched, &mut report, &mut changed)
                         .await?;
-                    report.changed += done.len() as u64;
-                    changed(&done);
                     if (matched.len() as i64) < BULK_CHUNK {
                         break;
                     }
@@ -279,6 +271,25 @@ impl Store {
             }
         }
         Ok(report)
+    }
+
+    /// Applies `action` to one chunk of the jobs `filter` matched, and counts
+    /// it in `report`; `changed` sees the jobs it changed.
+    async fn bulk_chunk(
+        &self,
+        action: BulkAction,
+        filter: &JobFilter,
+        matched: &[Uuid],
+        report: &mut BulkReport,
+        changed: &mut impl FnMut(&[JobChange]),
+    ) -> Result<(), StoreError> {
+        report.matched += matched.len() as u64;
+        let done = self
+            .apply_retrying(action, matched, &filter.state_names())
+            .await?;
+        report.changed += done.len() as u64;
+        changed(&done);
+        Ok(())
     }
 
     /// [`Store::apply`] for a bulk chunk: the filter's states re-checked on

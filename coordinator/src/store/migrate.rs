@@ -17,58 +17,29 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
+/// The [`Migration`] in `migrations/<number>_<name>.sql`.
+macro_rules! migration {
+    ($version:literal, $number:literal, $name:literal) => {
+        Migration {
+            version: $version,
+            name: $name,
+            sql: include_str!(concat!("../../../migrations/", $number, "_", $name, ".sql")),
+        }
+    };
+}
+
 /// Every migration, in order.
 pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "jobs",
-        sql: include_str!("../../../migrations/0001_jobs.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "dispatch",
-        sql: include_str!("../../../migrations/0002_dispatch.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "operations",
-        sql: include_str!("../../../migrations/0003_operations.sql"),
-    },
-    Migration {
-        version: 4,
-        name: "flow_control",
-        sql: include_str!("../../../migrations/0004_flow_control.sql"),
-    },
-    Migration {
-        version: 5,
-        name: "trace_context",
-        sql: include_str!("../../../migrations/0005_trace_context.sql"),
-    },
-    Migration {
-        version: 6,
-        name: "lean_writes",
-        sql: include_str!("../../../migrations/0006_lean_writes.sql"),
-    },
-    Migration {
-        version: 7,
-        name: "explicit_tallies",
-        sql: include_str!("../../../migrations/0007_explicit_tallies.sql"),
-    },
-    Migration {
-        version: 8,
-        name: "tally_recount",
-        sql: include_str!("../../../migrations/0008_tally_recount.sql"),
-    },
-    Migration {
-        version: 9,
-        name: "attempts_without_foreign_key",
-        sql: include_str!("../../../migrations/0009_attempts_without_foreign_key.sql"),
-    },
-    Migration {
-        version: 10,
-        name: "attempt_tallies_explicit",
-        sql: include_str!("../../../migrations/0010_attempt_tallies_explicit.sql"),
-    },
+    migration!(1, "0001", "jobs"),
+    migration!(2, "0002", "dispatch"),
+    migration!(3, "0003", "operations"),
+    migration!(4, "0004", "flow_control"),
+    migration!(5, "0005", "trace_context"),
+    migration!(6, "0006", "lean_writes"),
+    migration!(7, "0007", "explicit_tallies"),
+    migration!(8, "0008", "tally_recount"),
+    migration!(9, "0009", "attempts_without_foreign_key"),
+    migration!(10, "0010", "attempt_tallies_explicit"),
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -10,16 +10,16 @@ use crate::store::jobs::{Enqueued, NewJob};
 use crate::store::rows::{col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
-/// A schedule as stored.
+/// What a schedule is set to: what a `PUT` gives and a row keeps.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ScheduleRow {
+pub struct ScheduleDefinition {
     /// Its name.
     pub name: String,
     /// The queue its jobs go to.
     pub queue: QueueName,
-    /// Its cron expression.
+    /// Its cron expression, as given.
     pub cron: String,
-    /// Its IANA time zone.
+    /// Its IANA time zone, as given.
     pub timezone: String,
     /// The payload of its jobs.
     pub payload: Value,
@@ -31,6 +31,29 @@ pub struct ScheduleRow {
     pub timeout_ms: Option<i64>,
     /// Whether it is paused.
     pub paused: bool,
+}
+
+impl ScheduleDefinition {
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
+        Ok(Self {
+            name: col(row, "name")?,
+            queue: queue_col(row, "queue")?,
+            cron: col(row, "cron")?,
+            timezone: col(row, "timezone")?,
+            payload: col(row, "payload")?,
+            priority: col(row, "priority")?,
+            max_attempts: col(row, "max_attempts")?,
+            timeout_ms: col(row, "timeout_ms")?,
+            paused: col(row, "paused")?,
+        })
+    }
+}
+
+/// A schedule as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScheduleRow {
+    /// What it is set to.
+    pub definition: ScheduleDefinition,
     /// The first fire time not yet enqueued.
     pub next_fire_at: DateTime<Utc>,
     /// The last fire time enqueued.
@@ -44,15 +67,7 @@ pub struct ScheduleRow {
 impl ScheduleRow {
     fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
         Ok(Self {
-            name: col(row, "name")?,
-            queue: queue_col(row, "queue")?,
-            cron: col(row, "cron")?,
-            timezone: col(row, "timezone")?,
-            payload: col(row, "payload")?,
-            priority: col(row, "priority")?,
-            max_attempts: col(row, "max_attempts")?,
-            timeout_ms: col(row, "timeout_ms")?,
-            paused: col(row, "paused")?,
+            definition: ScheduleDefinition::from_row(row)?,
             next_fire_at: col(row, "next_fire_at")?,
             last_fired_at: col(row, "last_fired_at")?,
             created_at: col(row, "created_at")?,
@@ -64,26 +79,10 @@ impl ScheduleRow {
 /// A schedule to create or replace (validated by the HTTP layer).
 #[derive(Debug, Clone)]
 pub struct NewSchedule {
-    /// Its name.
-    pub name: String,
-    /// The queue.
-    pub queue: QueueName,
-    /// The cron expression, as given.
-    pub cron: String,
-    /// The parsed expression.
+    /// What to set it to.
+    pub definition: ScheduleDefinition,
+    /// Its cron expression, parsed.
     pub spec: CronSpec,
-    /// The time zone, as given.
-    pub timezone: String,
-    /// The payload.
-    pub payload: Value,
-    /// Priority.
-    pub priority: i32,
-    /// Attempt budget.
-    pub max_attempts: Option<i32>,
-    /// Attempt timeout.
-    pub timeout_ms: Option<i64>,
-    /// Paused.
-    pub paused: bool,
 }
 
 /// One fire time enqueued by a fire pass.
@@ -100,12 +99,13 @@ pub struct Fired {
 impl Store {
     /// Creates or replaces a schedule; its next fire time is the first after
     /// now (PostgreSQL's clock). Answers it and whether it is new.
-    pub async fn put_schedule(&self, s: &NewSchedule) -> Result<(ScheduleRow, bool), StoreError> {
+    pub async fn put_schedule(&self, new: &NewSchedule) -> Result<(ScheduleRow, bool), StoreError> {
+        let s = &new.definition;
         self.timed("schedules", || async move {
             let client = self.conn().await?;
             let clock = client.prepare_cached(sql::CLOCK_NOW).await?;
             let now: DateTime<Utc> = col(&client.query_one(&clock, &[]).await?, "now")?;
-            let next = s.spec.next_after(now).ok_or_else(|| {
+            let next = new.spec.next_after(now).ok_or_else(|| {
                 StoreError::Rejected(format!("cron {:?} has no fire time after now", s.cron))
             })?;
             let stmt = client.prepare_cached(sql::SCHEDULE_PUT).await?;
@@ -178,13 +178,17 @@ impl Store {
             let fired_stmt = tx.prepare_cached(sql::SCHEDULE_FIRED).await?;
             let mut fired = Vec::new();
             for row in &due {
-                let schedule = ScheduleRow::from_row(row)?;
+                let ScheduleRow {
+                    definition: schedule,
+                    next_fire_at,
+                    ..
+                } = ScheduleRow::from_row(row)?;
                 let now: DateTime<Utc> = col(row, "now")?;
                 let Ok(spec) = CronSpec::parse(&schedule.cron, &schedule.timezone) else {
                     tracing::warn!(schedule = %schedule.name, "a stored schedule no longer parses; it is skipped");
                     continue;
                 };
-                let Some((fire, next)) = spec.catch_up(schedule.next_fire_at, now) else {
+                let Some((fire, next)) = spec.catch_up(next_fire_at, now) else {
                     continue;
                 };
                 let job = NewJob {
