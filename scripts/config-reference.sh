@@ -184,10 +184,19 @@ while n < len(lines):
         if heading != "Commands":
             sections.append((heading, []))
     elif section == "Commands":
-        m = re.fullmatch(r"  (\S+)\s+(.*)", line)
-        if not m:
+        # `  name  text`, or `  name` with its text on the next line.
+        m = re.fullmatch(r"  (\S+)(?:\s+(.*))?", line)
+        if m:
+            commands.append((m.group(1), m.group(2) or ""))
+        elif line.startswith("          ") and commands:
+            name, text = commands[-1]
+            commands[-1] = (name, (text + " " + line.strip()).strip())
+        else:
             fail(n, "not a command line")
-        commands.append((m.group(1), m.group(2)))
+    elif re.fullmatch(r"  -[hV], --(help|version)(\s+.*)?", line) or (
+        section == "Options" and line.startswith("          ")
+    ):
+        pass  # clap's own flags (and their text), in a section of their own
     elif OPTION.match(line):
         if not sections:
             fail(n, "an option before any section heading")

@@ -1,6 +1,7 @@
-//! Every setting of the coordinator, as a flag and an environment variable.
-//! Names and defaults are a contract: README's "Configuration" table and
-//! docs/protocol.md document them, and operators rely on them.
+//! Every setting of the coordinator, as a flag and an environment variable,
+//! grouped by the part of the coordinator that uses it. Names and defaults
+//! are a contract operators rely on: docs/configuration.md is generated
+//! from `--help` (scripts/config-reference.sh) and CI checks it.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -87,7 +88,10 @@ pub const MIN_SECRET_BYTES: usize = 32;
     // from the environment: the database and Redis URLs carry passwords.
     // Applied to every argument once all are added, so a setting added
     // later (or flattened in from elsewhere) cannot forget it.
-    mut_args = |arg: clap::Arg| arg.hide_env_values(true)
+    mut_args = |arg: clap::Arg| arg.hide_env_values(true),
+    // Each setting's text on the lines below it, in every section alike
+    // (docs/configuration.md is generated from this output).
+    next_line_help = true
 )]
 pub struct Cli {
     /// What to do (default: serve).
@@ -107,173 +111,314 @@ pub enum Command {
     Migrate,
 }
 
-/// The coordinator's settings.
+/// A duration given in milliseconds, within `range` ms.
+fn ms(range: std::ops::RangeInclusive<u64>) -> impl clap::builder::TypedValueParser<Value = Duration> {
+    use clap::builder::TypedValueParser;
+    clap::value_parser!(u64).range(range).map(Duration::from_millis)
+}
+
+/// The coordinator's settings, grouped by the part of it that uses them;
+/// each group is handed whole to that part. Every setting is a flag and a
+/// `RUNLEASE_*` variable; durations are given in milliseconds.
 #[derive(Debug, Clone, Args)]
 pub struct Config {
-    /// PostgreSQL URL; the database is created if missing; `sslmode` is honoured.
-    #[arg(long, env = "RUNLEASE_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
-    pub database_url: String,
-    /// Redis URL for wake-up signals between coordinators; empty disables
-    /// Redis (one coordinator, local wake-ups only).
-    #[arg(long, env = "RUNLEASE_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
-    pub redis_url: String,
-    /// Prefix of the Redis channel names (`<prefix>:wake`, `<prefix>:terminal`).
-    #[arg(long, env = "RUNLEASE_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]
-    pub redis_prefix: String,
-    /// How often a parked claim or job read re-checks PostgreSQL without a wake-up, ms.
-    #[arg(long, env = "RUNLEASE_CLAIM_RECHECK_MS", default_value_t = DEFAULT_CLAIM_RECHECK_MS,
-          value_parser = clap::value_parser!(u64).range(10..=60_000))]
-    pub claim_recheck_ms: u64,
-    /// How often `enqueue_failed` jobs get their wake-up re-sent, ms.
-    #[arg(long, env = "RUNLEASE_REPAIR_INTERVAL_MS", default_value_t = DEFAULT_REPAIR_INTERVAL_MS,
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    pub repair_interval_ms: u64,
+    /// The HTTP server.
+    #[command(flatten)]
+    pub server: ServerSettings,
+    /// Lease-token secrets and API keys.
+    #[command(flatten)]
+    pub keys: KeySettings,
+    /// PostgreSQL.
+    #[command(flatten)]
+    pub database: DatabaseSettings,
+    /// Redis wake-ups and their repair.
+    #[command(flatten)]
+    pub redis: RedisSettings,
+    /// Leases, attempts and long-polls.
+    #[command(flatten)]
+    pub leases: LeaseConfig,
+    /// Gathering requests into shared statements.
+    #[command(flatten)]
+    pub batching: BatchConfig,
+    /// Retention of terminal jobs.
+    #[command(flatten)]
+    pub retention: RetentionConfig,
+    /// SQS wake-ups for Lambda workers.
+    #[command(flatten)]
+    pub sqs: SqsConfig,
+    /// Limits on connections, parked long-polls and answer sizes.
+    #[command(flatten)]
+    pub limits: crate::limits::LimitSettings,
+}
+
+/// The HTTP server, logs and metrics.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Server")]
+pub struct ServerSettings {
     /// Address to listen on.
     #[arg(long, env = "RUNLEASE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
-    /// Key for lease-token MACs; share it between replicas. Generated when absent.
-    #[arg(long, env = "RUNLEASE_SECRET", hide_env_values = true)]
-    pub secret: Option<String>,
-    /// A file holding `RUNLEASE_SECRET` (a container secret), instead of the value.
-    #[arg(long, env = "RUNLEASE_SECRET_FILE")]
-    pub secret_file: Option<std::path::PathBuf>,
-    /// A file holding `RUNLEASE_API_KEYS`.
-    #[arg(long, env = "RUNLEASE_API_KEYS_FILE")]
-    pub api_keys_file: Option<std::path::PathBuf>,
-    /// A file holding `RUNLEASE_DATABASE_URL` (it carries the password).
-    #[arg(long, env = "RUNLEASE_DATABASE_URL_FILE")]
-    pub database_url_file: Option<std::path::PathBuf>,
-    /// A file holding `RUNLEASE_REDIS_URL`.
-    #[arg(long, env = "RUNLEASE_REDIS_URL_FILE")]
-    pub redis_url_file: Option<std::path::PathBuf>,
-    /// API keys: comma-separated `role:key[:queue|queue...]`, role one of producer, worker, admin.
-    #[arg(long, env = "RUNLEASE_API_KEYS", hide_env_values = true)]
-    pub api_keys: Option<String>,
-    /// Lease time to live, ms.
-    #[arg(long, env = "RUNLEASE_LEASE_TTL_MS", default_value_t = DEFAULT_LEASE_TTL_MS,
-          value_parser = clap::value_parser!(u64).range(100..=3_600_000))]
-    pub lease_ttl_ms: u64,
-    /// Heartbeat interval told to workers, ms.
-    #[arg(long, env = "RUNLEASE_HEARTBEAT_INTERVAL_MS", default_value_t = DEFAULT_HEARTBEAT_INTERVAL_MS,
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    pub heartbeat_interval_ms: u64,
-    /// How often the reaper looks for expired leases, ms.
-    #[arg(long, env = "RUNLEASE_REAPER_INTERVAL_MS", default_value_t = DEFAULT_REAPER_INTERVAL_MS,
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    pub reaper_interval_ms: u64,
-    /// Attempt budget of a job that does not set `max_attempts`.
-    #[arg(long, env = "RUNLEASE_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS,
-          value_parser = clap::value_parser!(i32).range(1..=1000))]
-    pub max_attempts: i32,
-    /// Run-time limit of an attempt whose job does not set `timeout_ms`, ms.
-    #[arg(long, env = "RUNLEASE_DEFAULT_TIMEOUT_MS", default_value_t = DEFAULT_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(1..=86_400_000))]
-    pub default_timeout_ms: u64,
     /// Largest request body, bytes; larger ones get 413.
     #[arg(long, env = "RUNLEASE_MAX_BODY_BYTES", default_value_t = DEFAULT_MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+    /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
+    #[arg(id = "shutdown_grace_ms", long = "shutdown-grace-ms", value_name = "SHUTDOWN_GRACE_MS", env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value = "30000", value_parser = ms(0..=u64::MAX))]
+    pub shutdown_grace: Duration,
     /// A job meets the SLO when it is terminal within this many ms of enqueue.
-    #[arg(long, env = "RUNLEASE_SLO_MS", default_value_t = DEFAULT_SLO_MS)]
-    pub slo_ms: u64,
+    #[arg(id = "slo_ms", long = "slo-ms", value_name = "SLO_MS", env = "RUNLEASE_SLO_MS", default_value = "25000", value_parser = ms(0..=u64::MAX))]
+    pub slo: Duration,
     /// Most distinct `queue` label values in metrics; further queues share
     /// the label value `(other)` (queue names come from clients).
     #[arg(long, env = "RUNLEASE_METRICS_MAX_QUEUES", default_value_t = crate::metrics::DEFAULT_METRICS_MAX_QUEUES,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub metrics_max_queues: usize,
-    /// Most PostgreSQL connections this coordinator holds.
-    #[arg(long, env = "RUNLEASE_DATABASE_POOL_SIZE", default_value_t = DEFAULT_DATABASE_POOL_SIZE,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
-    pub database_pool_size: usize,
-    /// Gather concurrent claims, heartbeats and finishes into shared
-    /// statements (`false`: one statement per request).
-    #[arg(long, env = "RUNLEASE_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
-    pub batching: bool,
-    /// Most requests (or claim slots) written by one statement.
-    #[arg(long, env = "RUNLEASE_BATCH_MAX_SIZE", default_value_t = DEFAULT_BATCH_MAX_SIZE,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
-    pub batch_max_size: usize,
-    /// How long the first request of a batch may wait for company, ms (0:
-    /// batches form only while an earlier one is being written).
-    #[arg(long, env = "RUNLEASE_BATCH_MAX_DELAY_MS", default_value_t = DEFAULT_BATCH_MAX_DELAY_MS,
-          value_parser = clap::value_parser!(u64).range(0..=1_000))]
-    pub batch_max_delay_ms: u64,
-    /// Batches of one kind (claims, finishes, heartbeats) written at once,
-    /// each on its own connection.
-    #[arg(long, env = "RUNLEASE_BATCH_FLUSHERS", default_value_t = DEFAULT_BATCH_FLUSHERS,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
-    pub batch_flushers: usize,
-    /// Requests a batch needs to be written while another flush of its
-    /// kind is in flight; a smaller one waits for that flush (gathering
-    /// meanwhile). 1: every free flusher writes at once.
-    #[arg(long, env = "RUNLEASE_BATCH_PARALLEL_MIN", default_value_t = DEFAULT_BATCH_PARALLEL_MIN,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
-    pub batch_parallel_min: usize,
-    /// Queues whose workers are Lambda functions woken through SQS:
-    /// comma-separated `queue=sqs_queue_url`.
-    #[arg(long, env = "RUNLEASE_SQS_QUEUES")]
-    pub sqs_queues: Option<String>,
-    /// SQS endpoint override (e.g. moto's or LocalStack's URL); region and
-    /// credentials come from the standard AWS_* environment.
-    #[arg(long, env = "RUNLEASE_SQS_ENDPOINT")]
-    pub sqs_endpoint: Option<String>,
-    /// Jobs one Lambda invocation is expected to take: one wake-up message per
-    /// this many due jobs.
-    #[arg(long, env = "RUNLEASE_SQS_JOBS_PER_WAKEUP", default_value_t = DEFAULT_SQS_JOBS_PER_WAKEUP,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
-    pub sqs_jobs_per_wakeup: usize,
-    /// How often due jobs of SQS-bound queues are looked for (retries,
-    /// delayed jobs, failed sends), ms.
-    #[arg(long, env = "RUNLEASE_SQS_DISPATCH_INTERVAL_MS", default_value_t = DEFAULT_SQS_DISPATCH_INTERVAL_MS,
-          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
-    pub sqs_dispatch_interval_ms: u64,
-    /// PostgreSQL's `statement_timeout` on the coordinator's connections, ms
-    /// (0: none). Long-polls wait in the coordinator, not in PostgreSQL.
-    #[arg(long, env = "RUNLEASE_DATABASE_STATEMENT_TIMEOUT_MS", default_value_t = DEFAULT_DATABASE_STATEMENT_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(0..=600_000))]
-    pub database_statement_timeout_ms: u64,
-    /// The coordinator's deadline on one database operation (taking a
-    /// connection and running its statements), ms. A connection whose
-    /// operation overran it is thrown away; the request answers 503.
-    #[arg(long, env = "RUNLEASE_DATABASE_CALL_TIMEOUT_MS", default_value_t = DEFAULT_DATABASE_CALL_TIMEOUT_MS,
-          value_parser = clap::value_parser!(u64).range(100..=600_000))]
-    pub database_call_timeout_ms: u64,
-    /// How long done jobs are kept once terminal, ms (0: forever). A queue
-    /// setting overrides it.
-    #[arg(long, env = "RUNLEASE_RETENTION_DONE_MS", default_value_t = DEFAULT_RETENTION_DONE_MS,
-          value_parser = clap::value_parser!(u64).range(0..=315_360_000_000))]
-    pub retention_done_ms: u64,
-    /// How long failed and cancelled jobs are kept once terminal, ms (0: forever).
-    #[arg(long, env = "RUNLEASE_RETENTION_FAILED_MS", default_value_t = DEFAULT_RETENTION_FAILED_MS,
-          value_parser = clap::value_parser!(u64).range(0..=315_360_000_000))]
-    pub retention_failed_ms: u64,
-    /// How often a prune pass runs, ms.
-    #[arg(long, env = "RUNLEASE_PRUNE_INTERVAL_MS", default_value_t = DEFAULT_PRUNE_INTERVAL_MS,
-          value_parser = clap::value_parser!(u64).range(10..=86_400_000))]
-    pub prune_interval_ms: u64,
-    /// Most jobs one prune statement deletes (each is its own short transaction).
-    #[arg(long, env = "RUNLEASE_PRUNE_BATCH", default_value_t = DEFAULT_PRUNE_BATCH,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub prune_batch: u32,
-    /// After SIGTERM, how long in-flight requests may take before the process exits anyway, ms.
-    #[arg(long, env = "RUNLEASE_SHUTDOWN_GRACE_MS", default_value_t = DEFAULT_SHUTDOWN_GRACE_MS)]
-    pub shutdown_grace_ms: u64,
     /// Log as JSON lines instead of text.
     #[arg(long, env = "RUNLEASE_LOG_JSON", default_value_t = false)]
     pub log_json: bool,
-    /// Limits on connections, parked long-polls and answer sizes.
-    #[command(flatten)]
-    pub limits: crate::limits::LimitSettings,
+}
+
+/// Lease-token secrets and API keys, each also readable from a file.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Secrets and API keys")]
+pub struct KeySettings {
+    /// Key for lease-token MACs; share it between replicas. Generated when absent.
+    #[arg(long, env = "RUNLEASE_SECRET")]
+    pub secret: Option<String>,
+    /// A file holding `RUNLEASE_SECRET` (a container secret), instead of the value.
+    #[arg(long, env = "RUNLEASE_SECRET_FILE")]
+    pub secret_file: Option<std::path::PathBuf>,
+    /// API keys: comma-separated `role:key[:queue|queue...]`, role one of producer, worker, admin.
+    #[arg(long, env = "RUNLEASE_API_KEYS")]
+    pub api_keys: Option<String>,
+    /// A file holding `RUNLEASE_API_KEYS`.
+    #[arg(long, env = "RUNLEASE_API_KEYS_FILE")]
+    pub api_keys_file: Option<std::path::PathBuf>,
+}
+
+/// PostgreSQL: where, how many connections, how long work may take.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "PostgreSQL")]
+pub struct DatabaseSettings {
+    /// PostgreSQL URL; the database is created if missing; `sslmode` is honoured.
+    #[arg(id = "database_url", long = "database-url", value_name = "DATABASE_URL", env = "RUNLEASE_DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub url: String,
+    /// A file holding `RUNLEASE_DATABASE_URL` (it carries the password).
+    #[arg(
+        id = "database_url_file",
+        long = "database-url-file",
+        value_name = "DATABASE_URL_FILE",
+        env = "RUNLEASE_DATABASE_URL_FILE"
+    )]
+    pub url_file: Option<std::path::PathBuf>,
+    /// Most PostgreSQL connections this coordinator holds.
+    #[arg(id = "database_pool_size", long = "database-pool-size", value_name = "DATABASE_POOL_SIZE", env = "RUNLEASE_DATABASE_POOL_SIZE", default_value_t = DEFAULT_DATABASE_POOL_SIZE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub pool_size: usize,
+    /// PostgreSQL's `statement_timeout` on the coordinator's connections, ms
+    /// (0: none). Long-polls wait in the coordinator, not in PostgreSQL.
+    #[arg(id = "database_statement_timeout_ms", long = "database-statement-timeout-ms", value_name = "DATABASE_STATEMENT_TIMEOUT_MS", env = "RUNLEASE_DATABASE_STATEMENT_TIMEOUT_MS", default_value = "5000",
+          value_parser = ms(0..=600_000))]
+    pub statement_timeout: Duration,
+    /// The coordinator's deadline on one database operation (taking a
+    /// connection and running its statements), ms. A connection whose
+    /// operation overran it is thrown away; the request answers 503.
+    #[arg(id = "database_call_timeout_ms", long = "database-call-timeout-ms", value_name = "DATABASE_CALL_TIMEOUT_MS", env = "RUNLEASE_DATABASE_CALL_TIMEOUT_MS", default_value = "6000",
+          value_parser = ms(100..=600_000))]
+    pub call_timeout: Duration,
+}
+
+impl DatabaseSettings {
+    /// The deadlines of database work.
+    pub fn deadlines(&self) -> crate::store::connect::Deadlines {
+        crate::store::connect::Deadlines {
+            statement: self.statement_timeout,
+            call: self.call_timeout,
+        }
+    }
+}
+
+/// Redis: wake-ups between coordinators, and the repair of those that
+/// could not be sent.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Redis")]
+pub struct RedisSettings {
+    /// Redis URL for wake-up signals between coordinators; empty disables
+    /// Redis (one coordinator, local wake-ups only).
+    #[arg(id = "redis_url", long = "redis-url", value_name = "REDIS_URL", env = "RUNLEASE_REDIS_URL", default_value = DEFAULT_REDIS_URL)]
+    pub url: String,
+    /// A file holding `RUNLEASE_REDIS_URL`.
+    #[arg(
+        id = "redis_url_file",
+        long = "redis-url-file",
+        value_name = "REDIS_URL_FILE",
+        env = "RUNLEASE_REDIS_URL_FILE"
+    )]
+    pub url_file: Option<std::path::PathBuf>,
+    /// Prefix of the Redis channel names (`<prefix>:wake`, `<prefix>:terminal`).
+    #[arg(id = "redis_prefix", long = "redis-prefix", value_name = "REDIS_PREFIX", env = "RUNLEASE_REDIS_PREFIX", default_value = DEFAULT_REDIS_PREFIX)]
+    pub prefix: String,
+    /// How often `enqueue_failed` jobs get their wake-up re-sent, ms.
+    #[arg(id = "repair_interval_ms", long = "repair-interval-ms", value_name = "REPAIR_INTERVAL_MS", env = "RUNLEASE_REPAIR_INTERVAL_MS", default_value = "1000", value_parser = ms(10..=3_600_000))]
+    pub repair_interval: Duration,
+}
+
+/// Leases, attempts, the reaper and long-polls.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Leases and long-polls")]
+pub struct LeaseConfig {
+    /// Lease time to live, ms.
+    #[arg(id = "lease_ttl_ms", long = "lease-ttl-ms", value_name = "LEASE_TTL_MS", env = "RUNLEASE_LEASE_TTL_MS", default_value = "15000", value_parser = ms(100..=3_600_000))]
+    pub ttl: Duration,
+    /// Heartbeat interval told to workers, ms.
+    #[arg(id = "heartbeat_interval_ms", long = "heartbeat-interval-ms", value_name = "HEARTBEAT_INTERVAL_MS", env = "RUNLEASE_HEARTBEAT_INTERVAL_MS", default_value = "5000",
+          value_parser = ms(10..=3_600_000))]
+    pub heartbeat_interval: Duration,
+    /// How often the reaper looks for expired leases, ms.
+    #[arg(id = "reaper_interval_ms", long = "reaper-interval-ms", value_name = "REAPER_INTERVAL_MS", env = "RUNLEASE_REAPER_INTERVAL_MS", default_value = "5000",
+          value_parser = ms(10..=3_600_000))]
+    pub reaper_interval: Duration,
+    /// Attempt budget of a job that does not set `max_attempts`.
+    #[arg(long, env = "RUNLEASE_MAX_ATTEMPTS", default_value_t = DEFAULT_MAX_ATTEMPTS,
+          value_parser = clap::value_parser!(i32).range(1..=1000))]
+    pub max_attempts: i32,
+    /// Run-time limit of an attempt whose job does not set `timeout_ms`, ms.
+    #[arg(id = "default_timeout_ms", long = "default-timeout-ms", value_name = "DEFAULT_TIMEOUT_MS", env = "RUNLEASE_DEFAULT_TIMEOUT_MS", default_value = "300000",
+          value_parser = ms(1..=86_400_000))]
+    pub default_timeout: Duration,
+    /// How often a parked claim or job read re-checks PostgreSQL without a wake-up, ms.
+    #[arg(id = "claim_recheck_ms", long = "claim-recheck-ms", value_name = "CLAIM_RECHECK_MS", env = "RUNLEASE_CLAIM_RECHECK_MS", default_value = "1000", value_parser = ms(10..=60_000))]
+    pub claim_recheck: Duration,
+}
+
+impl LeaseConfig {
+    /// Lease terms and the retry policy the store applies.
+    pub fn terms(&self) -> crate::store::LeaseSettings {
+        crate::store::LeaseSettings {
+            ttl: self.ttl,
+            heartbeat_interval: self.heartbeat_interval,
+            default_timeout: self.default_timeout,
+            default_max_attempts: self.max_attempts,
+            backoff_base: crate::store::DEFAULT_BACKOFF_BASE,
+            backoff_cap: crate::store::DEFAULT_BACKOFF_CAP,
+        }
+    }
+}
+
+/// Gathering concurrent claims, heartbeats and finishes into shared statements.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Batching")]
+pub struct BatchConfig {
+    /// Gather concurrent claims, heartbeats and finishes into shared
+    /// statements (`false`: one statement per request).
+    #[arg(id = "batching", long = "batching", value_name = "BATCHING", env = "RUNLEASE_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
+    pub enabled: bool,
+    /// Most requests (or claim slots) written by one statement.
+    #[arg(id = "batch_max_size", long = "batch-max-size", value_name = "BATCH_MAX_SIZE", env = "RUNLEASE_BATCH_MAX_SIZE", default_value_t = DEFAULT_BATCH_MAX_SIZE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub max_size: usize,
+    /// How long the first request of a batch may wait for company, ms (0:
+    /// batches form only while an earlier one is being written).
+    #[arg(id = "batch_max_delay_ms", long = "batch-max-delay-ms", value_name = "BATCH_MAX_DELAY_MS", env = "RUNLEASE_BATCH_MAX_DELAY_MS", default_value = "0", value_parser = ms(0..=1_000))]
+    pub max_delay: Duration,
+    /// Batches of one kind (claims, finishes, heartbeats) written at once,
+    /// each on its own connection.
+    #[arg(id = "batch_flushers", long = "batch-flushers", value_name = "BATCH_FLUSHERS", env = "RUNLEASE_BATCH_FLUSHERS", default_value_t = DEFAULT_BATCH_FLUSHERS,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub flushers: usize,
+    /// Requests a batch needs to be written while another flush of its
+    /// kind is in flight; a smaller one waits for that flush (gathering
+    /// meanwhile). 1: every free flusher writes at once.
+    #[arg(id = "batch_parallel_min", long = "batch-parallel-min", value_name = "BATCH_PARALLEL_MIN", env = "RUNLEASE_BATCH_PARALLEL_MIN", default_value_t = DEFAULT_BATCH_PARALLEL_MIN,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
+    pub parallel_min: usize,
+}
+
+impl BatchConfig {
+    /// How the batchers gather requests.
+    pub fn settings(&self) -> crate::batch::BatchSettings {
+        crate::batch::BatchSettings {
+            enabled: self.enabled,
+            max_size: self.max_size,
+            max_delay: self.max_delay,
+            flushers: self.flushers,
+            parallel_min: self.parallel_min,
+            // Claims batch across parked claimers already: half as many loops.
+            claim_shards: (self.flushers / 2).max(1),
+        }
+    }
+}
+
+/// Retention of terminal jobs and the prune pass that enforces it.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Retention")]
+pub struct RetentionConfig {
+    /// How long done jobs are kept once terminal, ms (0: forever). A queue
+    /// setting overrides it.
+    #[arg(id = "retention_done_ms", long = "retention-done-ms", value_name = "RETENTION_DONE_MS", env = "RUNLEASE_RETENTION_DONE_MS", default_value = "604800000",
+          value_parser = ms(0..=315_360_000_000))]
+    pub done: Duration,
+    /// How long failed and cancelled jobs are kept once terminal, ms (0: forever).
+    #[arg(id = "retention_failed_ms", long = "retention-failed-ms", value_name = "RETENTION_FAILED_MS", env = "RUNLEASE_RETENTION_FAILED_MS", default_value = "2592000000",
+          value_parser = ms(0..=315_360_000_000))]
+    pub failed: Duration,
+    /// How often a prune pass runs, ms.
+    #[arg(id = "prune_interval_ms", long = "prune-interval-ms", value_name = "PRUNE_INTERVAL_MS", env = "RUNLEASE_PRUNE_INTERVAL_MS", default_value = "10000", value_parser = ms(10..=86_400_000))]
+    pub prune_interval: Duration,
+    /// Most jobs one prune statement deletes (each is its own short transaction).
+    #[arg(id = "prune_batch", long = "prune-batch", value_name = "PRUNE_BATCH", env = "RUNLEASE_PRUNE_BATCH", default_value_t = DEFAULT_PRUNE_BATCH,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub prune_batch: u32,
+}
+
+impl RetentionConfig {
+    /// Retention of terminal jobs, as the store counts it (ms; 0: forever).
+    pub fn retention(&self) -> crate::prune::Retention {
+        let ms = |d: Duration| i64::try_from(d.as_millis()).unwrap_or(i64::MAX);
+        crate::prune::Retention {
+            done_ms: ms(self.done),
+            failed_ms: ms(self.failed),
+        }
+    }
+}
+
+/// SQS wake-ups that start Lambda workers.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "SQS wake-ups for Lambda workers")]
+pub struct SqsConfig {
+    /// Queues whose workers are Lambda functions woken through SQS:
+    /// comma-separated `queue=sqs_queue_url`.
+    #[arg(
+        id = "sqs_queues",
+        long = "sqs-queues",
+        value_name = "SQS_QUEUES",
+        env = "RUNLEASE_SQS_QUEUES"
+    )]
+    pub queues: Option<String>,
+    /// SQS endpoint override (e.g. moto's or LocalStack's URL); region and
+    /// credentials come from the standard AWS_* environment.
+    #[arg(
+        id = "sqs_endpoint",
+        long = "sqs-endpoint",
+        value_name = "SQS_ENDPOINT",
+        env = "RUNLEASE_SQS_ENDPOINT"
+    )]
+    pub endpoint: Option<String>,
+    /// Jobs one Lambda invocation is expected to take: one wake-up message per
+    /// this many due jobs.
+    #[arg(id = "sqs_jobs_per_wakeup", long = "sqs-jobs-per-wakeup", value_name = "SQS_JOBS_PER_WAKEUP", env = "RUNLEASE_SQS_JOBS_PER_WAKEUP", default_value_t = DEFAULT_SQS_JOBS_PER_WAKEUP,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000))]
+    pub jobs_per_wakeup: usize,
+    /// How often due jobs of SQS-bound queues are looked for (retries,
+    /// delayed jobs, failed sends), ms.
+    #[arg(id = "sqs_dispatch_interval_ms", long = "sqs-dispatch-interval-ms", value_name = "SQS_DISPATCH_INTERVAL_MS", env = "RUNLEASE_SQS_DISPATCH_INTERVAL_MS", default_value = "1000",
+          value_parser = ms(10..=3_600_000))]
+    pub dispatch_interval: Duration,
 }
 
 impl Config {
     /// The settings from `RUNLEASE_*` environment variables, defaults for the rest.
     pub fn from_env() -> Result<Self, clap::Error> {
         Cli::try_parse_from(["runlease-coordinator"]).map(|cli| cli.config)
-    }
-
-    /// Lease TTL.
-    pub fn lease_ttl(&self) -> Duration {
-        Duration::from_millis(self.lease_ttl_ms)
     }
 
     /// Reads the `*_FILE` settings into the values they stand for (the
@@ -285,30 +430,54 @@ impl Config {
                 .map_err(|e| format!("cannot read {name}_FILE {}: {e}", path.display()))?;
             Ok(text.trim_end_matches(['\n', '\r']).to_owned())
         }
-        if let Some(path) = self.secret_file.take() {
-            if self.secret.as_deref().is_some_and(|v| !v.is_empty()) {
-                return Err("set RUNLEASE_SECRET or RUNLEASE_SECRET_FILE, not both".into());
+        fn load(
+            value: &mut Option<String>,
+            file: &mut Option<std::path::PathBuf>,
+            name: &str,
+        ) -> Result<(), String> {
+            if let Some(path) = file.take() {
+                if value.as_deref().is_some_and(|v| !v.is_empty()) {
+                    return Err(format!("set {name} or {name}_FILE, not both"));
+                }
+                *value = Some(read(&path, name)?);
             }
-            self.secret = Some(read(&path, "RUNLEASE_SECRET")?);
+            Ok(())
         }
-        if let Some(path) = self.api_keys_file.take() {
-            if self.api_keys.as_deref().is_some_and(|v| !v.is_empty()) {
-                return Err("set RUNLEASE_API_KEYS or RUNLEASE_API_KEYS_FILE, not both".into());
+        fn load_over_default(
+            value: &mut String,
+            default: &str,
+            file: &mut Option<std::path::PathBuf>,
+            name: &str,
+        ) -> Result<(), String> {
+            let mut given = (value != default).then(|| value.clone());
+            load(&mut given, file, name)?;
+            if let Some(v) = given {
+                *value = v;
             }
-            self.api_keys = Some(read(&path, "RUNLEASE_API_KEYS")?);
+            Ok(())
         }
-        if let Some(path) = self.database_url_file.take() {
-            if self.database_url != DEFAULT_DATABASE_URL {
-                return Err("set RUNLEASE_DATABASE_URL or RUNLEASE_DATABASE_URL_FILE, not both".into());
-            }
-            self.database_url = read(&path, "RUNLEASE_DATABASE_URL")?;
-        }
-        if let Some(path) = self.redis_url_file.take() {
-            if self.redis_url != DEFAULT_REDIS_URL {
-                return Err("set RUNLEASE_REDIS_URL or RUNLEASE_REDIS_URL_FILE, not both".into());
-            }
-            self.redis_url = read(&path, "RUNLEASE_REDIS_URL")?;
-        }
+        load(
+            &mut self.keys.secret,
+            &mut self.keys.secret_file,
+            "RUNLEASE_SECRET",
+        )?;
+        load(
+            &mut self.keys.api_keys,
+            &mut self.keys.api_keys_file,
+            "RUNLEASE_API_KEYS",
+        )?;
+        load_over_default(
+            &mut self.database.url,
+            DEFAULT_DATABASE_URL,
+            &mut self.database.url_file,
+            "RUNLEASE_DATABASE_URL",
+        )?;
+        load_over_default(
+            &mut self.redis.url,
+            DEFAULT_REDIS_URL,
+            &mut self.redis.url_file,
+            "RUNLEASE_REDIS_URL",
+        )?;
         Ok(())
     }
 
@@ -321,7 +490,8 @@ impl Config {
 
     /// The keys of `RUNLEASE_SECRET`, split at commas, trimmed, empty ones dropped.
     fn secret_keys(&self) -> impl Iterator<Item = &str> {
-        self.secret
+        self.keys
+            .secret
             .as_deref()
             .unwrap_or_default()
             .split(',')
@@ -337,7 +507,7 @@ impl Config {
         const MAKE_ONE: &str = "make one with `openssl rand -base64 32`";
         let keys: Vec<&str> = self.secret_keys().collect();
         if keys.is_empty() {
-            if self.secret.as_deref().is_some_and(|s| !s.trim().is_empty()) {
+            if self.keys.secret.as_deref().is_some_and(|s| !s.trim().is_empty()) {
                 return Err(format!(
                     "RUNLEASE_SECRET holds no key: it is split at commas into keys, and every part is empty; set at least one key of {MIN_SECRET_BYTES} bytes or more ({MAKE_ONE}), or unset it to have one generated"
                 ));
@@ -362,54 +532,21 @@ impl Config {
         }
     }
 
-    /// Lease terms and the retry policy, as durations.
-    pub fn lease_settings(&self) -> crate::store::LeaseSettings {
-        crate::store::LeaseSettings {
-            ttl: self.lease_ttl(),
-            heartbeat_interval: Duration::from_millis(self.heartbeat_interval_ms),
-            default_timeout: Duration::from_millis(self.default_timeout_ms),
-            default_max_attempts: self.max_attempts,
-            backoff_base: crate::store::DEFAULT_BACKOFF_BASE,
-            backoff_cap: crate::store::DEFAULT_BACKOFF_CAP,
-        }
-    }
-
-    /// The deadlines of database work.
-    pub fn database_deadlines(&self) -> crate::store::connect::Deadlines {
-        crate::store::connect::Deadlines {
-            statement: Duration::from_millis(self.database_statement_timeout_ms),
-            call: Duration::from_millis(self.database_call_timeout_ms),
-        }
-    }
-
-    /// Retention of terminal jobs (0: forever).
-    pub fn retention(&self) -> crate::prune::Retention {
-        let ms = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
-        crate::prune::Retention {
-            done_ms: ms(self.retention_done_ms),
-            failed_ms: ms(self.retention_failed_ms),
-        }
-    }
-
-    /// Reaper interval.
-    pub fn reaper_interval(&self) -> Duration {
-        Duration::from_millis(self.reaper_interval_ms)
-    }
-
     /// Checks that settings agree with each other, and that every
     /// `RUNLEASE_SECRET` key is at least [`MIN_SECRET_BYTES`] long.
     pub fn validate(&self) -> Result<(), String> {
         self.validate_secret()?;
-        if self.heartbeat_interval_ms >= self.lease_ttl_ms {
+        if self.leases.heartbeat_interval >= self.leases.ttl {
             return Err(format!(
                 "RUNLEASE_HEARTBEAT_INTERVAL_MS ({}) must be below RUNLEASE_LEASE_TTL_MS ({}); a third of it is usual",
-                self.heartbeat_interval_ms, self.lease_ttl_ms
+                self.leases.heartbeat_interval.as_millis(),
+                self.leases.ttl.as_millis()
             ));
         }
-        if self.max_body_bytes < 1024 {
+        if self.server.max_body_bytes < 1024 {
             return Err("RUNLEASE_MAX_BODY_BYTES must be at least 1024".into());
         }
-        let bindings = crate::dispatch::parse_bindings(self.sqs_queues.as_deref().unwrap_or_default())?;
+        let bindings = crate::dispatch::parse_bindings(self.sqs.queues.as_deref().unwrap_or_default())?;
         if !crate::dispatch::SQS_BUILT_IN && !bindings.is_empty() {
             // Ignoring them would leave those queues' Lambda workers never woken.
             let mut queues: Vec<&str> = bindings.keys().map(|q| q.as_str()).collect();
@@ -431,7 +568,7 @@ mod tests {
 
     fn with_secret(secret: &str) -> Config {
         let mut config = Cli::try_parse_from(["runlease-coordinator"]).unwrap().config;
-        config.secret = Some(secret.to_owned());
+        config.keys.secret = Some(secret.to_owned());
         config
     }
 

@@ -54,15 +54,12 @@ pub mod token;
 pub mod wake;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::auth::ApiKeys;
-use crate::batch::claims::ClaimBatcher;
-use crate::batch::{BatchSettings, Finisher, Renewer};
 use crate::config::Config;
 use crate::flow::FlowControl;
 use crate::metrics::Metrics;
@@ -92,17 +89,17 @@ pub enum Error {
 /// Connects to PostgreSQL (creating the database if missing) and applies
 /// pending migrations.
 pub async fn connect_and_migrate(config: &Config) -> Result<Store, Error> {
-    let target = DatabaseTarget::parse(&config.database_url)?;
+    let target = DatabaseTarget::parse(&config.database.url)?;
     if target.create_database_if_missing().await? {
         tracing::info!(database = target.dbname(), "created the database");
     }
-    let deadlines = config.database_deadlines();
-    let pool = target.pool(config.database_pool_size, deadlines)?;
+    let deadlines = config.database.deadlines();
+    let pool = target.pool(config.database.pool_size, deadlines)?;
     let applied = store::migrate::migrate(&pool).await?;
     if !applied.is_empty() {
         tracing::info!(?applied, "applied migrations");
     }
-    Ok(Store::new(pool, config.lease_settings(), deadlines.call))
+    Ok(Store::new(pool, config.leases.terms(), deadlines.call))
 }
 
 /// `runlease-coordinator migrate`.
@@ -114,7 +111,7 @@ pub async fn migrate(config: &Config) -> Result<(), Error> {
 
 /// Binds `RUNLEASE_LISTEN` and serves until `shutdown` fires.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Error> {
-    let listener = TcpListener::bind(config.listen).await?;
+    let listener = TcpListener::bind(config.server.listen).await?;
     serve(config, listener, shutdown).await
 }
 
@@ -129,7 +126,53 @@ pub async fn serve(
     config.load_secret_files().map_err(Error::Config)?;
     config.validate().map_err(Error::Config)?;
     let addr = listener.local_addr()?;
-    let keys = ApiKeys::parse(config.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
+    let keys = api_keys(&config, addr)?;
+    let tokens = token_key(&config);
+    let metrics = Arc::new(Metrics::with_max_queues(
+        config.server.slo,
+        config.server.metrics_max_queues,
+    ));
+    let store = connect_and_migrate(&config)
+        .await?
+        .count_timeouts_in(metrics.db_timeouts.clone())
+        .count_retries_in(metrics.db_retries.clone());
+    let tracker = TaskTracker::new();
+    let wake = connect_redis(&config, &metrics, &tracker, &shutdown)?;
+    let flow = FlowControl::new(store.clone(), wake.clone(), metrics.clone());
+    let parts = batch::Parts {
+        store,
+        wake,
+        flow,
+        metrics,
+    };
+    start_loops(&config, &parts, &tracker, &shutdown).await?;
+    let state = Arc::new(http::Shared::new(
+        &parts,
+        &config,
+        tokens,
+        keys,
+        &tracker,
+        shutdown.clone(),
+    ));
+    tracing::info!(%addr, "runlease coordinator listening");
+    let app = http::app(state, config.server.max_body_bytes);
+    http::serve::serve(
+        listener,
+        app,
+        config.limits.connections(),
+        parts.metrics.clone(),
+        shutdown,
+    )
+    .await;
+    tracker.close();
+    tracker.wait().await;
+    tracing::info!("runlease coordinator stopped");
+    Ok(())
+}
+
+/// The API keys; with none, serving is allowed on loopback only.
+fn api_keys(config: &Config, addr: std::net::SocketAddr) -> Result<ApiKeys, Error> {
+    let keys = ApiKeys::parse(config.keys.api_keys.as_deref().unwrap_or_default()).map_err(Error::Config)?;
     if keys.is_empty() {
         if !addr.ip().is_loopback() {
             return Err(Error::Config(format!(
@@ -138,6 +181,11 @@ pub async fn serve(
         }
         tracing::warn!(%addr, "no RUNLEASE_API_KEYS configured: serving unauthenticated requests on loopback only");
     }
+    Ok(keys)
+}
+
+/// The lease-token key: `RUNLEASE_SECRET`'s, or a random one.
+fn token_key(config: &Config) -> TokenKey {
     let mut secrets = config.secrets();
     if secrets.is_empty() {
         let mut bytes = [0u8; 32];
@@ -152,152 +200,112 @@ pub async fn serve(
             "lease tokens are signed with the first RUNLEASE_SECRET key and verified with every one"
         );
     }
-    let metrics = Arc::new(Metrics::with_max_queues(
-        Duration::from_millis(config.slo_ms),
-        config.metrics_max_queues,
-    ));
-    let store = connect_and_migrate(&config)
-        .await?
-        .count_timeouts_in(metrics.db_timeouts.clone())
-        .count_retries_in(metrics.db_retries.clone());
-    let tracker = TaskTracker::new();
-    let wake = if config.redis_url.trim().is_empty() {
+    TokenKey::rotating(&secrets.iter().map(Vec::as_slice).collect::<Vec<_>>())
+}
+
+/// Wake-ups: through Redis, or inside this coordinator only when
+/// `RUNLEASE_REDIS_URL` is empty.
+fn connect_redis(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<Wake, Error> {
+    if config.redis.url.trim().is_empty() {
         tracing::info!("RUNLEASE_REDIS_URL is empty: wake-ups stay inside this coordinator");
-        Wake::local_only()
-    } else {
-        Wake::with_redis(
-            &config.redis_url,
-            &config.redis_prefix,
-            metrics.clone(),
-            &tracker,
-            shutdown.child_token(),
-        )
-        .map_err(Error::Config)?
-    };
+        return Ok(Wake::local_only());
+    }
+    Wake::with_redis(
+        &config.redis.url,
+        &config.redis.prefix,
+        metrics.clone(),
+        tracker,
+        shutdown.child_token(),
+    )
+    .map_err(Error::Config)
+}
+
+/// Starts the background loops: the reaper, the repair of wake-ups, the
+/// pruner, the scheduler, the flow-control view and SQS dispatch.
+async fn start_loops(
+    config: &Config,
+    parts: &batch::Parts,
+    tracker: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> Result<(), Error> {
+    let batch::Parts {
+        store,
+        wake,
+        flow,
+        metrics,
+    } = parts;
     let reaper = Reaper::new(
         store.clone(),
         metrics.clone(),
         wake.clone(),
-        config.reaper_interval(),
+        config.leases.reaper_interval,
     );
     tracker.spawn(reaper.run(shutdown.child_token()));
     let repairer = Repairer::new(
         store.clone(),
         wake.clone(),
         metrics.clone(),
-        Duration::from_millis(config.repair_interval_ms),
+        config.redis.repair_interval,
     );
     tracker.spawn(repairer.run(shutdown.child_token()));
+    let retention = &config.retention;
     let pruner = Pruner::new(
         store.clone(),
         metrics.clone(),
-        config.retention(),
-        i64::from(config.prune_batch),
-        Duration::from_millis(config.prune_interval_ms),
+        retention.retention(),
+        i64::from(retention.prune_batch),
+        retention.prune_interval,
         shutdown.child_token(),
     );
     tracker.spawn(pruner.run());
-    let scheduler = Scheduler::new(store.clone(), wake.clone(), metrics.clone(), config.max_attempts);
+    let scheduler = Scheduler::new(
+        store.clone(),
+        wake.clone(),
+        metrics.clone(),
+        config.leases.max_attempts,
+    );
     tracker.spawn(scheduler.run(shutdown.child_token()));
-
-    // A build without the `sqs` feature refused SQS bindings in `validate`.
-    #[cfg(feature = "sqs")]
-    {
-        let bindings = dispatch::parse_bindings(config.sqs_queues.as_deref().unwrap_or_default())
-            .map_err(Error::Config)?;
-        if !bindings.is_empty() {
-            start_dispatch(&config, bindings, &store, &metrics, &wake, &tracker, &shutdown).await;
-        }
-    }
-
-    let recheck = Duration::from_millis(config.claim_recheck_ms);
-    let settings = BatchSettings {
-        enabled: config.batching,
-        max_size: config.batch_max_size,
-        max_delay: Duration::from_millis(config.batch_max_delay_ms),
-        flushers: config.batch_flushers,
-        parallel_min: config.batch_parallel_min,
-        // Claims batch across parked claimers already: half as many loops.
-        claim_shards: (config.batch_flushers / 2).max(1),
-    };
-    tracing::info!(?settings, "batching");
-    let flow = FlowControl::new(store.clone(), wake.clone(), metrics.clone());
     if let Err(e) = flow.refresh().await {
         tracing::warn!(error = %e, "cannot read queue settings yet; retrying every second");
     }
     tracker.spawn(flow.clone().run(shutdown.child_token()));
-    let parts = batch::Parts {
-        store: store.clone(),
-        wake: wake.clone(),
-        flow: flow.clone(),
-        metrics: metrics.clone(),
-    };
-    let claims = ClaimBatcher::spawn(&parts, settings, recheck, &tracker, shutdown.clone());
-    let finisher = Finisher::finisher(
-        &store,
-        &wake,
-        settings,
-        metrics.clone(),
-        &tracker,
-        shutdown.clone(),
-    );
-    let renewer = Renewer::renewer(&store, settings, metrics.clone(), &tracker, shutdown.clone());
-
-    let state = Arc::new(http::Shared {
-        store,
-        tokens: TokenKey::rotating(&secrets.iter().map(Vec::as_slice).collect::<Vec<_>>()),
-        keys: Arc::new(keys),
-        metrics,
-        wake,
-        recheck,
-        shutdown: shutdown.clone(),
-        flow,
-        claims,
-        finisher,
-        renewer,
-        parked_claims: config.limits.parked_claims(),
-        parked_reads: config.limits.parked_reads(),
-        max_answer_bytes: config.limits.max_answer_bytes,
-    });
-    tracing::info!(%addr, "runlease coordinator listening");
-    let metrics = state.metrics.clone();
-    let app = http::app(state, config.max_body_bytes);
-    http::serve::serve(
-        listener,
-        app,
-        config.limits.connections(),
-        metrics,
-        shutdown.clone(),
-    )
-    .await;
-    tracker.close();
-    tracker.wait().await;
-    tracing::info!("runlease coordinator stopped");
+    // A build without the `sqs` feature refused SQS bindings in `validate`.
+    #[cfg(feature = "sqs")]
+    {
+        let bindings = dispatch::parse_bindings(config.sqs.queues.as_deref().unwrap_or_default())
+            .map_err(Error::Config)?;
+        if !bindings.is_empty() {
+            start_dispatch(&config.sqs, bindings, parts, tracker, shutdown).await;
+        }
+    }
     Ok(())
 }
 
 /// Starts the SQS dispatcher for `bindings` (not empty).
 #[cfg(feature = "sqs")]
 async fn start_dispatch(
-    config: &Config,
+    sqs: &config::SqsConfig,
     bindings: std::collections::HashMap<runlease_protocol::QueueName, String>,
-    store: &Store,
-    metrics: &Arc<Metrics>,
-    wake: &Wake,
+    parts: &batch::Parts,
     tracker: &TaskTracker,
     shutdown: &CancellationToken,
 ) {
-    let sqs = dispatch::Dispatcher::sqs_client(config.sqs_endpoint.as_deref()).await;
+    let client = dispatch::Dispatcher::sqs_client(sqs.endpoint.as_deref()).await;
     let dispatcher = dispatch::Dispatcher::new(
-        store.clone(),
-        sqs,
+        parts.store.clone(),
+        client,
         bindings,
-        config.sqs_jobs_per_wakeup,
-        Duration::from_millis(config.sqs_dispatch_interval_ms),
-        metrics.clone(),
+        sqs.jobs_per_wakeup,
+        sqs.dispatch_interval,
+        parts.metrics.clone(),
     );
-    tracing::info!(queues = ?config.sqs_queues, "SQS wake-ups for Lambda workers");
-    tracker.spawn(dispatcher.run(wake.clone(), shutdown.child_token()));
+    tracing::info!(queues = ?sqs.queues, "SQS wake-ups for Lambda workers");
+    tracker.spawn(dispatcher.run(parts.wake.clone(), shutdown.child_token()));
 }
 
 /// Starts tracing (see [`telemetry::init`]); keep the answer until exit.

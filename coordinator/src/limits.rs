@@ -23,11 +23,17 @@ pub const DEFAULT_MAX_PARKED_CLAIMS_PER_KEY: usize = 2_000;
 pub const DEFAULT_MAX_PARKED_READS: usize = 10_000;
 /// Default `RUNLEASE_MAX_PARKED_READS_PER_KEY`.
 pub const DEFAULT_MAX_PARKED_READS_PER_KEY: usize = 2_000;
+/// Most distinct claim shapes (queues and time-left band) one key may have
+/// parked at once. Each shape is a claim statement of its own at every
+/// wake-up of its queues and every re-check, so a key parking claims of
+/// thousands of shapes would multiply the database's work.
+pub const MAX_PARKED_SHAPES_PER_KEY: usize = 64;
 /// Default `RUNLEASE_MAX_ANSWER_BYTES`: 16 MiB.
 pub const DEFAULT_MAX_ANSWER_BYTES: usize = 16 * 1024 * 1024;
 
 /// The limit settings (flags and `RUNLEASE_*` variables).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "Limits on clients")]
 pub struct LimitSettings {
     /// Most HTTP connections open at once; one more is answered 503
     /// `overloaded` and closed. Keep it below the process's file limit.
@@ -142,6 +148,9 @@ struct ParkInner {
     /// Parked per key, and in all. A key with none parked has no entry, so
     /// the map holds at most one entry per configured key.
     held: Mutex<(HashMap<KeyId, usize>, usize)>,
+    /// Parked per key and shape (for claims), each key with at most
+    /// [`MAX_PARKED_SHAPES_PER_KEY`] shapes.
+    shapes: Mutex<HashMap<KeyId, HashMap<u64, usize>>>,
 }
 
 /// Why a long-poll may not park.
@@ -154,6 +163,7 @@ pub struct ParkRefused(pub String);
 pub struct Parking {
     inner: Arc<ParkInner>,
     key: KeyId,
+    shape: Option<u64>,
 }
 
 impl ParkLimit {
@@ -166,6 +176,7 @@ impl ParkLimit {
                 total,
                 per_key,
                 held: Mutex::new((HashMap::new(), 0)),
+                shapes: Mutex::default(),
             }),
         }
     }
@@ -196,7 +207,32 @@ impl ParkLimit {
         Ok(Parking {
             inner: inner.clone(),
             key,
+            shape: None,
         })
+    }
+
+    /// A place for one more long-poll of `key` of `shape` (a hash of what
+    /// decides which statement serves it), or why not: a key may have at
+    /// most [`MAX_PARKED_SHAPES_PER_KEY`] shapes parked at once.
+    pub fn park_shaped(&self, key: KeyId, shape: u64) -> Result<Parking, ParkRefused> {
+        let mut parking = self.park(key)?;
+        let mut shapes = self
+            .inner
+            .shapes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mine = shapes.entry(key).or_default();
+        if !mine.contains_key(&shape) && mine.len() >= MAX_PARKED_SHAPES_PER_KEY {
+            if mine.is_empty() {
+                shapes.remove(&key);
+            }
+            return Err(ParkRefused(format!(
+                "this API key has claims of {MAX_PARKED_SHAPES_PER_KEY} different shapes (queues, time left) parked already; park claims of fewer shapes, or retry after the Retry-After delay"
+            )));
+        }
+        *mine.entry(shape).or_insert(0) += 1;
+        parking.shape = Some(shape);
+        Ok(parking)
     }
 
     /// Long-polls parked now, in all.
@@ -211,6 +247,24 @@ impl ParkLimit {
 
 impl Drop for Parking {
     fn drop(&mut self) {
+        if let Some(shape) = self.shape {
+            let mut shapes = self
+                .inner
+                .shapes
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(mine) = shapes.get_mut(&self.key) {
+                if let Some(n) = mine.get_mut(&shape) {
+                    *n = n.saturating_sub(1);
+                    if *n == 0 {
+                        mine.remove(&shape);
+                    }
+                }
+                if mine.is_empty() {
+                    shapes.remove(&self.key);
+                }
+            }
+        }
         let mut held = self
             .inner
             .held
@@ -249,6 +303,29 @@ mod tests {
         drop(a1);
         assert_eq!(limit.parked(), 2);
         let _a3 = limit.park(a).unwrap();
+    }
+
+    #[test]
+    fn a_key_may_park_claims_of_a_bounded_number_of_shapes() {
+        let limit = ParkLimit::new("parked claims", "RUNLEASE_MAX_PARKED_CLAIMS", 10_000, 10_000);
+        let key = KeyId(0);
+        let held: Vec<Parking> = (0..MAX_PARKED_SHAPES_PER_KEY as u64)
+            .map(|shape| limit.park_shaped(key, shape).unwrap())
+            .collect();
+        // More of a shape it has: fine; a new shape: refused; another key: fine.
+        let again = limit.park_shaped(key, 3).unwrap();
+        let refused = limit.park_shaped(key, 9_999).unwrap_err();
+        assert!(refused.0.contains("shapes"), "{refused}");
+        assert_eq!(
+            limit.parked(),
+            MAX_PARKED_SHAPES_PER_KEY + 1,
+            "a refused place is given back"
+        );
+        let _other = limit.park_shaped(KeyId(1), 9_999).unwrap();
+        drop(again);
+        drop(held);
+        let _now = limit.park_shaped(key, 9_999).unwrap();
+        assert_eq!(limit.inner.shapes.lock().unwrap()[&key].len(), 1);
     }
 
     #[test]

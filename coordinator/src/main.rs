@@ -2,7 +2,6 @@
 //! coordinator until SIGINT or SIGTERM.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::Parser;
 use runlease_coordinator::config::{Cli, Command};
@@ -18,13 +17,13 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     // Dropped last: spans still buffered for the OTLP collector are sent.
-    let _telemetry = runlease_coordinator::init_tracing(cli.config.log_json);
+    let _telemetry = runlease_coordinator::init_tracing(cli.config.server.log_json);
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Migrate => runlease_coordinator::migrate(&cli.config).await,
         Command::Serve => {
             let shutdown = CancellationToken::new();
             tokio::spawn(watch_signals(shutdown.clone()));
-            let grace = Duration::from_millis(cli.config.shutdown_grace_ms);
+            let grace = cli.config.server.shutdown_grace;
             let run = runlease_coordinator::run(cli.config, shutdown.clone());
             tokio::pin!(run);
             tokio::select! {

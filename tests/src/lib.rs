@@ -132,7 +132,7 @@ async fn ensure_template(admin: &tokio_postgres::Client) -> String {
             .await
             .unwrap();
         let mut config = test_config(&url_for(&building));
-        config.database_pool_size = 1;
+        config.database.pool_size = 1;
         let store = runlease_coordinator::connect_and_migrate(&config).await.unwrap();
         store.pool().close();
         drop(store);
@@ -170,9 +170,9 @@ async fn ensure_template(admin: &tokio_postgres::Client) -> String {
 /// Settings for a test coordinator: quiet timers, a fixed secret, no keys.
 pub fn test_config(database_url: &str) -> Config {
     let mut config = Config::from_env().expect("RUNLEASE_* variables in the environment must be valid");
-    config.database_url = database_url.to_owned();
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config.secret = Some(TEST_SECRET.to_owned());
+    config.database.url = database_url.to_owned();
+    config.server.listen = "127.0.0.1:0".parse().unwrap();
+    config.keys.secret = Some(TEST_SECRET.to_owned());
     // The machine's Redis, with channels of this test's own.
     let db = database_url
         .rsplit('/')
@@ -181,14 +181,14 @@ pub fn test_config(database_url: &str) -> Config {
         .split('?')
         .next()
         .unwrap_or("x");
-    config.redis_prefix = format!("runlease-test:{db}");
-    config.api_keys = None;
-    config.lease_ttl_ms = 15_000;
-    config.heartbeat_interval_ms = 5_000;
+    config.redis.prefix = format!("runlease-test:{db}");
+    config.keys.api_keys = None;
+    config.leases.ttl = std::time::Duration::from_millis(15_000);
+    config.leases.heartbeat_interval = std::time::Duration::from_millis(5_000);
     // Tests drive the reaper with `run_once` unless they ask for the loop.
-    config.reaper_interval_ms = 3_600_000;
-    config.database_pool_size = 8;
-    config.shutdown_grace_ms = 10_000;
+    config.leases.reaper_interval = std::time::Duration::from_millis(3_600_000);
+    config.database.pool_size = 8;
+    config.server.shutdown_grace = std::time::Duration::from_millis(10_000);
     config
 }
 
@@ -390,7 +390,7 @@ impl TestCoordinator {
 
     /// Starts a coordinator with exactly `config` (its `listen` port is ignored: 0).
     pub async fn start_config(config: Config) -> Self {
-        let listener = TcpListener::bind((config.listen.ip(), 0)).await.unwrap();
+        let listener = TcpListener::bind((config.server.listen.ip(), 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(runlease_coordinator::serve(config, listener, shutdown.clone()));

@@ -56,11 +56,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         use serde_json::error::Category;
         // serde_json calls some shape errors syntax: a value of another JSON
         // type where an enum's name is expected ("expected value"). A body
-        // that is a JSON document is 422 whatever the error says.
+        // that is a JSON document is 422 whatever the error says; one
+        // nested past the parser's limit is not a document it can read (400).
         let shape = match e.classify() {
             Category::Data => true,
             Category::Syntax | Category::Eof | Category::Io => {
-                serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
+                serde_json::from_slice::<serde_json::Value>(bytes).is_ok()
             }
         };
         if shape {

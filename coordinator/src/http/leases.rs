@@ -53,10 +53,15 @@ pub(super) fn park(
     ask: &ClaimAsk,
 ) -> Result<Option<crate::limits::Parking>, ApiError> {
     if ask.wait.is_zero() {
-        Ok(None)
-    } else {
-        state.park_claim(caller).map(Some)
+        return Ok(None);
     }
+    // Claims of one shape share a statement: the shape, not the claim, is
+    // what costs the database work.
+    let mut hasher = std::hash::DefaultHasher::new();
+    std::hash::Hash::hash(&crate::batch::plan::GroupKey::of(ask), &mut hasher);
+    state
+        .park_claim(caller, std::hash::Hasher::finish(&hasher))
+        .map(Some)
 }
 
 /// Checks a claim (of `/v1/claim`, or riding on `/v1/finish`).

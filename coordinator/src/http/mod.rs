@@ -88,17 +88,62 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// A place for a parked claim of `caller`, or 429.
-    pub fn park_claim(&self, caller: &crate::auth::Caller) -> Result<crate::limits::Parking, ApiError> {
-        self.parked_claims.park(caller.key).map_err(|refused| {
-            self.metrics
-                .requests_refused
-                .get_or_create(&RefusedLabels {
-                    limit: "parked_claims",
-                })
-                .inc();
-            ApiError::too_many(refused.0)
-        })
+    /// The state of a coordinator's handlers: its batchers started on
+    /// `tracker` (they stop with `shutdown`), its limits and timers as
+    /// `config` sets them.
+    pub fn new(
+        parts: &crate::batch::Parts,
+        config: &crate::config::Config,
+        tokens: TokenKey,
+        keys: ApiKeys,
+        tracker: &tokio_util::task::TaskTracker,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let settings = config.batching.settings();
+        tracing::info!(?settings, "batching");
+        let recheck = config.leases.claim_recheck;
+        let crate::batch::Parts {
+            store,
+            wake,
+            flow,
+            metrics,
+        } = parts;
+        Self {
+            claims: ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone()),
+            finisher: Finisher::finisher(store, wake, settings, metrics.clone(), tracker, shutdown.clone()),
+            renewer: Renewer::renewer(store, settings, metrics.clone(), tracker, shutdown.clone()),
+            store: store.clone(),
+            tokens,
+            keys: Arc::new(keys),
+            metrics: metrics.clone(),
+            wake: wake.clone(),
+            recheck,
+            shutdown,
+            flow: flow.clone(),
+            parked_claims: config.limits.parked_claims(),
+            parked_reads: config.limits.parked_reads(),
+            max_answer_bytes: config.limits.max_answer_bytes,
+        }
+    }
+
+    /// A place for a parked claim of `caller` of `shape` (a hash of its
+    /// queues and time-left band), or 429.
+    pub fn park_claim(
+        &self,
+        caller: &crate::auth::Caller,
+        shape: u64,
+    ) -> Result<crate::limits::Parking, ApiError> {
+        self.parked_claims
+            .park_shaped(caller.key, shape)
+            .map_err(|refused| {
+                self.metrics
+                    .requests_refused
+                    .get_or_create(&RefusedLabels {
+                        limit: "parked_claims",
+                    })
+                    .inc();
+                ApiError::too_many(refused.0)
+            })
     }
 
     /// A place for a parked job read of `caller`, or 429.

@@ -16,14 +16,13 @@ use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
 
 use crate::auth::{ApiKeys, KeyId};
-use crate::batch::claims::ClaimBatcher;
-use crate::batch::{BatchSettings, Finisher, Parts, Renewer};
+use crate::batch::Parts;
 use crate::flow::FlowControl;
 use crate::http::{Shared, app};
 use crate::limits::LimitSettings;
 use crate::metrics::Metrics;
-use crate::store::connect::{DatabaseTarget, Deadlines};
-use crate::store::{LeaseSettings, Store};
+use crate::store::Store;
+use crate::store::connect::DatabaseTarget;
 use crate::token::TokenKey;
 use crate::wake::Wake;
 
@@ -33,74 +32,38 @@ const EMAILS_WORKER: &str = "emails-worker-key-0123456789";
 const PRODUCER: &str = "producer-key-0123456789";
 
 /// The app over a database nobody answers for, with `keys` (empty: open
-/// mode) and limits changed by `tweak`.
+/// mode), batching off, and limits changed by `tweak`.
 fn router(keys: &str, tweak: impl FnOnce(&mut LimitSettings)) -> (Router, Arc<Shared>) {
-    let deadlines = Deadlines {
-        statement: Duration::from_secs(1),
-        call: Duration::from_millis(300),
-    };
+    use clap::Parser;
+    let mut config = crate::config::Cli::try_parse_from(["runlease-coordinator"])
+        .unwrap()
+        .config;
+    config.batching.enabled = false;
+    config.database.call_timeout = Duration::from_millis(300);
+    tweak(&mut config.limits);
     let pool = DatabaseTarget::parse("postgres://postgres@127.0.0.1:1/nowhere")
         .unwrap()
-        .pool(1, deadlines)
+        .pool(1, config.database.deadlines())
         .unwrap();
-    let leases = LeaseSettings {
-        ttl: Duration::from_secs(15),
-        heartbeat_interval: Duration::from_secs(5),
-        default_timeout: Duration::from_secs(300),
-        default_max_attempts: 4,
-        backoff_base: Duration::from_secs(1),
-        backoff_cap: Duration::from_secs(300),
-    };
-    let store = Store::new(pool, leases, deadlines.call);
+    let store = Store::new(pool, config.leases.terms(), config.database.call_timeout);
     let metrics = Arc::new(Metrics::new(Duration::from_secs(25)));
     let wake = Wake::local_only();
-    let flow = FlowControl::new(store.clone(), wake.clone(), metrics.clone());
     let parts = Parts {
-        store: store.clone(),
-        wake: wake.clone(),
-        flow: flow.clone(),
-        metrics: metrics.clone(),
-    };
-    let settings = BatchSettings {
-        enabled: false,
-        max_size: 100,
-        max_delay: Duration::ZERO,
-        flushers: 1,
-        parallel_min: 1,
-        claim_shards: 1,
-    };
-    let (tracker, shutdown) = (TaskTracker::new(), CancellationToken::new());
-    let mut limits = LimitSettings::default();
-    tweak(&mut limits);
-    let state = Arc::new(Shared {
-        claims: ClaimBatcher::spawn(
-            &parts,
-            settings,
-            Duration::from_secs(1),
-            &tracker,
-            shutdown.clone(),
-        ),
-        finisher: Finisher::finisher(
-            &store,
-            &wake,
-            settings,
-            metrics.clone(),
-            &tracker,
-            shutdown.clone(),
-        ),
-        renewer: Renewer::renewer(&store, settings, metrics.clone(), &tracker, shutdown.clone()),
+        flow: FlowControl::new(store.clone(), wake.clone(), metrics.clone()),
         store,
-        tokens: TokenKey::new(SECRET),
-        keys: Arc::new(ApiKeys::parse(keys).unwrap()),
-        metrics,
         wake,
-        recheck: Duration::from_secs(1),
-        shutdown,
-        flow,
-        parked_claims: limits.parked_claims(),
-        parked_reads: limits.parked_reads(),
-        max_answer_bytes: limits.max_answer_bytes,
-    });
+        metrics,
+    };
+    let keys = ApiKeys::parse(keys).unwrap();
+    let state = Shared::new(
+        &parts,
+        &config,
+        TokenKey::new(SECRET),
+        keys,
+        &TaskTracker::new(),
+        CancellationToken::new(),
+    );
+    let state = Arc::new(state);
     (app(state.clone(), 1024 * 1024), state)
 }
 

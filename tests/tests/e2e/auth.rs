@@ -14,7 +14,7 @@ const ADMIN: &str = "admin-key-0123456789";
 async fn keys_and_roles_decide_who_may_do_what() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some(format!(
+        cfg.keys.api_keys = Some(format!(
             "producer:{PRODUCER},worker:{WORKER},worker:{EMAILS_WORKER}:emails,admin:{ADMIN}"
         ));
     })

@@ -11,7 +11,7 @@ fn is_error_body(body: &Value, code: &str) -> bool {
 #[tokio::test]
 async fn every_bad_input_gets_its_4xx_and_writes_nothing() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.max_body_bytes = 64 * 1024).await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.server.max_body_bytes = 64 * 1024).await;
     let running = c.api.enqueue("q", json!("keep me")).await;
     let lease = c.api.claim_one("q", "w").await;
     let snapshot = c.api.job(running.id).await;

@@ -9,7 +9,7 @@ use serde_json::json;
 
 /// A gathering window wide enough that concurrent requests share a batch.
 fn gather(cfg: &mut runlease_coordinator::config::Config) {
-    cfg.batch_max_delay_ms = 300;
+    cfg.batching.max_delay = std::time::Duration::from_millis(300);
 }
 
 fn metric(metrics: &str, name: &str) -> f64 {
@@ -115,7 +115,10 @@ async fn futures_like_join(
 async fn shutdown_flushes_a_half_gathered_batch() {
     let db = TestDb::new().await;
     // A gathering window longer than the test: only shutdown can end it.
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.batch_max_delay_ms = 60_000).await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.batching.max_delay = std::time::Duration::from_millis(60_000)
+    })
+    .await;
     let job = c.api.enqueue("q", json!(1)).await;
     let lease = c.api.claim_one("q", "w").await;
     let api = c.api.clone();
@@ -156,7 +159,10 @@ async fn shutdown_flushes_a_half_gathered_batch() {
 async fn parked_claimers_of_a_queue_are_served_by_shared_claim_statements() {
     let db = TestDb::new().await;
     // Only the enqueue's wake-up can serve them in time.
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.claim_recheck_ms = SLOW_RECHECK_MS).await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.leases.claim_recheck = std::time::Duration::from_millis(SLOW_RECHECK_MS)
+    })
+    .await;
     let mut parked = Vec::new();
     for w in 0..40 {
         let api = c.api.clone();
@@ -201,8 +207,8 @@ async fn parked_claimers_of_a_queue_are_served_by_shared_claim_statements() {
 async fn the_per_request_mode_gives_the_same_answers() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.batching = false;
-        cfg.claim_recheck_ms = SLOW_RECHECK_MS;
+        cfg.batching.enabled = false;
+        cfg.leases.claim_recheck = std::time::Duration::from_millis(SLOW_RECHECK_MS);
     })
     .await;
     let job = c.api.enqueue("q", json!(1)).await;

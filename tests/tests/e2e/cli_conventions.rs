@@ -63,7 +63,7 @@ fn free_port() -> u16 {
 async fn cli_json_errors_are_the_protocols_error_body_on_stderr() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some(format!("producer:{PRODUCER},worker:{WORKER},admin:{ADMIN}"));
+        cfg.keys.api_keys = Some(format!("producer:{PRODUCER},worker:{WORKER},admin:{ADMIN}"));
     })
     .await;
     let url = c.api.base().to_owned();

@@ -20,7 +20,7 @@ async fn through_proxy(
 ) -> TestCoordinator {
     let url = format!("postgres://postgres@{}/{}?sslmode=disable", proxy.addr, db.name);
     TestCoordinator::start_with(db, |cfg| {
-        cfg.database_url = url;
+        cfg.database.url = url;
         tweak(cfg);
     })
     .await
@@ -54,9 +54,9 @@ async fn a_frozen_database_connection_is_given_up_in_time_and_recovery_goes_on()
     let db = TestDb::new().await;
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let c = through_proxy(&db, &proxy, |cfg| {
-        cfg.lease_ttl_ms = 2_000;
-        cfg.heartbeat_interval_ms = 500;
-        cfg.reaper_interval_ms = 500;
+        cfg.leases.ttl = std::time::Duration::from_millis(2_000);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(500);
+        cfg.leases.reaper_interval = std::time::Duration::from_millis(500);
     })
     .await;
     let abandoned = c.api.enqueue("q", json!("abandoned")).await;
@@ -253,7 +253,10 @@ async fn a_coordinator_under_steady_load_keeps_serving_through_a_freeze() {
 async fn after_new_connections_are_blackholed_for_20_s_the_coordinator_recovers_by_itself() {
     let db = TestDb::new().await;
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
-    let c = through_proxy(&db, &proxy, |cfg| cfg.reaper_interval_ms = 500).await;
+    let c = through_proxy(&db, &proxy, |cfg| {
+        cfg.leases.reaper_interval = std::time::Duration::from_millis(500)
+    })
+    .await;
     warm_pool(&c.api).await;
     proxy.blackhole(true);
     proxy.freeze();

@@ -15,9 +15,9 @@ async fn late_complete_after_reap_is_rejected_and_the_new_attempt_stands() {
     let db = TestDb::new().await;
     // The real reaper loop, with a short TTL.
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.lease_ttl_ms = 300;
-        cfg.heartbeat_interval_ms = 100;
-        cfg.reaper_interval_ms = 50;
+        cfg.leases.ttl = std::time::Duration::from_millis(300);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(100);
+        cfg.leases.reaper_interval = std::time::Duration::from_millis(50);
     })
     .await;
     let created = c.api.enqueue("q", json!("work")).await;
@@ -76,7 +76,7 @@ async fn late_complete_after_reap_is_rejected_and_the_new_attempt_stands() {
 #[tokio::test]
 async fn racing_claimers_never_share_a_lease_and_every_job_is_done_once() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.database_pool_size = 10).await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.database.pool_size = 10).await;
     let jobs: Vec<_> = (0..1000)
         .map(|i| json!({"queue": "race", "payload": i}))
         .collect();

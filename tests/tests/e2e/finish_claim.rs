@@ -189,7 +189,10 @@ async fn a_bad_claim_refuses_the_whole_request_before_any_item_is_written() {
 async fn the_claim_of_a_finish_long_polls_and_is_woken_by_an_enqueue() {
     let db = TestDb::new().await;
     // A re-check far longer than the test: only a wake-up can answer in time.
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.claim_recheck_ms = 60_000).await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.leases.claim_recheck = std::time::Duration::from_millis(60_000)
+    })
+    .await;
     c.api.enqueue("q", json!(1)).await;
     let lease = c.api.claim_one("q", "w").await;
     let api = c.api.clone();

@@ -61,8 +61,8 @@ async fn heartbeats_and_mixed_finish_batches_racing_over_the_same_jobs_never_dea
     let before = deadlocks_after_backends_left(&name).await;
     // Several batches of each kind in flight at once, on their own connections.
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.batch_flushers = 4;
-        cfg.database_pool_size = 12;
+        cfg.batching.flushers = 4;
+        cfg.database.pool_size = 12;
     })
     .await;
     let jobs: Vec<Value> = (0..2000)

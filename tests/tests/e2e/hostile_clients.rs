@@ -234,7 +234,7 @@ async fn connections_past_the_cap_are_refused_with_overloaded() {
 async fn claims_parked_with_distinct_time_left_leave_other_workers_served_and_the_excess_is_429() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |config| {
-        config.api_keys = Some(format!(
+        config.keys.api_keys = Some(format!(
             "worker:{WORKER},worker:{OTHER_WORKER},producer:{PRODUCER}"
         ));
         config.limits.max_parked_claims_per_key = 2_000;
@@ -428,7 +428,7 @@ async fn open_mode_refuses_web_pages_and_rebound_hosts_and_keeps_curl_working() 
 async fn a_lease_token_is_honoured_only_with_a_key_of_its_queue() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |config| {
-        config.api_keys = Some(format!(
+        config.keys.api_keys = Some(format!(
             "worker:{WORKER}:reports,worker:{EMAILS_WORKER}:emails,producer:{PRODUCER}"
         ));
     })
@@ -598,4 +598,57 @@ async fn list_and_claim_answers_are_capped_in_bytes() {
         rest.iter().all(|l| l.attempt == 1),
         "given-back jobs were not charged"
     );
+}
+
+#[tokio::test]
+async fn claims_of_many_shapes_from_one_key_are_refused_past_the_shape_limit() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    // Every claim names q and a queue of its own: each is a statement of
+    // its own at every enqueue on q.
+    let shapes = runlease_coordinator::limits::MAX_PARKED_SHAPES_PER_KEY;
+    let mut parked = Vec::new();
+    for n in 0..shapes {
+        let api = c.api.clone();
+        parked.push(tokio::spawn(async move {
+            api.post(
+                "/v1/claim",
+                &json!({"queues": ["q", format!("other-{n}")], "worker_id": "w", "max_jobs": 1, "wait_ms": 60_000}),
+            )
+            .await
+        }));
+    }
+    c.api.until_claims_parked(shapes as u32).await;
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/claim",
+            &json!({"queues": ["q", "one-more"], "worker_id": "w", "max_jobs": 1, "wait_ms": 60_000}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (429, Some("overloaded")),
+        "{body}"
+    );
+    // A claim of a shape already parked still parks, and is served.
+    let same = tokio::spawn({
+        let api = c.api.clone();
+        async move {
+            api.post(
+                "/v1/claim",
+                &json!({"queues": ["q", "other-0"], "worker_id": "w", "max_jobs": 1, "wait_ms": 30_000}),
+            )
+            .await
+        }
+    });
+    c.api.until_claims_parked(shapes as u32 + 1).await;
+    for _ in 0..2 {
+        c.api.enqueue("q", json!("job")).await;
+    }
+    let (status, _) = same.await.unwrap();
+    assert_eq!(status, 200);
+    for p in parked {
+        p.abort();
+    }
 }

@@ -10,7 +10,7 @@ use runlease_tests::{SLOW_RECHECK_MS, TestCoordinator, TestDb, WOKEN_WITHIN};
 use serde_json::json;
 
 fn slow_recheck(cfg: &mut runlease_coordinator::config::Config) {
-    cfg.claim_recheck_ms = SLOW_RECHECK_MS;
+    cfg.leases.claim_recheck = std::time::Duration::from_millis(SLOW_RECHECK_MS);
 }
 
 #[tokio::test]

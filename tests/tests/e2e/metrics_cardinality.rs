@@ -22,7 +22,7 @@ fn queue_labels(text: &str) -> BTreeSet<String> {
 #[tokio::test]
 async fn queues_past_the_metrics_cap_share_one_label() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |config| config.metrics_max_queues = 3).await;
+    let c = TestCoordinator::start_with(&db, |config| config.server.metrics_max_queues = 3).await;
     let queues: Vec<String> = (0..7).map(|i| format!("tenant-{i}")).collect();
     // The first three queues the coordinator meets keep their own label.
     for (i, q) in queues.iter().enumerate() {

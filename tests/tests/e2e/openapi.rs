@@ -46,7 +46,7 @@ async fn openapi_yaml_is_served_without_a_key_and_names_every_route() {
     let db = TestDb::new().await;
     // Keys configured: the document must still need none, like /healthz.
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some("admin:admin-key-0123456789".into());
+        cfg.keys.api_keys = Some("admin:admin-key-0123456789".into());
     })
     .await;
     let response = reqwest::get(format!("{}{}", c.api.base(), routes::OPENAPI))

@@ -34,8 +34,8 @@ async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
 async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.lease_ttl_ms = 3_000;
-        cfg.heartbeat_interval_ms = 200;
+        cfg.leases.ttl = std::time::Duration::from_millis(3_000);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(200);
     })
     .await;
     let api = &c.api;
@@ -164,7 +164,7 @@ async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() 
     const PRODUCER_KEY: &str = "python-producer-key-0123456789";
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
+        cfg.keys.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
     })
     .await;
     let producer = c.api.with_key(PRODUCER_KEY);

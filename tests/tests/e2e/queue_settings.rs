@@ -10,7 +10,7 @@ use serde_json::json;
 /// Parked claims re-check PostgreSQL only this rarely, so a claim answered
 /// sooner was woken, not found by its timer.
 fn slow_recheck(cfg: &mut runlease_coordinator::config::Config) {
-    cfg.claim_recheck_ms = 120_000;
+    cfg.leases.claim_recheck = std::time::Duration::from_millis(120_000);
 }
 
 async fn wait_for_parked(api: &runlease_tests::Api, n: f64) {

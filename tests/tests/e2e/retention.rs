@@ -63,7 +63,10 @@ async fn pruning_removes_exactly_the_expired_terminal_jobs_and_their_attempts() 
     let db = TestDb::new().await;
     // The repair loop would re-queue the job made enqueue_failed below (it
     // re-sends the wake-up such a job missed) before the counts are read.
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.repair_interval_ms = 3_600_000).await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.redis.repair_interval = std::time::Duration::from_millis(3_600_000)
+    })
+    .await;
     // Live jobs in every live state, made through the API, then made old:
     // age alone never prunes a job that is not terminal.
     let queued = c.api.enqueue("q", json!("queued")).await;

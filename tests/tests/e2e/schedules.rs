@@ -218,7 +218,7 @@ async fn bad_schedules_are_refused_with_what_is_wrong() {
 async fn a_key_limited_to_some_queues_cannot_take_over_another_queues_schedule() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some("admin:admin-all-0000000001,admin:admin-qa-00000000001:qa".into());
+        cfg.keys.api_keys = Some("admin:admin-all-0000000001,admin:admin-qa-00000000001:qa".into());
     })
     .await;
     let all = c.api.with_key("admin-all-0000000001");

@@ -55,7 +55,13 @@ fn normalized(dump: &str) -> String {
 async fn the_schema_snapshot_is_what_the_migrations_make() {
     let db = TestDb::new().await;
     let output = Command::new("pg_dump")
-        .args(["--schema-only", "--no-owner", "--no-privileges", "--dbname", &db.url])
+        .args([
+            "--schema-only",
+            "--no-owner",
+            "--no-privileges",
+            "--dbname",
+            &db.url,
+        ])
         .output()
         .expect("pg_dump (PostgreSQL's client tools) must be installed");
     assert!(

@@ -17,13 +17,13 @@ const KEY_B: &str = "key-b-00000000000000000000000000";
 #[tokio::test]
 async fn a_lease_token_key_rotates_without_refusing_running_leases() {
     let db = TestDb::new().await;
-    let a = TestCoordinator::start_with(&db, |cfg| cfg.secret = Some(KEY_A.into())).await;
+    let a = TestCoordinator::start_with(&db, |cfg| cfg.keys.secret = Some(KEY_A.into())).await;
     let job = a.api.enqueue("q", json!(1)).await;
     let under_a = a.api.claim_one("q", "w").await;
     a.stop().await.unwrap();
 
     // B signs from now on; A still verifies: the running lease finishes.
-    let b = TestCoordinator::start_with(&db, |cfg| cfg.secret = Some(format!("{KEY_B}, {KEY_A}"))).await;
+    let b = TestCoordinator::start_with(&db, |cfg| cfg.keys.secret = Some(format!("{KEY_B}, {KEY_A}"))).await;
     let (status, body) = b.api.complete(&under_a, json!("done under a rotated key")).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(b.api.job(job.id).await.state, runlease_protocol::JobState::Done);
@@ -35,14 +35,14 @@ async fn a_lease_token_key_rotates_without_refusing_running_leases() {
     b.stop().await.unwrap();
 
     // A retired: B's tokens verify, a token under A (or any unknown key) does not.
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.secret = Some(KEY_B.into())).await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.keys.secret = Some(KEY_B.into())).await;
     assert_eq!(
         c.api.complete(&under_b, json!("ok")).await.0,
         200,
         "signed with B"
     );
     let other = TestDb::new().await;
-    let d = TestCoordinator::start_with(&other, |cfg| cfg.secret = Some(KEY_A.into())).await;
+    let d = TestCoordinator::start_with(&other, |cfg| cfg.keys.secret = Some(KEY_A.into())).await;
     d.api.enqueue("q", json!(4)).await;
     let foreign = d.api.claim_one("q", "w").await;
     let (status, body) = c.api.complete(&foreign, json!("nope")).await;
@@ -62,10 +62,10 @@ async fn secrets_and_keys_can_come_from_files() {
     std::fs::write(&secret, "secret-from-a-file-0000000000000\n").unwrap();
     std::fs::write(&keys, "admin:admin-key-from-file-0001\n").unwrap();
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.secret = None;
-        cfg.secret_file = Some(secret.clone());
-        cfg.api_keys = None;
-        cfg.api_keys_file = Some(keys.clone());
+        cfg.keys.secret = None;
+        cfg.keys.secret_file = Some(secret.clone());
+        cfg.keys.api_keys = None;
+        cfg.keys.api_keys_file = Some(keys.clone());
     })
     .await;
     assert_eq!(c.api.get("/v1/queues").await.0, 401, "keys are configured");
@@ -76,8 +76,8 @@ async fn secrets_and_keys_can_come_from_files() {
     c.stop().await.unwrap();
     // The same secret given as a value verifies the lease the file's signed.
     let again = TestCoordinator::start_with(&db, |cfg| {
-        cfg.secret = Some("secret-from-a-file-0000000000000".into());
-        cfg.api_keys = Some("admin:admin-key-from-file-0001".into());
+        cfg.keys.secret = Some("secret-from-a-file-0000000000000".into());
+        cfg.keys.api_keys = Some("admin:admin-key-from-file-0001".into());
     })
     .await;
     let admin = again.api.with_key("admin-key-from-file-0001");
@@ -85,8 +85,8 @@ async fn secrets_and_keys_can_come_from_files() {
     assert_eq!(admin.job(job.id).await.state, runlease_protocol::JobState::Done);
     // Both ways at once is refused at start.
     let mut cfg = runlease_tests::test_config(&db.url);
-    cfg.secret = Some("a-value".into());
-    cfg.secret_file = Some(secret.clone());
+    cfg.keys.secret = Some("a-value".into());
+    cfg.keys.secret_file = Some(secret.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let err = runlease_coordinator::serve(cfg, listener, tokio_util::sync::CancellationToken::new())
         .await
@@ -152,7 +152,7 @@ async fn a_secret_split_by_a_comma_into_a_short_key_is_refused() {
     let db = TestDb::new().await;
     let mut cfg = runlease_tests::test_config(&db.url);
     // 42 bytes, but the comma makes it two keys, the second of 4 bytes.
-    cfg.secret = Some("a-passphrase-long-enough-to-sign-with,xyz!".into());
+    cfg.keys.secret = Some("a-passphrase-long-enough-to-sign-with,xyz!".into());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let serve = runlease_coordinator::serve(cfg, listener, tokio_util::sync::CancellationToken::new());
     let err = tokio::time::timeout(Duration::from_secs(30), serve)

@@ -94,9 +94,9 @@ async fn with_redis_down_enqueues_are_marked_then_repaired_and_workers_finish_ev
     let mut redis = TestRedis::start().await;
     let url = redis.url();
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.redis_url = url;
-        cfg.repair_interval_ms = 100;
-        cfg.claim_recheck_ms = 200;
+        cfg.redis.url = url;
+        cfg.redis.repair_interval = std::time::Duration::from_millis(100);
+        cfg.leases.claim_recheck = std::time::Duration::from_millis(200);
     })
     .await;
     // The subscription comes up in the background after start.
@@ -204,12 +204,12 @@ async fn three_coordinators_and_thirty_workers_finish_three_thousand_jobs_once()
         let url = redis.url();
         coordinators.push(
             TestCoordinator::start_with(&db, |cfg| {
-                cfg.redis_url = url;
-                cfg.database_pool_size = 6;
-                cfg.lease_ttl_ms = 5_000;
-                cfg.heartbeat_interval_ms = 1_000;
-                cfg.reaper_interval_ms = 200;
-                cfg.repair_interval_ms = 200;
+                cfg.redis.url = url;
+                cfg.database.pool_size = 6;
+                cfg.leases.ttl = std::time::Duration::from_millis(5_000);
+                cfg.leases.heartbeat_interval = std::time::Duration::from_millis(1_000);
+                cfg.leases.reaper_interval = std::time::Duration::from_millis(200);
+                cfg.redis.repair_interval = std::time::Duration::from_millis(200);
             })
             .await,
         );

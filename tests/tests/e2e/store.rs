@@ -58,7 +58,7 @@ async fn concurrent_migrators_create_the_database_once_and_apply_once() {
 async fn sslmode_require_connects_over_tls() {
     let db = TestDb::new().await;
     let url = format!("{}?sslmode=require", db.url);
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.database_url = url).await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.database.url = url).await;
     c.api.enqueue("tls", serde_json::json!(1)).await;
     let client = db.client().await;
     let encrypted: Vec<bool> = client
@@ -351,7 +351,7 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     let url = runlease_tests::url_for(&name);
     let target = DatabaseTarget::parse(&url).unwrap();
     target.create_database_if_missing().await.unwrap();
-    let pool = target.pool(2, test_config(&url).database_deadlines()).unwrap();
+    let pool = target.pool(2, test_config(&url).database.deadlines()).unwrap();
     assert_eq!(migrate_to(&pool, 2).await.unwrap(), vec![1, 2]);
     let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
         .await
@@ -411,7 +411,7 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     // The figures of the old rows come from the tallies the migration
     // counted, the live ones from the indexes.
     let mut config = test_config(&url);
-    config.database_pool_size = 2;
+    config.database.pool_size = 2;
     let c = TestCoordinator::start_config(config).await;
     let (_, queues) = c.api.get("/v1/queues").await;
     let queues = queues["queues"].as_array().unwrap().clone();

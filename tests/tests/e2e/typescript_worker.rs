@@ -320,8 +320,8 @@ async fn the_typescript_worker_drives_jobs_to_their_end_over_plain_http() {
     let c = TestCoordinator::start_with(&db, |cfg| {
         // Long enough that a loaded machine does not expire leases by itself
         // (this test expires the one it means to); beats come every 200 ms.
-        cfg.lease_ttl_ms = 10_000;
-        cfg.heartbeat_interval_ms = 200;
+        cfg.leases.ttl = std::time::Duration::from_millis(10_000);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(200);
     })
     .await;
     let api = &c.api;
@@ -486,7 +486,7 @@ async fn the_typescript_worker_sends_its_key_runs_at_most_its_concurrency_and_st
     const PRODUCER_KEY: &str = "typescript-producer-key-0123456789";
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
+        cfg.keys.api_keys = Some(format!("worker:{WORKER_KEY},producer:{PRODUCER_KEY}"));
     })
     .await;
     let producer = c.api.with_key(PRODUCER_KEY);
@@ -547,8 +547,8 @@ async fn the_typescript_worker_sends_its_key_runs_at_most_its_concurrency_and_st
 async fn a_typescript_worker_cut_off_from_the_coordinator_fences_itself_and_sends_nothing() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.lease_ttl_ms = 1_500;
-        cfg.heartbeat_interval_ms = 250;
+        cfg.leases.ttl = std::time::Duration::from_millis(1_500);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(250);
     })
     .await;
     let proxy = Proxy::start(c.addr).await;

@@ -23,9 +23,9 @@ fn client(url: &str) -> Client {
 
 /// Fast leases so expiry-driven tests take a second, not a minute.
 fn fast(cfg: &mut runlease_coordinator::config::Config) {
-    cfg.lease_ttl_ms = 1_000;
-    cfg.heartbeat_interval_ms = 250;
-    cfg.reaper_interval_ms = 100;
+    cfg.leases.ttl = std::time::Duration::from_millis(1_000);
+    cfg.leases.heartbeat_interval = std::time::Duration::from_millis(250);
+    cfg.leases.reaper_interval = std::time::Duration::from_millis(100);
 }
 
 async fn wait_for_state(c: &TestCoordinator, id: runlease_client::protocol::JobId, state: JobState) {
@@ -113,8 +113,8 @@ async fn a_lost_lease_cancels_the_handler_and_its_late_result_never_lands() {
     let c = TestCoordinator::start_with(&db, |cfg| {
         // Heartbeats far apart, so none renews the lease between the test
         // expiring it and reaping it; the next one learns it was lost.
-        cfg.lease_ttl_ms = 6_000;
-        cfg.heartbeat_interval_ms = 2_000;
+        cfg.leases.ttl = std::time::Duration::from_millis(6_000);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(2_000);
     })
     .await;
     let job = c.api.enqueue("lost", json!(1)).await;
@@ -348,7 +348,7 @@ async fn deadline_mode_releases_before_the_deadline_and_skips_jobs_that_do_not_f
 #[tokio::test]
 async fn twenty_workers_finish_five_thousand_jobs_each_exactly_once() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |cfg| cfg.database_pool_size = 16).await;
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.database.pool_size = 16).await;
     for chunk in 0..5 {
         let jobs: Vec<Value> = (0..1000)
             .map(|i| json!({"queue": "scale", "payload": chunk * 1000 + i}))
@@ -468,8 +468,8 @@ async fn a_lost_complete_answer_is_retried_and_the_job_is_not_run_again() {
 async fn a_lease_from_a_long_parked_claim_is_not_fenced_at_once() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.lease_ttl_ms = 1_000;
-        cfg.heartbeat_interval_ms = 300;
+        cfg.leases.ttl = std::time::Duration::from_millis(1_000);
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(300);
     })
     .await;
     let worker = Worker::builder(client(c.api.base()))

@@ -123,15 +123,15 @@ async fn run(
     let batching = mode == Mode::On;
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
-        cfg.database_pool_size = 20;
-        cfg.reaper_interval_ms = 5_000;
-        cfg.batching = batching;
+        cfg.database.pool_size = 20;
+        cfg.leases.reaper_interval = std::time::Duration::from_millis(5_000);
+        cfg.batching.enabled = batching;
         // PostgreSQL alone talks to the server without TLS; so does the
         // coordinator here (its default, `prefer`, encrypts when it can).
-        let sep = if cfg.database_url.contains('?') { '&' } else { '?' };
-        cfg.database_url = format!("{}{sep}sslmode=disable", cfg.database_url);
+        let sep = if cfg.database.url.contains('?') { '&' } else { '?' };
+        cfg.database.url = format!("{}{sep}sslmode=disable", cfg.database.url);
         // Only this coordinator runs: no Redis round trip on enqueue.
-        cfg.redis_url = String::new();
+        cfg.redis.url = String::new();
     })
     .await;
     let client = Client::new(c.api.base())?;

@@ -11,7 +11,7 @@ use crate::stats::percentile;
 
 async fn measure(rounds: usize, redis: &TestRedis, db: &TestDb) -> anyhow::Result<(f64, f64)> {
     let url = redis.url();
-    let start = |url: String| TestCoordinator::start_with(db, move |cfg| cfg.redis_url = url);
+    let start = |url: String| TestCoordinator::start_with(db, move |cfg| cfg.redis.url = url);
     let a = start(url.clone()).await;
     let b = start(url).await;
     // Let both subscriptions come up (when Redis is up at all).
