@@ -76,22 +76,39 @@ fn keyed() -> (Router, Arc<Shared>) {
 
 /// Sends one request; the status and the JSON body.
 async fn call(app: &Router, method: &str, path: &str, key: Option<&str>, body: &str) -> (StatusCode, Value) {
+    let headers = key.map(|key| ("authorization", format!("Bearer {key}")));
+    let (status, _, body) = send(app, method, path, headers.as_slice(), body).await;
+    (status, body)
+}
+
+/// Sends one request with `headers` (and `Host: 127.0.0.1:8080`); the
+/// status, the headers and the JSON body of the answer.
+async fn send(
+    app: &Router,
+    method: &str,
+    path: &str,
+    headers: &[(&str, String)],
+    body: &str,
+) -> (StatusCode, axum::http::HeaderMap, Value) {
     let mut request = Request::builder()
         .method(method)
         .uri(path)
         .header("host", "127.0.0.1:8080");
-    if let Some(key) = key {
-        request = request.header("authorization", format!("Bearer {key}"));
+    for (name, value) in headers {
+        request = request.header(*name, value);
     }
     let response = app
         .clone()
         .oneshot(request.body(Body::from(body.to_owned())).unwrap())
         .await
         .unwrap();
-    let status = response.status();
+    let (status, headers) = (response.status(), response.headers().clone());
     let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, body)
+    (
+        status,
+        headers,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
 }
 
 fn code(body: &Value) -> &str {
@@ -232,22 +249,11 @@ async fn a_forged_token_is_answered_lease_lost_and_a_foreign_queue_forbidden_wit
 #[tokio::test]
 async fn an_unreachable_database_is_503_overloaded_with_retry_after() {
     let (app, _) = keyed();
-    let response = app
-        .clone()
-        .oneshot(
-            Request::builder()
-                .method("POST")
-                .uri("/v1/jobs")
-                .header("authorization", format!("Bearer {PRODUCER}"))
-                .body(Body::from(r#"{"queue": "q", "payload": 1}"#))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(response.headers()["retry-after"], "1");
-    let bytes = to_bytes(response.into_body(), usize::MAX).await.unwrap();
-    let body: Value = serde_json::from_slice(&bytes).unwrap();
+    let key = [("authorization", format!("Bearer {PRODUCER}"))];
+    let (status, headers, body) =
+        send(&app, "POST", "/v1/jobs", &key, r#"{"queue": "q", "payload": 1}"#).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(headers["retry-after"], "1");
     assert_eq!(code(&body), "overloaded");
     // The detail stays in the log: the answer names no host or port.
     assert!(!body.to_string().contains("127.0.0.1:1"), "{body}");
@@ -276,19 +282,10 @@ async fn a_claim_that_would_park_past_its_key_s_limit_is_429_before_the_database
 #[tokio::test]
 async fn open_mode_refuses_a_foreign_origin_before_the_handler() {
     let (app, _) = router("", |_| {});
-    let response = app
-        .clone()
-        .oneshot(
-            Request::builder()
-                .method("POST")
-                .uri("/v1/jobs")
-                .header("host", "127.0.0.1:8080")
-                .header("origin", "http://evil.example")
-                .header("content-type", "text/plain")
-                .body(Body::from(r#"{"queue": "q", "payload": 1}"#))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let page = [
+        ("origin", "http://evil.example".to_owned()),
+        ("content-type", "text/plain".to_owned()),
+    ];
+    let (status, _, body) = send(&app, "POST", "/v1/jobs", &page, r#"{"queue": "q", "payload": 1}"#).await;
+    assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "forbidden"));
 }

@@ -129,6 +129,9 @@ async fn half_sent_headers_are_closed_within_the_deadline_while_healthz_answers(
         "{open} of 400 half-sent heads were still open after 30 s"
     );
     let last = closed_at.iter().flatten().max().unwrap().duration_since(started);
+    eprintln!(
+        "400 half-sent heads (header deadline 2 s): the last was closed {last:?} after the first was opened"
+    );
     assert!(
         last < Duration::from_secs(8),
         "the last half-sent head was closed after {last:?}"
@@ -304,6 +307,9 @@ async fn claims_parked_with_distinct_time_left_leave_other_workers_served_and_th
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["leases"][0]["payload"], "fresh", "{body}");
     let took = answered.duration_since(enqueued);
+    eprintln!(
+        "with 2,000 claims of distinct time_left_ms parked by one key, another worker's parked claim was answered {took:?} after the enqueue"
+    );
     assert!(took < Duration::from_secs(1), "the honest claim took {took:?}");
     assert!(
         c.api
@@ -494,6 +500,10 @@ async fn a_job_with_thousands_of_attempts_answers_in_bounded_size_and_pages_its_
     let (status, text) = c.api.get_text(&format!("/v1/jobs/{}", job.id)).await;
     let took = started.elapsed();
     assert_eq!(status, 200);
+    eprintln!(
+        "a job with {ATTEMPTS} attempts: read in {took:?}, {} bytes",
+        text.len()
+    );
     assert!(text.len() < 64 * 1024, "a job read is {} bytes", text.len());
     assert!(took < Duration::from_secs(2), "a job read took {took:?}");
     let read: Value = serde_json::from_str(&text).unwrap();
