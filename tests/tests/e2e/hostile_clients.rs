@@ -653,11 +653,15 @@ async fn claims_of_many_shapes_from_one_key_are_refused_past_the_shape_limit() {
         }
     });
     c.api.until_claims_parked(shapes as u32 + 1).await;
-    for _ in 0..2 {
-        c.api.enqueue("q", json!("job")).await;
-    }
-    let (status, _) = same.await.unwrap();
-    assert_eq!(status, 200);
+    // A job for every parked claim: each is served, the last one too.
+    let jobs: Vec<serde_json::Value> = (0..=shapes)
+        .map(|n| json!({"queue": "q", "payload": n}))
+        .collect();
+    let (status, _) = c.api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await;
+    assert_eq!(status, 201);
+    let (status, body) = same.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["leases"].as_array().map(Vec::len), Some(1), "{body}");
     for p in parked {
         p.abort();
     }
