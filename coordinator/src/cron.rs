@@ -10,6 +10,7 @@ use std::str::FromStr;
 use chrono::{DateTime, Utc};
 use chrono_tz::Tz;
 use croner::Cron;
+use croner::errors::CronError;
 
 /// A parsed cron expression with its time zone.
 #[derive(Debug, Clone)]
@@ -36,6 +37,18 @@ impl CronSpec {
             .with_seconds_optional()
             .parse()
             .map_err(|e| format!("cron {expression:?} does not parse: {e}"))?;
+        // croner accepts a seconds, minutes or hours field that matches
+        // nothing (`,`, or `L` in seconds), then searches minute by minute,
+        // for minutes of CPU, to find no fire time: refuse it at once.
+        let pattern = &cron.pattern;
+        if !(matches_any(60, |s| pattern.second_match(s))
+            && matches_any(60, |m| pattern.minute_match(m))
+            && matches_any(24, |h| pattern.hour_match(h)))
+        {
+            return Err(format!(
+                "cron {expression:?} has no fire time: its seconds, minutes or hours match no value"
+            ));
+        }
         let tz = Tz::from_str(timezone).map_err(|_| {
             format!("timezone {timezone:?} is not an IANA time zone name (e.g. Europe/Paris, UTC)")
         })?;
@@ -102,6 +115,11 @@ impl CronSpec {
     }
 }
 
+/// Whether a field of values `0..count` matches any of them.
+fn matches_any(count: u32, matches: impl Fn(u32) -> Result<bool, CronError>) -> bool {
+    (0..count).any(|value| matches(value).unwrap_or(false))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,6 +144,22 @@ mod tests {
                 .unwrap_err()
                 .contains("IANA")
         );
+    }
+
+    #[test]
+    fn a_field_that_matches_nothing_is_refused_at_once() {
+        // Found by the fuzz target cron: croner accepts `,` or `L` as a
+        // seconds, minutes or hours field that matches nothing, then took
+        // minutes of CPU (`, * * * * *`: 6 minutes) to find no fire time.
+        for expression in [", * * * * *", "L * * * * *", ", * * * *", "* * , * * *"] {
+            let (sent, parsed) = std::sync::mpsc::channel();
+            std::thread::spawn(move || sent.send(CronSpec::parse(expression, "UTC").map(|_| ())));
+            let error = parsed
+                .recv_timeout(std::time::Duration::from_secs(2))
+                .unwrap_or_else(|_| panic!("{expression:?}: still parsing after 2 s"))
+                .unwrap_err();
+            assert!(error.contains("no fire time"), "{expression:?}: {error}");
+        }
     }
 
     #[test]
