@@ -1,19 +1,20 @@
 //! Names and ids a client sends in paths, bodies and queries:
 //! `QueueName::new`, `WorkerId::new`, `JobId`'s `FromStr` (the `{id}` of a
-//! path), `JobState`'s and `AttemptOutcome`'s `FromStr`, on any text, and
-//! each as the JSON string a body carries.
+//! path), the `FromStr` of `JobState`, `AttemptOutcome` and `FinishAction`,
+//! on any text, and each as the JSON string a body carries.
 //!
 //! Invariants: a name that is accepted is kept byte for byte (`as_str`,
 //! `Display`), is 1 to 128 bytes of the allowed characters, and queue names
 //! and worker ids follow one rule; the JSON field accepts exactly what `new`
 //! accepts; a job id prints as 36 lowercase characters that parse back to
-//! it; a state or outcome that parses is its own wire name, in `FromStr`
-//! and in JSON alike.
+//! it; a state, outcome or finish action that parses is its own wire name,
+//! in `FromStr` and in JSON alike.
 #![no_main]
 
 use std::str::FromStr;
 
 use libfuzzer_sys::fuzz_target;
+use runlease_protocol::worker::FinishAction;
 use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, WorkerId};
 use serde::de::DeserializeOwned;
 
@@ -66,6 +67,12 @@ fuzz_target!(|data: &[u8]| {
     assert_eq!(from_json::<AttemptOutcome>(&json), outcome);
     if let Some(outcome) = outcome {
         assert_eq!(outcome.as_str(), text);
+    }
+    let action = FinishAction::from_str(text).ok();
+    assert_eq!(from_json::<FinishAction>(&json), action);
+    if let Some(action) = action {
+        assert_eq!(action.as_str(), text);
+        assert_eq!(action.to_string(), text);
     }
 });
 
