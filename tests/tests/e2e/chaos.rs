@@ -1,4 +1,4 @@
-//! The short chaos soak: `runlease-chaos --short` builds its own PostgreSQL
+//! The short chaos soak: `runlease-chaos soak --short` (bench/) builds its own PostgreSQL
 //! cluster, Redis and coordinator processes, runs a few thousand jobs through
 //! worker processes while it kills, stops, partitions and restarts parts of
 //! the system, then checks every job against the database and the workers'
@@ -15,11 +15,11 @@ async fn the_short_chaos_soak_loses_nothing_and_accepts_no_stale_outcome() {
     let coordinator = coordinator_binary();
     let chaos = workspace_binary(
         "runlease-chaos",
-        &["-p", "runlease-tests", "--bin", "runlease-chaos"],
+        &["-p", "runlease-bench", "--bin", "runlease-chaos"],
     );
     let started = Instant::now();
     let out = tokio::process::Command::new(&chaos)
-        .args(["--short", "--coordinator-binary"])
+        .args(["soak", "--short", "--coordinator-binary"])
         .arg(&coordinator)
         .stdin(Stdio::null())
         .kill_on_drop(true)
@@ -34,7 +34,7 @@ async fn the_short_chaos_soak_loses_nothing_and_accepts_no_stale_outcome() {
     eprintln!("the short soak took {:?}", started.elapsed());
     assert!(
         out.status.success(),
-        "runlease-chaos --short exited {}: see its report above",
+        "runlease-chaos soak --short exited {}: see its report above",
         out.status
     );
     // The exit status is the verdict; the report's own figures say the same.

@@ -1,0 +1,364 @@
+//! `runlease-bench`: what runlease sustains on this machine, measured, not
+//! asserted. One subcommand per measurement (`runlease-bench help
+//! SUBCOMMAND` lists its options):
+//!
+//! - `throughput` (`--workers 1,16,256,1024 --jobs 20000 --concurrency 8`):
+//!   for each worker count, a coordinator in-process on a fresh database,
+//!   the jobs enqueued in batches, then that many workers of the client's
+//!   runtime until every job is done — once with batching off (one
+//!   statement per request) and once with it on. Between runs it measures
+//!   PostgreSQL alone running the same guarded statements with 100 jobs
+//!   each, and prints each run as a ratio to the mean of the two
+//!   measurements around it (the machine's speed drifts with its
+//!   neighbours' load). Per run: jobs/s (drain; and with enqueue),
+//!   claim→complete and enqueue→start p50/p99, PostgreSQL transactions per
+//!   job, and CPU per job of this process (coordinator and workers) and of
+//!   the rest of the machine (PostgreSQL). `--no-baseline` skips PostgreSQL
+//!   alone (for profiling); `--repeat N` runs everything N times and ends
+//!   with the median jobs/s and ×PG of each run. `--lean`: bare protocol
+//!   workers instead of the runtime (claim up to `--concurrency`, complete
+//!   them in one `/v1/finish`), with a third mode, `per-job`: batching off
+//!   and one `/v1/complete` per lease.
+//! - `wake N`: wake latency between two coordinators (enqueue on A → parked
+//!   claim answered on B), with Redis and with Redis stopped.
+//! - `parked N`: N long-poll claims parked on one coordinator process: its
+//!   PostgreSQL connections and resident memory.
+//! - `flow OLD_BINARY[,...]`: an unlimited queue drained by older builds and
+//!   by this one (interleaved, `--repeat` rounds), and a queue with
+//!   `max_running = 100`, each build over a database it migrated itself.
+//! - `drain [[NAME=]BINARY[,...]]` (default: this build's coordinator beside
+//!   the bench binary): each build as its own process on a fresh database,
+//!   outside HTTP workers (`--workers`, default 16,256) draining `--jobs`
+//!   preloaded jobs, in the same run as a PostgreSQL roofline (pgbench, a
+//!   plain table, claim 100 with `FOR UPDATE SKIP LOCKED` and a guarded
+//!   complete of 100, 16 clients); drain jobs/s, × roofline, PostgreSQL
+//!   transactions, WAL bytes and CPU per job, coordinator CPU, HTTP requests
+//!   per job, claim→complete and enqueue→start p50/p99; medians of
+//!   `--repeat` interleaved rounds. `--graphile tests/peers/graphile-worker`
+//!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
+//!   measured the same way. `--coordinators 1,3` runs each build as that
+//!   many processes over one database, the workers spread over them (the
+//!   scale-out figures). See `drain.rs` and `roofline.rs`.
+//! - `pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
+//!   backend's CPU) with the coordinator's claim and finish statements on one
+//!   connection, on the schema as migrated and on variants each without one
+//!   of its parts (an index, the checks, the primary key's uniqueness) or
+//!   with ended jobs moved to a history table: what each part costs;
+//!   `--slots N` sets the claims' size (default 512, a claim at 256
+//!   workers; 64 is about a batch at 16 workers). See `parts.rs`.
+//! - `history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
+//!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
+//!   pruning: its rate over that history, and beside a sustained drain.
+//!
+//! ```sh
+//! cargo build --release -p runlease-coordinator -p runlease-bench --bin runlease-coordinator --bin runlease-bench
+//! target/release/runlease-bench throughput
+//! target/release/runlease-bench throughput --lean
+//! target/release/runlease-bench wake 200
+//! target/release/runlease-bench parked 10000
+//! target/release/runlease-bench history 0,1000000,10000000
+//! target/release/runlease-bench pg-parts --repeat 5
+//! target/release/runlease-bench drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
+//! ```
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod drain;
+mod flow;
+mod history;
+mod parked;
+mod parts;
+mod raw;
+mod roofline;
+mod stats;
+mod throughput;
+mod wake;
+
+use std::path::PathBuf;
+
+use clap::builder::RangedU64ValueParser;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The coordinator binary's allocator, so the in-process coordinator is
+/// measured as it runs.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// What runlease sustains on this machine, measured against the PostgreSQL
+/// on 127.0.0.1:5432 (the tests' harness: a fresh database per run).
+#[derive(Parser)]
+#[command(name = "runlease-bench")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// In-process coordinator and workers: jobs/s with batching off and on,
+    /// as a ratio to PostgreSQL alone running the same statements.
+    Throughput(ThroughputArgs),
+    /// Wake latency between two coordinators, Redis up and down.
+    Wake {
+        /// Jobs enqueued on one coordinator while a claim waits on the other.
+        #[arg(default_value_t = 200)]
+        rounds: usize,
+    },
+    /// Parked long-poll claims on one coordinator: its connections and memory.
+    Parked {
+        /// Claims to park.
+        #[arg(default_value_t = 10_000)]
+        claims: usize,
+    },
+    /// What flow control costs: older builds and this one, an unlimited queue
+    /// and one with `max_running = 100`.
+    Flow(FlowArgs),
+    /// Coordinator builds (and graphile-worker) draining a preloaded queue,
+    /// against the PostgreSQL roofline (pgbench).
+    Drain(DrainArgs),
+    /// PostgreSQL's work per job (pages, WAL, CPU) by part of the schema.
+    PgParts(PgPartsArgs),
+    /// Scrape latency and drain rate as terminal history grows; pruning.
+    History(HistoryArgs),
+}
+
+/// A count of at least one (`--repeat`, `--coordinators`, `--slots`).
+fn at_least_one() -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(1..)
+}
+
+#[derive(Args)]
+struct ThroughputArgs {
+    /// Worker counts, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256,1024")]
+    workers: Vec<usize>,
+    /// Jobs per run.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Jobs each worker runs at once (the most it claims).
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Bare protocol workers (claim, one `/v1/finish`) instead of the runtime.
+    #[arg(long)]
+    lean: bool,
+    /// Batching modes to run, in order (default: off,on; with `--lean`:
+    /// per-job,off,on).
+    #[arg(long, value_delimiter = ',')]
+    batching: Vec<Batching>,
+    /// Runs of everything; past one, ends with the medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
+    /// Skip PostgreSQL alone between runs (for profiling).
+    #[arg(long)]
+    no_baseline: bool,
+}
+
+/// A `--batching` value.
+#[derive(Clone, Copy, ValueEnum)]
+enum Batching {
+    /// Batching off, each lease completed by its own `/v1/complete` (`--lean`).
+    PerJob,
+    /// Batching off.
+    Off,
+    /// Batching on.
+    On,
+    /// off, then on.
+    Both,
+}
+
+impl Batching {
+    fn modes(self) -> &'static [throughput::Mode] {
+        use throughput::Mode;
+        match self {
+            Batching::PerJob => &[Mode::PerJob],
+            Batching::Off => &[Mode::Off],
+            Batching::On => &[Mode::On],
+            Batching::Both => &[Mode::Off, Mode::On],
+        }
+    }
+}
+
+#[derive(Args)]
+struct FlowArgs {
+    /// Older `runlease-coordinator` binaries, beside this build's.
+    #[arg(value_name = "OLD_BINARY", value_delimiter = ',', required = true)]
+    older: Vec<PathBuf>,
+    /// Jobs per drain.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Interleaved rounds.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
+}
+
+#[derive(Args)]
+struct DrainArgs {
+    /// `[NAME=]BINARY` of each coordinator build (default: this build's,
+    /// beside the bench binary).
+    #[arg(value_name = "[NAME=]BINARY", value_delimiter = ',')]
+    builds: Vec<String>,
+    /// Also graphile-worker, from this directory (after `npm ci` there).
+    #[arg(long, value_name = "DIR")]
+    graphile: Option<PathBuf>,
+    /// HTTP worker counts, one run each.
+    #[arg(long, value_delimiter = ',', default_value = "16,256")]
+    workers: Vec<usize>,
+    /// Preloaded jobs per run.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Leases each worker claims and finishes at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Interleaved rounds; the table is their medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
+    /// Processes per build over one database, the workers spread over them.
+    #[arg(long, value_delimiter = ',', default_value = "1", value_parser = at_least_one())]
+    coordinators: Vec<usize>,
+}
+
+#[derive(Args)]
+struct PgPartsArgs {
+    /// Jobs per variant.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Slots per claim (64 is about a batch at 16 workers).
+    #[arg(long, default_value_t = parts::SLOTS, value_parser = at_least_one())]
+    slots: usize,
+    /// Rounds; the table is their medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
+}
+
+#[derive(Args)]
+struct HistoryArgs {
+    /// Terminal jobs of history to measure at, in increasing order.
+    #[arg(value_name = "SIZES", value_delimiter = ',', required = true)]
+    sizes: Vec<usize>,
+    /// Fresh jobs drained at each size.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Command::Throughput(a) => {
+            let kind = if a.lean {
+                throughput::WorkerKind::Lean
+            } else {
+                throughput::WorkerKind::Runtime
+            };
+            let modes: Vec<_> = if a.batching.is_empty() {
+                use throughput::Mode;
+                match kind {
+                    throughput::WorkerKind::Lean => vec![Mode::PerJob, Mode::Off, Mode::On],
+                    throughput::WorkerKind::Runtime => vec![Mode::Off, Mode::On],
+                }
+            } else {
+                a.batching.iter().flat_map(|b| b.modes()).copied().collect()
+            };
+            throughput::report(
+                &a.workers,
+                a.jobs,
+                a.concurrency,
+                &modes,
+                kind,
+                !a.no_baseline,
+                a.repeat,
+            )
+            .await
+        }
+        Command::Wake { rounds } => wake::report(rounds).await,
+        Command::Parked { claims } => parked::report(claims).await,
+        Command::Flow(a) => flow::report(&a.older, a.jobs, a.repeat).await,
+        Command::Drain(a) => {
+            let mut systems: Vec<_> = if a.builds.is_empty() {
+                vec![drain::System::Coordinator(drain::Build {
+                    name: "this build".to_owned(),
+                    binary: runlease_tests::process::coordinator_binary(),
+                })]
+            } else {
+                a.builds
+                    .iter()
+                    .filter(|b| !b.is_empty())
+                    .map(|b| drain::System::Coordinator(drain::Build::parse(b)))
+                    .collect()
+            };
+            if let Some(dir) = a.graphile {
+                systems.push(drain::System::Graphile(dir));
+            }
+            drain::report(
+                &systems,
+                &a.workers,
+                a.jobs,
+                a.concurrency,
+                a.repeat,
+                &a.coordinators,
+            )
+            .await
+        }
+        Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
+        Command::History(a) => history::report(&a.sizes, a.jobs).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn a_drain_takes_named_builds_and_the_old_options() {
+        let cli = Cli::try_parse_from([
+            "runlease-bench",
+            "drain",
+            "old=a/runlease-coordinator,new=b/runlease-coordinator",
+            "--workers",
+            "16,256",
+            "--repeat",
+            "3",
+            "--coordinators",
+            "1,3",
+        ])
+        .unwrap();
+        let Command::Drain(a) = cli.command else {
+            panic!("not a drain");
+        };
+        assert_eq!(a.builds.len(), 2);
+        assert_eq!(a.workers, [16, 256]);
+        assert_eq!((a.repeat, a.coordinators), (3, vec![1, 3]));
+    }
+
+    #[test]
+    fn lists_default_as_before() {
+        let cli = Cli::try_parse_from(["runlease-bench", "drain"]).unwrap();
+        let Command::Drain(a) = cli.command else {
+            panic!("not a drain");
+        };
+        assert!(a.builds.is_empty());
+        assert_eq!((a.workers, a.coordinators), (vec![16, 256], vec![1]));
+        let cli = Cli::try_parse_from(["runlease-bench", "throughput"]).unwrap();
+        let Command::Throughput(a) = cli.command else {
+            panic!("not a throughput run");
+        };
+        assert_eq!(a.workers, [1, 16, 256, 1024]);
+    }
+
+    #[test]
+    fn repeat_and_coordinators_are_at_least_one() {
+        for args in [
+            ["runlease-bench", "pg-parts", "--repeat", "0"],
+            ["runlease-bench", "drain", "--coordinators", "0"],
+            ["runlease-bench", "pg-parts", "--slots", "0"],
+        ] {
+            assert!(Cli::try_parse_from(args).is_err(), "{args:?}");
+        }
+    }
+}
