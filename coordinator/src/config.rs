@@ -193,6 +193,13 @@ pub struct KeySettings {
     /// A file holding `RUNLEASE_API_KEYS`.
     #[arg(long, env = "RUNLEASE_API_KEYS_FILE")]
     pub api_keys_file: Option<std::path::PathBuf>,
+    /// Lease tokens to mint: 2 (they name their job's queue, so a key
+    /// limited to other queues cannot use them), or 1 while replicas older
+    /// than v1.2 still serve, which verify only those (set 2 once every
+    /// replica runs this version).
+    #[arg(long, env = "RUNLEASE_LEASE_TOKEN_VERSION", default_value_t = 2,
+          value_parser = clap::value_parser!(u8).range(1..=2))]
+    pub lease_token_version: u8,
 }
 
 /// PostgreSQL: where, how many connections, how long work may take.

@@ -200,7 +200,13 @@ fn token_key(config: &Config) -> TokenKey {
             "lease tokens are signed with the first RUNLEASE_SECRET key and verified with every one"
         );
     }
+    if config.keys.lease_token_version == 1 {
+        tracing::warn!(
+            "RUNLEASE_LEASE_TOKEN_VERSION=1: minting lease tokens older coordinators verify; their queue is not checked against keys limited to some queues. Set 2 once every replica runs this version"
+        );
+    }
     TokenKey::rotating(&secrets.iter().map(Vec::as_slice).collect::<Vec<_>>())
+        .minting(config.keys.lease_token_version)
 }
 
 /// Wake-ups: through Redis, or inside this coordinator only when

@@ -139,8 +139,11 @@ pub struct RefusedLabels {
 pub struct Metrics {
     /// HTTP connections open.
     pub connections_open: Gauge,
-    /// Connections refused because `RUNLEASE_MAX_CONNECTIONS` were open.
+    /// Connections refused because `RUNLEASE_MAX_CONNECTIONS` were open
+    /// and none was idle.
     pub connections_refused: Counter,
+    /// Idle connections closed to make room for a new one at the cap.
+    pub connections_evicted: Counter,
     /// Connections closed by the header or idle deadline.
     pub connections_timed_out: Family<TimeoutLabels, Counter>,
     /// Requests refused by a limit of the coordinator (not a flow-control
@@ -258,6 +261,7 @@ impl Metrics {
         let m = Self {
             connections_open: Gauge::default(),
             connections_refused: Counter::default(),
+            connections_evicted: Counter::default(),
             connections_timed_out: Family::default(),
             requests_refused: Family::default(),
             queue_cap: cap.clone(),
@@ -326,8 +330,13 @@ impl Metrics {
         );
         registry.register(
             "connections_refused",
-            "Connections refused because RUNLEASE_MAX_CONNECTIONS were open",
+            "Connections refused because RUNLEASE_MAX_CONNECTIONS were open and none was idle",
             self.connections_refused.clone(),
+        );
+        registry.register(
+            "connections_evicted",
+            "Idle connections closed to make room for a new one at RUNLEASE_MAX_CONNECTIONS",
+            self.connections_evicted.clone(),
         );
         registry.register(
             "connections_timed_out",

@@ -46,6 +46,9 @@ pub struct TokenKey {
     mac: Hmac<Sha256>,
     /// Every key, the signing one first.
     verifiers: Vec<Hmac<Sha256>>,
+    /// Mint `rl1.` tokens (without the queue), which coordinators older
+    /// than v1.2 verify: for a rolling upgrade (`RUNLEASE_LEASE_TOKEN_VERSION=1`).
+    mint_v1: bool,
 }
 
 impl std::fmt::Debug for TokenKey {
@@ -75,7 +78,25 @@ impl TokenKey {
             .first()
             .cloned()
             .unwrap_or_else(|| unreachable!("TokenKey::rotating needs at least one secret"));
-        Self { mac, verifiers }
+        Self {
+            mac,
+            verifiers,
+            mint_v1: false,
+        }
+    }
+
+    /// The same key, minting tokens of `version` (1: `rl1.`, which older
+    /// coordinators verify; 2: `rl2.`, which names the queue).
+    pub fn minting(self, version: u8) -> Self {
+        Self {
+            mint_v1: version == 1,
+            ..self
+        }
+    }
+
+    /// Whether this key mints `rl1.` tokens (a rolling upgrade is under way).
+    pub fn mints_v1(&self) -> bool {
+        self.mint_v1
     }
 
     fn tag(&self, domain: &[u8], payload: &[u8]) -> Hmac<Sha256> {
@@ -139,13 +160,18 @@ impl TokenKey {
         let mut payload = Vec::with_capacity(25 + queue.len() + worker.len());
         payload.extend_from_slice(job_id.0.as_bytes());
         payload.extend_from_slice(&run_lease.0.to_be_bytes());
-        // Queue names are at most 128 bytes: one length byte.
-        payload.push(u8::try_from(queue.len()).unwrap_or(u8::MAX));
-        payload.extend_from_slice(queue);
+        let (prefix, domain) = if self.mint_v1 {
+            (PREFIX_V1, DOMAIN_V1)
+        } else {
+            // Queue names are at most 128 bytes: one length byte.
+            payload.push(u8::try_from(queue.len()).unwrap_or(u8::MAX));
+            payload.extend_from_slice(queue);
+            (PREFIX, DOMAIN)
+        };
         payload.extend_from_slice(worker);
-        let mac = self.tag(DOMAIN, &payload).finalize().into_bytes();
+        let mac = self.tag(domain, &payload).finalize().into_bytes();
         LeaseToken(format!(
-            "{PREFIX}{}.{}",
+            "{prefix}{}.{}",
             URL_SAFE_NO_PAD.encode(&payload),
             URL_SAFE_NO_PAD.encode(mac)
         ))
@@ -286,6 +312,9 @@ mod tests {
         assert_eq!(claims.queue, None);
         assert_eq!((claims.lease.job_id, claims.lease.run_lease), (id, RunLease(9)));
         assert_eq!(key.peek(&old), Some((id, RunLease(9))));
+        // The key minting v1 tokens mints what this test built by hand.
+        let v1 = TokenKey::new(b"secret").minting(1);
+        assert_eq!(v1.mint(id, RunLease(9), &worker(), &queue()), old);
         // A v1 MAC does not verify a v2 token of the same bytes, nor the reverse.
         let swapped = LeaseToken(old.0.replacen(PREFIX_V1, PREFIX, 1));
         assert!(key.verify(&swapped).is_err());

@@ -57,7 +57,10 @@ pub(super) fn park(
     }
     // Claims of one shape share a statement: the shape, not the claim, is
     // what costs the database work.
-    let mut hasher = std::hash::DefaultHasher::new();
+    // Hashed with this process's random keys, so shapes that collide
+    // cannot be worked out beforehand.
+    static SHAPES: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+    let mut hasher = std::hash::BuildHasher::build_hasher(SHAPES.get_or_init(Default::default));
     std::hash::Hash::hash(&crate::batch::plan::GroupKey::of(ask), &mut hasher);
     state
         .park_claim(caller, std::hash::Hasher::finish(&hasher))
@@ -183,6 +186,20 @@ pub(super) fn verify(
     token: &LeaseToken,
 ) -> Result<Option<LeaseRef>, ApiError> {
     match state.tokens.verify_scoped(token) {
+        // A token from before tokens named their queue, with a key limited
+        // to some queues: its queue cannot be checked. While a rolling
+        // upgrade is under way (this coordinator mints such tokens too) it
+        // is honoured; otherwise that item is answered lease_lost (the job
+        // runs again after its lease expires), the request's other items
+        // as usual.
+        Ok(claims) if claims.queue.is_none() && caller.queues.is_some() => {
+            if state.tokens.mints_v1() {
+                Ok(Some(claims.lease))
+            } else {
+                tracing::warn!("refused a lease token without its queue for a key limited to some queues");
+                Ok(None)
+            }
+        }
         Ok(claims) => {
             check_scope(caller, claims.queue.as_ref())?;
             Ok(Some(claims.lease))
@@ -201,7 +218,7 @@ pub(super) fn verify(
 
 /// 403 unless the caller's key may use the queue a token names. A key
 /// without queue limits may use any token; a limited key only tokens that
-/// name one of its queues (so not tokens minted before tokens named it).
+/// name one of its queues.
 fn check_scope(caller: &Caller, queue: Option<&QueueName>) -> Result<(), ApiError> {
     if caller.queues.is_none() {
         return Ok(());
@@ -212,10 +229,8 @@ fn check_scope(caller: &Caller, queue: Option<&QueueName>) -> Result<(), ApiErro
             ErrorCode::Forbidden,
             format!("this lease is of a job of queue {queue:?}, which this API key may not use"),
         )),
-        None => Err(ApiError::new(
-            ErrorCode::Forbidden,
-            "this lease token was minted by a coordinator older than v1.2 and does not name its queue; only a key without queue limits may use it",
-        )),
+        // Handled by `verify`.
+        None => Ok(()),
     }
 }
 

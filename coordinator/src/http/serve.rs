@@ -19,10 +19,12 @@
 //! At shutdown the loop stops accepting, asks every connection to close
 //! once its requests are answered, and waits for them.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -56,8 +58,22 @@ const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 /// Most concurrent HTTP/2 streams on one connection.
 const MAX_STREAMS: u32 = 100;
 
+/// How long a connection closed for being idle (or evicted) may take to
+/// finish what it is doing before it is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+/// How long a new connection waits for the slot of an idle one evicted to
+/// make room for it.
+const EVICTION_WAIT: Duration = Duration::from_millis(250);
+
 /// The answer to a connection past the cap, written without waiting.
-const OVER_CAPACITY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 108\r\n\r\n{\"error\":{\"code\":\"overloaded\",\"message\":\"too many open connections (RUNLEASE_MAX_CONNECTIONS); retry later\"}}";
+fn over_capacity() -> Vec<u8> {
+    let body = r#"{"error":{"code":"overloaded","message":"too many open connections (RUNLEASE_MAX_CONNECTIONS); retry later"}}"#;
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
 
 /// The connection limits of [`serve`].
 #[derive(Debug, Clone, Copy)]
@@ -98,6 +114,12 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let refusal = over_capacity();
+    // Every open connection's activity, to find an idle one to evict when
+    // the cap is reached: a client holding connections it does not use
+    // cannot lock others out.
+    let open: Arc<Mutex<HashMap<u64, Arc<Activity>>>> = Arc::default();
+    let mut next_id: u64 = 0;
     let connections = TaskTracker::new();
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().max_buf_size(MAX_HEAD_BYTES);
@@ -105,7 +127,13 @@ pub async fn serve(
         .http2()
         .max_header_list_size(MAX_HEADER_LIST_BYTES)
         .max_concurrent_streams(MAX_STREAMS);
-    let builder = Arc::new(builder);
+    let server = Arc::new(Server {
+        builder,
+        app,
+        limits,
+        metrics: metrics.clone(),
+        shutdown: shutdown.clone(),
+    });
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -120,28 +148,63 @@ pub async fn serve(
                 }
             },
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => Some(slot),
+            Err(_) if evict_idle(&open) => {
+                metrics.connections_evicted.inc();
+                tokio::time::timeout(EVICTION_WAIT, slots.clone().acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            Err(_) => None,
+        };
+        let Some(slot) = slot else {
             metrics.connections_refused.inc();
             // Best effort and without waiting: a peer that does not read
             // gets the close alone.
-            let _ = stream.try_write(OVER_CAPACITY);
+            let _ = stream.try_write(&refusal);
             drop(stream);
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let builder = builder.clone();
-        let shutdown = shutdown.clone();
-        let metrics = metrics.clone();
+        let activity = Arc::new(Activity::new());
+        next_id += 1;
+        let id = next_id;
+        lock(&open).insert(id, activity.clone());
+        let (server, open) = (server.clone(), open.clone());
         connections.spawn(async move {
-            metrics.connections_open.inc();
-            serve_connection(&builder, stream, peer, app, limits, &metrics, shutdown).await;
-            metrics.connections_open.dec();
+            server.metrics.connections_open.inc();
+            serve_connection(&server, stream, peer, activity).await;
+            lock(&open).remove(&id);
+            server.metrics.connections_open.dec();
             drop(slot);
         });
     }
     connections.close();
     connections.wait().await;
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Asks the connection idle the longest (no request in flight) to close;
+/// false when every connection is busy.
+fn evict_idle(open: &Mutex<HashMap<u64, Arc<Activity>>>) -> bool {
+    let open = lock(open);
+    let victim = open
+        .values()
+        .filter(|a| a.in_flight.load(Ordering::Acquire) == 0 && !a.evicted.load(Ordering::Acquire))
+        .min_by_key(|a| a.opened + Duration::from_millis(a.idle_since.load(Ordering::Acquire)));
+    match victim {
+        Some(activity) => {
+            activity.evicted.store(true, Ordering::Release);
+            activity.changed.notify_one();
+            true
+        }
+        None => false,
+    }
 }
 
 /// What the watchdog of one connection knows of it.
@@ -155,32 +218,85 @@ struct Activity {
     /// Milliseconds after `opened` when the first byte arrived while idle
     /// (`u64::MAX`: none yet), the start of the next request's head.
     head_since: AtomicU64,
-    /// Told when a request starts or ends, or a head begins: the watchdog
-    /// computes its deadline again.
+    /// Milliseconds after `opened` since when a write has been waiting for
+    /// the peer to read (`u64::MAX`: none is).
+    write_blocked_since: AtomicU64,
+    /// The connection speaks HTTP/2 (its first bytes were the preface).
+    h2: AtomicBool,
+    /// Whether anything was read yet (the preface check is on the first read).
+    read_any: AtomicBool,
+    /// Asked to close to make room for a new connection.
+    evicted: AtomicBool,
+    /// Told when a request starts or ends, a head begins, or the connection
+    /// is evicted: the watchdog looks again.
     changed: Notify,
 }
 
 const NONE: u64 = u64::MAX;
 
+/// Why the watchdog closes a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Close {
+    /// An HTTP/1 request head did not arrive in time: dropped at once.
+    Header,
+    /// The peer has not read what it was sent for an idle timeout: dropped
+    /// at once.
+    Stalled,
+    /// No request for an idle timeout: closed gracefully.
+    Idle,
+}
+
+impl Close {
+    fn phase(self) -> &'static str {
+        match self {
+            Close::Header => "header",
+            Close::Stalled => "write",
+            Close::Idle => "idle",
+        }
+    }
+}
+
 impl Activity {
+    fn new() -> Self {
+        Self {
+            opened: Instant::now(),
+            in_flight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            head_since: AtomicU64::new(NONE),
+            write_blocked_since: AtomicU64::new(NONE),
+            h2: AtomicBool::new(false),
+            read_any: AtomicBool::new(false),
+            evicted: AtomicBool::new(false),
+            changed: Notify::new(),
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(NONE - 1)
     }
 
-    /// When the connection must be closed if nothing changes, or `None`
-    /// while a request is in flight.
-    fn deadline(&self, limits: &ConnectionLimits) -> Option<Instant> {
-        if self.in_flight.load(Ordering::Acquire) > 0 {
-            return None;
-        }
+    /// When the connection must be closed if nothing changes, and why; `None`
+    /// while a request is in flight and its answer is being read.
+    fn deadline(&self, limits: &ConnectionLimits) -> Option<(Instant, Close)> {
         let at = |ms: u64| self.opened + Duration::from_millis(ms);
-        let idle = at(self.idle_since.load(Ordering::Acquire)) + limits.idle_timeout;
+        let blocked = self.write_blocked_since.load(Ordering::Acquire);
+        let stalled = (blocked != NONE).then(|| (at(blocked) + limits.idle_timeout, Close::Stalled));
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return stalled;
+        }
+        let idle = (
+            at(self.idle_since.load(Ordering::Acquire)) + limits.idle_timeout,
+            Close::Idle,
+        );
         let head = self.head_since.load(Ordering::Acquire);
-        Some(if head == NONE {
-            idle
-        } else {
-            idle.min(at(head) + limits.header_timeout)
-        })
+        // HTTP/2 sends frames between requests (settings, window updates,
+        // pings): only its idle time counts.
+        let header = (head != NONE && !self.h2.load(Ordering::Acquire))
+            .then(|| (at(head) + limits.header_timeout, Close::Header));
+        [Some(idle), header, stalled]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(when, _)| *when)
     }
 }
 
@@ -199,6 +315,13 @@ impl AsyncRead for Watched {
         let before = buf.filled().len();
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
+        if buf.filled().len() > before && !this.activity.read_any.swap(true, Ordering::AcqRel) {
+            let first = &buf.filled()[before..];
+            let preface = &b"PRI * HTTP/2.0"[..first.len().min(14)];
+            this.activity
+                .h2
+                .store(first.starts_with(preface), Ordering::Release);
+        }
         if buf.filled().len() > before
             && this.activity.in_flight.load(Ordering::Acquire) == 0
             && this.activity.head_since.load(Ordering::Acquire) == NONE
@@ -217,7 +340,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.activity.wrote(&polled);
+        polled
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -233,11 +358,59 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.activity.wrote(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
         self.inner.is_write_vectored()
+    }
+}
+
+impl Activity {
+    /// Notes whether a write went out or waits for the peer to read.
+    fn wrote(&self, polled: &Poll<std::io::Result<usize>>) {
+        match polled {
+            // No wake-up of the watchdog here: a reader taking bytes a few
+            // at a time would turn each into one. It looks on its own timer
+            // while a request is in flight.
+            Poll::Pending => {
+                if self.write_blocked_since.load(Ordering::Acquire) == NONE {
+                    self.write_blocked_since.store(self.now_ms(), Ordering::Release);
+                }
+            }
+            Poll::Ready(Ok(n)) if *n > 0 => self.write_blocked_since.store(NONE, Ordering::Release),
+            Poll::Ready(_) => {}
+        }
+    }
+}
+
+/// A response body that keeps its request in flight until it is written
+/// out (or dropped with the connection): sending a large answer to a slow
+/// reader is not idle time.
+struct Tracked {
+    inner: axum::body::Body,
+    _in_flight: InFlight,
+}
+
+impl http_body::Body for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -263,22 +436,24 @@ impl Drop for InFlight {
     }
 }
 
-async fn serve_connection(
-    builder: &auto::Builder<TokioExecutor>,
-    stream: TcpStream,
-    peer: SocketAddr,
+/// What every connection of [`serve`] shares.
+struct Server {
+    builder: auto::Builder<TokioExecutor>,
     app: Router,
     limits: ConnectionLimits,
-    metrics: &Metrics,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
-) {
-    let activity = Arc::new(Activity {
-        opened: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        idle_since: AtomicU64::new(0),
-        head_since: AtomicU64::new(NONE),
-        changed: Notify::new(),
-    });
+}
+
+async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, activity: Arc<Activity>) {
+    let Server {
+        builder,
+        app,
+        limits,
+        metrics,
+        shutdown,
+    } = server;
+    let limits = *limits;
     let watched = Watched {
         inner: stream,
         activity: activity.clone(),
@@ -292,16 +467,29 @@ async fn serve_connection(
             .insert(BodyDeadline(Instant::now() + limits.body_timeout));
         let mut app = app.clone();
         async move {
-            let response = app.call(request).await;
-            drop(guard);
-            response
+            let response = app.call(request).await?;
+            Ok::<_, std::convert::Infallible>(response.map(|inner| {
+                axum::body::Body::new(Tracked {
+                    inner,
+                    _in_flight: guard,
+                })
+            }))
         }
     });
     let connection = builder.serve_connection_with_upgrades(TokioIo::new(watched), service);
     tokio::pin!(connection);
-    let mut closing = false;
+    // Set once the connection was asked to close: it is dropped then.
+    let mut hard_close: Option<Instant> = None;
     loop {
         let deadline = activity.deadline(&limits);
+        // While a request is in flight, look again every half idle timeout
+        // for an answer its peer stopped reading.
+        let in_flight = activity.in_flight.load(Ordering::Acquire) > 0;
+        let recheck = in_flight.then(|| Instant::now() + limits.idle_timeout / 2);
+        let wake = [deadline.map(|(at, _)| at), hard_close, recheck]
+            .into_iter()
+            .flatten()
+            .min();
         tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
@@ -311,25 +499,72 @@ async fn serve_connection(
             }
             () = activity.changed.notified() => {}
             () = async {
-                match deadline {
+                match wake {
                     Some(at) => tokio::time::sleep_until(at).await,
-                    // A request is in flight: `changed` tells when it ends.
                     None => std::future::pending().await,
                 }
-            } => {
-                if activity.deadline(&limits).is_some_and(|at| at <= Instant::now()) {
-                    let head = activity.head_since.load(Ordering::Acquire) != NONE;
-                    metrics.connections_timed_out.get_or_create(&crate::metrics::TimeoutLabels {
-                        phase: if head { "header" } else { "idle" },
-                    }).inc();
-                    tracing::debug!(%peer, head, "closed a connection that sent no complete request in time");
-                    return;
-                }
-            }
-            () = shutdown.cancelled(), if !closing => {
-                closing = true;
+            } => {}
+            () = shutdown.cancelled(), if hard_close.is_none() => {
                 connection.as_mut().graceful_shutdown();
+                // In-flight requests finish (the coordinator's own grace
+                // bounds them); an idle connection goes now.
+                hard_close = Some(Instant::now() + limits.idle_timeout.max(CLOSE_GRACE));
+                continue;
             }
         }
+        match next_step(&activity, &limits, hard_close, metrics, peer) {
+            Step::Wait => {}
+            Step::Close => {
+                connection.as_mut().graceful_shutdown();
+                hard_close = Some(Instant::now() + CLOSE_GRACE);
+            }
+            Step::Drop => return,
+        }
+    }
+}
+
+/// What the watchdog does after it woke.
+enum Step {
+    /// Nothing yet.
+    Wait,
+    /// Close gracefully (HTTP/1 between requests: at once; HTTP/2: GOAWAY),
+    /// dropping the connection if that takes longer than [`CLOSE_GRACE`].
+    Close,
+    /// Drop the connection now.
+    Drop,
+}
+
+/// The watchdog's decision for a connection, given when it was asked to
+/// close (if it was).
+fn next_step(
+    activity: &Activity,
+    limits: &ConnectionLimits,
+    hard_close: Option<Instant>,
+    metrics: &Metrics,
+    peer: SocketAddr,
+) -> Step {
+    let now = Instant::now();
+    if hard_close.is_some_and(|at| at <= now) {
+        return Step::Drop;
+    }
+    if activity.evicted.load(Ordering::Acquire) && hard_close.is_none() {
+        tracing::debug!(%peer, "closing an idle connection to make room for a new one");
+        return Step::Close;
+    }
+    let Some((at, why)) = activity.deadline(limits) else {
+        return Step::Wait;
+    };
+    if at > now || (why == Close::Idle && hard_close.is_some()) {
+        return Step::Wait;
+    }
+    metrics
+        .connections_timed_out
+        .get_or_create(&crate::metrics::TimeoutLabels { phase: why.phase() })
+        .inc();
+    tracing::debug!(%peer, phase = why.phase(), "closing a connection past its deadline");
+    if why == Close::Idle {
+        Step::Close
+    } else {
+        Step::Drop
     }
 }

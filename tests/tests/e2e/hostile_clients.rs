@@ -183,38 +183,75 @@ async fn idle_connections_and_unsent_bodies_are_closed() {
     assert!(String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"));
 }
 
+/// Opens a connection and sends `head`; the answer read within `within`
+/// (empty: none yet, the request is in flight).
+async fn open_with(addr: std::net::SocketAddr, head: &str, within: Duration) -> (TcpStream, String) {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = match tokio::time::timeout(within, stream.read(&mut buf)).await {
+        Ok(Ok(n)) => n,
+        _ => 0,
+    };
+    (stream, String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
 #[tokio::test]
-async fn connections_past_the_cap_are_refused_with_overloaded() {
+async fn at_the_connection_cap_an_idle_connection_makes_room_and_busy_ones_mean_overloaded() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |config| {
         config.limits.max_connections = 16;
     })
     .await;
-    // Connections held open by requests in flight, until one is refused
-    // (the harness's own client may hold one or two of the 16 already).
-    let mut held = Vec::new();
+    let healthz = "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n";
+    // 16 connections that sent one request and then nothing: each new
+    // connection closes the one idle the longest and is served.
+    let mut idle = Vec::new();
+    for _ in 0..20 {
+        let (stream, answer) = open_with(c.addr, healthz, Duration::from_secs(10)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        idle.push(stream);
+    }
+    assert!(c.api.metric("runlease_connections_evicted_total").await >= 4.0);
+    drop(idle);
+    // Connections each holding a parked read: once every slot is busy, one
+    // more is answered 503 overloaded, with a JSON body of the stated length.
+    let job = c.api.enqueue("q", json!(1)).await;
+    let parked = format!(
+        "GET /v1/jobs/{}?wait_ms=30000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        job.id
+    );
+    let mut busy = Vec::new();
     let refused = loop {
-        let mut stream = TcpStream::connect(c.addr).await.unwrap();
-        stream
-            .write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = vec![0u8; 1024];
-        let n = stream.read(&mut buf).await.unwrap();
-        let answer = String::from_utf8_lossy(&buf[..n]).into_owned();
-        if answer.starts_with("HTTP/1.1 200") {
-            held.push(stream);
-            assert!(held.len() <= 16, "more than 16 connections were served");
+        let (stream, answer) = open_with(c.addr, &parked, Duration::from_millis(500)).await;
+        if answer.is_empty() {
+            busy.push(stream);
+            assert!(busy.len() <= 16, "more than 16 connections were served");
             continue;
         }
         break answer;
     };
-    assert!(held.len() >= 12, "only {} connections before the cap", held.len());
-    let answer = refused;
-    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-    assert!(answer.to_ascii_lowercase().contains("retry-after: 1"), "{answer}");
-    assert!(answer.contains("\"overloaded\""), "{answer}");
-    drop(held);
+    assert!(busy.len() >= 12, "only {} connections before the cap", busy.len());
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(
+        refused.to_ascii_lowercase().contains("retry-after: 1"),
+        "{refused}"
+    );
+    let (head, body) = refused.split_once("\r\n\r\n").unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length: ")
+                .map(str::to_owned)
+        })
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(length, body.len(), "{refused}");
+    let body: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(body["error"]["code"], "overloaded");
+    drop(busy);
     // Slots come back as connections close.
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
@@ -231,6 +268,45 @@ async fn connections_past_the_cap_are_refused_with_overloaded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(c.api.metric("runlease_connections_refused_total").await >= 1.0);
+}
+
+#[tokio::test]
+async fn a_slow_reader_gets_a_large_answer_whole_past_the_idle_timeout() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |config| {
+        config.limits.idle_timeout_ms = 1_000;
+    })
+    .await;
+    let pad = "x".repeat(200_000);
+    for n in 0..15 {
+        c.api.enqueue("big", json!({"n": n, "pad": pad})).await;
+    }
+    let listing = "GET /v1/jobs?queue=big&state=queued&limit=50 HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+    // Read 64 KiB every 150 ms: about 3 MB over several idle timeouts.
+    let mut stream = TcpStream::connect(c.addr).await.unwrap();
+    stream.write_all(listing.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let started = Instant::now();
+    loop {
+        let n = stream.read(&mut buf).await.unwrap();
+        if n == 0 {
+            break;
+        }
+        answer.extend_from_slice(&buf[..n]);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let page: Value = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("a cut answer ({} bytes after {took:?}): {e}", body.len()));
+    assert_eq!(page["jobs"].as_array().unwrap().len(), 15);
+    assert!(
+        took > Duration::from_secs(2),
+        "read in {took:?}: not slow enough to prove anything"
+    );
 }
 
 #[tokio::test]
@@ -468,6 +544,21 @@ async fn a_lease_token_is_honoured_only_with_a_key_of_its_queue() {
     }
     let job = emails.job(lease.job_id).await;
     assert_eq!(job.state.as_str(), "running");
+    // A token from before tokens named their queue, used with a key limited
+    // to some queues: that item is lease_lost, the request's others as usual.
+    let old = runlease_coordinator::token::TokenKey::new(runlease_tests::TEST_SECRET.as_bytes())
+        .minting(1)
+        .mint(
+            lease.job_id,
+            lease.run_lease,
+            &runlease_protocol::WorkerId::new("w").unwrap(),
+            &runlease_protocol::QueueName::new("emails").unwrap(),
+        );
+    let body = json!({"leases": [{"lease_token": old}, {"lease_token": token}]});
+    let (status, answer) = emails.post("/v1/heartbeat", &body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["leases"][0]["status"], "lease_lost");
+    assert_eq!(answer["leases"][1]["status"], "renewed");
     // Its own key finishes it.
     assert_eq!(emails.heartbeat(&lease).await, "renewed");
     let (status, done) = emails.complete(&lease, json!("ok")).await;
