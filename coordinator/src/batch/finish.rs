@@ -1,0 +1,238 @@
+//! The batchers that write: [`Finisher`], finishing outcomes of many
+//! requests in one statement, with the claims that ride them in the next
+//! batch's transaction; and [`Renewer`], lease renewals of many requests in
+//! one statement. Both are [`Batcher`]s.
+
+use std::sync::Arc;
+
+use runlease_protocol::WorkerId;
+use runlease_protocol::worker::HeartbeatStatus;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::batch::claims::{self, ClaimAsk};
+use crate::batch::plan::{ClaimPlan, Placement};
+use crate::batch::{BatchSettings, Batcher, OrphanFn, Pass};
+use crate::metrics::Metrics;
+use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
+use crate::store::rows::ClaimedJob;
+use crate::store::{Store, StoreError};
+use crate::wake::Wake;
+
+/// The batcher of finishing outcomes: each request's items, written with
+/// other requests' items in one statement; a request's claim (a finish that
+/// carries one) rides the next batch's transaction, after the one that
+/// committed its items.
+pub type Finisher = Batcher<FinishWork, FinishDone>;
+/// The batcher of heartbeats: each request's renewals, written with other
+/// requests' renewals in one statement.
+pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
+
+/// One finish request for the [`Finisher`], in one of its two passes: its
+/// items are written first; a claim it carries is made by a later batch,
+/// in a transaction after the one that committed them (the protocol's
+/// promise: no lease of the claim is handed out before the outcomes it
+/// follows).
+#[derive(Debug, Clone)]
+pub enum FinishWork {
+    /// Write the outcomes; a claim, if any, then rides the next batch.
+    Write {
+        /// The outcomes to write.
+        items: Vec<(LeaseRef, Outcome)>,
+        /// The claim to make once they are committed.
+        claim: Option<ClaimAsk>,
+    },
+    /// The outcomes are committed (their answers kept): make the claim.
+    Claim {
+        /// The items' answers, one per item, in order.
+        endings: Vec<Ending>,
+        /// The claim.
+        claim: ClaimAsk,
+    },
+}
+
+impl FinishWork {
+    /// Items to write, then `claim` (at once when there are no items).
+    pub fn new(items: Vec<(LeaseRef, Outcome)>, claim: Option<ClaimAsk>) -> Self {
+        match claim {
+            Some(claim) if items.is_empty() => FinishWork::Claim {
+                endings: Vec::new(),
+                claim,
+            },
+            claim => FinishWork::Write { items, claim },
+        }
+    }
+}
+
+/// What the [`Finisher`] answers a [`FinishWork`].
+#[derive(Debug, Default)]
+pub struct FinishDone {
+    /// One per item, in order.
+    pub endings: Vec<Ending>,
+    /// The claim's leases (`None`: the request had no claim; empty: nothing
+    /// was claimable, or the coordinator is stopping).
+    pub leases: Option<Vec<ClaimedJob>>,
+    /// The claiming worker.
+    pub worker: Option<WorkerId>,
+}
+
+/// Hands each request, in order, its share of the answers to a batch of
+/// flattened items (`sizes[i]` items came from request `i`).
+fn split<T>(sizes: &[usize], answers: Vec<T>) -> Vec<Vec<T>> {
+    let mut answers = answers.into_iter();
+    sizes
+        .iter()
+        .map(|n| answers.by_ref().take(*n).collect())
+        .collect()
+}
+
+impl Finisher {
+    /// Writes finishing outcomes, and the claims riding on them, with
+    /// [`Store::finish_then_claim`]: a batch writes its new requests' items
+    /// and makes the claims of requests whose items an earlier batch
+    /// committed. Claims go by (queues, time left), each one statement of
+    /// at most `settings.max_size` slots; claimers left over wait for the
+    /// next batch. Leases claimed for a requester that left are released.
+    pub fn finisher(
+        store: &Store,
+        wake: &Wake,
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let max_slots = settings.max_size.max(1);
+        let orphaned: Arc<OrphanFn<FinishDone>> = {
+            let (store, wake, tracker) = (store.clone(), wake.clone(), tracker.clone());
+            Arc::new(move |done: FinishDone| {
+                let (Some(worker), Some(rows)) = (done.worker, done.leases) else {
+                    return;
+                };
+                if rows.is_empty() {
+                    return;
+                }
+                let (store, wake) = (store.clone(), wake.clone());
+                tracker.spawn(async move { claims::release_unwanted(&store, &wake, &worker, rows).await });
+            })
+        };
+        let store = store.clone();
+        let stopping = cancel.clone();
+        let batch_metrics = metrics.clone();
+        Batcher::spawn(
+            "finish",
+            settings,
+            metrics,
+            tracker,
+            cancel,
+            Some(orphaned),
+            move |works: Arc<Vec<FinishWork>>| {
+                let (store, stopping, metrics) = (store.clone(), stopping.clone(), batch_metrics.clone());
+                async move { flush_finishes(&store, &metrics, &stopping, max_slots, &works).await }
+            },
+        )
+    }
+}
+
+/// One batch of the [`Finisher`] (see [`Finisher::finisher`]): the items
+/// of its `Write` passes and the claims of its `Claim` passes, in one
+/// transaction. At shutdown no claim is made (as parked claims are
+/// answered then: empty).
+async fn flush_finishes(
+    store: &Store,
+    metrics: &Metrics,
+    stopping: &CancellationToken,
+    max_slots: usize,
+    works: &[FinishWork],
+) -> Result<Vec<Pass<FinishWork, FinishDone>>, StoreError> {
+    let items: Vec<&(LeaseRef, Outcome)> = works
+        .iter()
+        .flat_map(|w| match w {
+            FinishWork::Write { items, .. } => items.as_slice(),
+            FinishWork::Claim { .. } => &[],
+        })
+        .collect();
+    let mut plan = ClaimPlan::new(max_slots);
+    let placements: Vec<Option<Placement>> = works
+        .iter()
+        .map(|w| match w {
+            FinishWork::Claim { claim, .. } if !stopping.is_cancelled() => plan.place(claim),
+            _ => None,
+        })
+        .collect();
+    let claims = plan.claims();
+    for claim in &claims {
+        metrics.batch("claim", claim.slots.len());
+    }
+    // One transaction for the items and the claims riding them.
+    let (endings, claimed) = if items.is_empty() && claims.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        store.finish_then_claim(&items, &claims).await?
+    };
+    let mut endings = endings.into_iter();
+    let mut dealt = plan.deal(claimed);
+    Ok(works
+        .iter()
+        .zip(placements)
+        .map(|(work, placement)| match work {
+            FinishWork::Write { items, claim } => {
+                let endings: Vec<Ending> = endings.by_ref().take(items.len()).collect();
+                match claim {
+                    None => Pass::Answer(FinishDone {
+                        endings,
+                        ..FinishDone::default()
+                    }),
+                    // Written: the claim rides the next batch.
+                    Some(claim) => Pass::Again(FinishWork::Claim {
+                        endings,
+                        claim: claim.clone(),
+                    }),
+                }
+            }
+            FinishWork::Claim { endings, claim } => match placement {
+                Some(placement) => Pass::Answer(FinishDone {
+                    endings: endings.clone(),
+                    leases: Some(dealt.take(placement)),
+                    worker: Some(claim.worker.clone()),
+                }),
+                None if stopping.is_cancelled() => Pass::Answer(FinishDone {
+                    endings: endings.clone(),
+                    leases: Some(Vec::new()),
+                    worker: None,
+                }),
+                // No room in this batch's claim statement: the next one.
+                None => Pass::Again(work.clone()),
+            },
+        })
+        .collect())
+}
+
+impl Renewer {
+    /// Writes lease renewals with [`Store::heartbeat`].
+    pub fn renewer(
+        store: &Store,
+        settings: BatchSettings,
+        metrics: Arc<Metrics>,
+        tracker: &TaskTracker,
+        cancel: CancellationToken,
+    ) -> Self {
+        let store = store.clone();
+        Batcher::spawn(
+            "heartbeat",
+            settings,
+            metrics,
+            tracker,
+            cancel,
+            None,
+            move |requests: Arc<Vec<Vec<Renewal>>>| {
+                let store = store.clone();
+                async move {
+                    let sizes: Vec<usize> = requests.iter().map(Vec::len).collect();
+                    let renewals: Vec<&Renewal> = requests.iter().flatten().collect();
+                    let answers = split(&sizes, store.heartbeat(&renewals).await?);
+                    Ok(answers.into_iter().map(Pass::Answer).collect())
+                }
+            },
+        )
+    }
+}
