@@ -90,12 +90,17 @@ impl<'a> ClaimPlan<'a> {
     /// slots as its group's statement has room for, or `None` when it has
     /// none left (the claim waits for the next statement).
     pub fn place(&mut self, ask: &'a ClaimAsk) -> Option<Placement> {
-        let key = GroupKey::of(ask);
-        let group = match self.groups.iter().position(|g| g.key == key) {
+        // Found by reference: a claim's queues are copied only for a new group.
+        let band = ask.time_left_ms.map(time_left_band);
+        let found = self
+            .groups
+            .iter()
+            .position(|g| g.key.time_left_band == band && g.key.queues == ask.queues);
+        let group = match found {
             Some(g) => g,
             None => {
                 self.groups.push(PlannedGroup {
-                    key,
+                    key: GroupKey::of(ask),
                     queues: &ask.queues,
                     time_left_ms: ask.time_left_ms,
                     slots: Vec::new(),

@@ -24,7 +24,7 @@ use crate::http::extract::{JsonBody, require};
 use crate::http::finish::NUL_REFUSED;
 use crate::metrics::{ActionLabels, QueueLabels};
 use crate::store::leases::{LeaseRef, Renewal};
-use crate::store::rows::{ClaimedJob, FIXED_FIELD_BYTES, json_len};
+use crate::store::rows::ClaimedJob;
 use crate::token::TokenError;
 
 fn millis(d: Duration) -> u64 {
@@ -124,7 +124,7 @@ pub(super) async fn fit_answer(
     let mut bytes = 0;
     let mut fit = 0;
     for job in &records {
-        let size = FIXED_FIELD_BYTES + json_len(&job.payload) + job.progress.as_ref().map_or(0, json_len);
+        let size = job.answer_bytes();
         if fit > 0 && bytes + size > state.max_answer_bytes {
             break;
         }

@@ -133,27 +133,25 @@ impl Shared {
         caller: &crate::auth::Caller,
         shape: u64,
     ) -> Result<crate::limits::Parking, ApiError> {
-        self.parked_claims
-            .park_shaped(caller.key, shape)
-            .map_err(|refused| {
-                self.metrics
-                    .requests_refused
-                    .get_or_create(&RefusedLabels {
-                        limit: "parked_claims",
-                    })
-                    .inc();
-                ApiError::too_many(refused.0)
-            })
+        let parked = self.parked_claims.park_shaped(caller.key, shape);
+        self.refused_if(parked, "parked_claims")
     }
 
     /// A place for a parked job read of `caller`, or 429.
     pub fn park_read(&self, caller: &crate::auth::Caller) -> Result<crate::limits::Parking, ApiError> {
-        self.parked_reads.park(caller.key).map_err(|refused| {
+        self.refused_if(self.parked_reads.park(caller.key), "parked_reads")
+    }
+
+    /// A refused place as 429, counted under `limit`.
+    fn refused_if(
+        &self,
+        parked: Result<crate::limits::Parking, crate::limits::ParkRefused>,
+        limit: &'static str,
+    ) -> Result<crate::limits::Parking, ApiError> {
+        parked.map_err(|refused| {
             self.metrics
                 .requests_refused
-                .get_or_create(&RefusedLabels {
-                    limit: "parked_reads",
-                })
+                .get_or_create(&RefusedLabels { limit })
                 .inc();
             ApiError::too_many(refused.0)
         })

@@ -288,6 +288,13 @@ impl JobRow {
     }
 }
 
+impl ClaimedJob {
+    /// About how many bytes the job takes in a claim's answer.
+    pub fn answer_bytes(&self) -> usize {
+        FIXED_FIELD_BYTES + json_len(&self.payload) + self.progress.as_ref().map_or(0, json_len)
+    }
+}
+
 /// Ended attempts asked of `attempt_list.sql` per job: one more than an
 /// answer carries, to know whether earlier ones exist.
 pub const ATTEMPTS_ASKED: i64 = MAX_ATTEMPTS_PER_JOB_ANSWER as i64 + 1;

@@ -438,66 +438,80 @@ async fn open_mode_refuses_web_pages_and_rebound_hosts_and_keeps_curl_working() 
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
     let http = reqwest::Client::new();
-    let url = format!("{}/v1/jobs", c.api.base());
+    let port = c.addr.port();
+    let jobs = format!("{}/v1/jobs", c.api.base());
     let body = r#"{"queue": "q", "payload": "from a page"}"#;
-    // A page's text/plain POST: no preflight, so only the coordinator can refuse it.
+    let own = format!("http://127.0.0.1:{port}");
+    let rebound = format!("rebound.example:{port}");
+    let (page, same_origin) = (
+        vec![("origin", "http://evil.example")],
+        vec![("origin", own.as_str())],
+    );
+    // Sends `method url` with `headers` (and `body` for a POST); its status.
+    let send = |method: &str, url: String, headers: Vec<(&str, &str)>| {
+        let mut request = if method == "POST" {
+            http.post(url).body(body)
+        } else {
+            http.get(url)
+        };
+        for (name, value) in headers {
+            request = request.header(name, value);
+        }
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    let text_plain = [("content-type", "text/plain")];
+    let refused = [
+        // A page's text/plain POST: no preflight, so only the coordinator can refuse it.
+        (
+            "POST",
+            jobs.clone(),
+            [&text_plain[..], &page, &[("sec-fetch-site", "cross-site")]].concat(),
+        ),
+        // The same with only the Origin header.
+        ("POST", jobs.clone(), [&text_plain[..], &page].concat()),
+        // DNS rebinding: the page's own host name, resolved to loopback.
+        (
+            "GET",
+            format!("{}/v1/queues", c.api.base()),
+            vec![("host", rebound.as_str())],
+        ),
+    ];
+    for (method, url, headers) in refused {
+        assert_eq!(send(method, url.clone(), headers).await, 403, "{method} {url}");
+    }
     let response = http
-        .post(&url)
+        .post(&jobs)
         .header("content-type", "text/plain")
         .header("origin", "http://evil.example")
-        .header("sec-fetch-site", "cross-site")
         .body(body)
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 403);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["error"]["code"], "forbidden", "{answer}");
-    // The same with only the Origin header.
-    let response = http
-        .post(&url)
-        .header("content-type", "text/plain")
-        .header("origin", "http://evil.example")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 403);
-    // DNS rebinding: the page's own host name, resolved to loopback.
-    let response = http
-        .get(format!("{}/v1/queues", c.api.base()))
-        .header("host", format!("rebound.example:{}", c.addr.port()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 403);
     // Nothing was enqueued.
     let (_, queues) = c.api.get("/v1/queues").await;
     assert_eq!(queues["queues"], json!([]), "{queues}");
-    // curl -d: no Origin, a form content type; and the dashboard's own origin.
-    let response = http
-        .post(&url)
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 201);
-    let response = http
-        .post(&url)
-        .header("origin", format!("http://127.0.0.1:{}", c.addr.port()))
-        .header("sec-fetch-site", "same-origin")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 201);
-    let response = http
-        .get(format!("http://localhost:{}/healthz", c.addr.port()))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status().as_u16(), 200);
+    // curl -d: no Origin, a form content type; the dashboard's own origin;
+    // a host named localhost.
+    let served = [
+        (
+            "POST",
+            jobs.clone(),
+            vec![("content-type", "application/x-www-form-urlencoded")],
+            201,
+        ),
+        (
+            "POST",
+            jobs.clone(),
+            [&same_origin[..], &[("sec-fetch-site", "same-origin")]].concat(),
+            201,
+        ),
+        ("GET", format!("http://localhost:{port}/healthz"), vec![], 200),
+    ];
+    for (method, url, headers, status) in served {
+        assert_eq!(send(method, url.clone(), headers).await, status, "{method} {url}");
+    }
     assert!(
         c.api
             .metric("runlease_requests_refused_total{limit=\"cross_origin\"}")
