@@ -3,9 +3,9 @@
 # Fargate behind an ALB) with cfn-lint (pinned in scripts/requirements-ci.txt,
 # installed by scripts/pytools.sh), offline, then checks what cfn-lint cannot
 # know: the stack's own invariants, and that every RUNLEASE_* name the
-# template and docs/deploy-coordinator.md use is a setting of
-# coordinator/src/config.rs. Fails on errors (and when cfn-lint itself
-# fails); warnings and informational findings are printed but do not fail.
+# template and docs/deploy-coordinator.md use is a coordinator setting (an
+# `env = "RUNLEASE_..."` under coordinator/src). Fails on errors (and when
+# cfn-lint itself fails); warnings and informational findings are printed but do not fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,7 +26,8 @@ if (( rc & 3 )); then
   exit 1
 fi
 
-"$PYTOOLS/python" - "$template" coordinator/src/config.rs docs/deploy-coordinator.md <<'PY'
+"$PYTOOLS/python" - "$template" coordinator/src docs/deploy-coordinator.md <<'PY'
+import pathlib
 import re
 import sys
 from cfnlint.decode import cfn_yaml
@@ -163,7 +164,9 @@ for name, r in res.items():
 
 # Every RUNLEASE_* name is a coordinator setting (the doc may also name the
 # CLI's and workers' own variables).
-settings = set(re.findall(r'env = "(RUNLEASE_[A-Z0-9_]+)"', open(config_rs).read()))
+settings = set()
+for rs in pathlib.Path(config_rs).rglob("*.rs"):
+    settings |= set(re.findall(r'env = "(RUNLEASE_[A-Z0-9_]+)"', rs.read_text()))
 if len(settings) < 30:
     errors.append(f"{config_rs}: found only {len(settings)} settings; has the format changed?")
 for name in sorted(set(env) | set(secrets)):
