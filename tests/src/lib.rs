@@ -37,6 +37,7 @@ use runlease_coordinator::config::Config;
 use runlease_coordinator::store::Store;
 use runlease_coordinator::store::connect::quote_ident;
 use runlease_coordinator::store::migrate::MIGRATIONS;
+use runlease_coordinator::store::tally::Open;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -276,7 +277,7 @@ impl TestDb {
         );
         let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
         let ago = finished_ago.as_millis() as i64;
-        let mut client = self.client().await;
+        let client = self.client().await;
         client
             .execute(
                 "INSERT INTO jobs (id, queue, payload, max_attempts, created_at, run_at)
@@ -287,11 +288,10 @@ impl TestDb {
             )
             .await
             .unwrap();
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(runlease_coordinator::store::sql::TALLIED)
-            .await
-            .unwrap();
-        tx.execute(
+        // Marked as the coordinator's own transactions are: the statement
+        // writes its own tally deltas below.
+        client.batch_execute(Open::States.sql()).await.unwrap();
+        client.execute(
                 "WITH ended AS (
                      UPDATE jobs SET state = $2::text::job_state, attempt = 1, run_lease = 1,
                          owned_by = 'w', claimed_at = now() - ($3::bigint + 500) * interval '1 millisecond',
@@ -312,12 +312,12 @@ impl TestDb {
             )
             .await
             .unwrap();
-        tx.commit().await.unwrap();
+        client.batch_execute("COMMIT").await.unwrap();
         ids
     }
 
     /// Runs `sql` in a transaction marked as the coordinator marks its own
-    /// deletes (`sql::TALLIED_DELETES`: the terminal and attempt tallies,
+    /// deletes (`tally::Open::Deletes`: the terminal and attempt tallies,
     /// and deletes of jobs), so it asks for no recount of the tallies and
     /// no sweep of the attempt log, and the attempts it writes are not
     /// counted: for arranging rows in ways that change no tally. (A delete
@@ -328,14 +328,12 @@ impl TestDb {
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
     ) -> u64 {
-        let mut client = self.client().await;
-        let tx = client.transaction().await.unwrap();
-        tx.batch_execute(runlease_coordinator::store::sql::TALLIED_DELETES)
-            .await
-            .unwrap();
-        let n = tx.execute(sql, params).await.unwrap();
-        tx.commit().await.unwrap();
-        n
+        let client = self.client().await;
+        client.batch_execute(Open::Deletes.sql()).await.unwrap();
+        let n = client.execute(sql, params).await;
+        // A failed statement aborted the transaction: COMMIT rolls it back.
+        client.batch_execute("COMMIT").await.unwrap();
+        n.unwrap()
     }
 
     /// A store over this database (as a second coordinator would have).

@@ -11,7 +11,8 @@ use crate::store::listing::BulkAction;
 use crate::store::rows::{
     ATTEMPTS_ASKED, AttemptRow, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
 };
-use crate::store::{Store, StoreError, query_tallied, sql};
+use crate::store::tally::{Open, Tallied};
+use crate::store::{Store, StoreError, query_changes, sql};
 
 /// A job to enqueue: validated, with the coordinator's defaults applied (by
 /// the HTTP layer, from the protocol's enqueue request).
@@ -176,9 +177,7 @@ impl Store {
         self.timed("mark_enqueue_failed", || async move {
             let client = self.conn().await?;
             let ids: Vec<Uuid> = ids.iter().map(|id| id.0).collect();
-            let stmt = client.prepare_cached(sql::JOB_MARK_ENQUEUE_FAILED).await?;
-            // It moves no job in or out of a terminal state.
-            let rows = query_tallied(&client, &stmt, &[&ids]).await?;
+            let rows = query_changes(&client, &sql::JOB_MARK_ENQUEUE_FAILED, &[&ids]).await?;
             rows.iter()
                 .map(|r| Ok((JobId(col(r, "id")?), queue_col(r, "queue")?)))
                 .collect()
@@ -202,32 +201,33 @@ impl Store {
         let publish = &publish;
         // The publish runs inside (bounded by its own Redis timeout).
         self.timed("repair", || async move {
-            let mut client = self.conn().await?;
-            let tx = client.transaction().await?;
-            let stmt = tx.prepare_cached(sql::JOB_REPAIR_PICK).await?;
-            let rows = tx.query(&stmt, &[&limit]).await?;
-            if rows.is_empty() {
-                return Ok(Vec::new());
-            }
-            let mut ids = Vec::with_capacity(rows.len());
-            let mut queues: Vec<QueueName> = Vec::new();
-            for row in &rows {
-                ids.push(col::<Uuid>(row, "id")?);
-                let queue = queue_col(row, "queue")?;
-                if !queues.contains(&queue) {
-                    queues.push(queue);
+            let client = self.conn().await?;
+            let tx = Tallied::new(&client);
+            let outcome = async {
+                tx.begin(Open::States).await?;
+                let stmt = client.prepare_cached(sql::JOB_REPAIR_PICK).await?;
+                let rows = client.query(&stmt, &[&limit]).await?;
+                if rows.is_empty() {
+                    return Ok(Vec::new());
                 }
+                let mut ids = Vec::with_capacity(rows.len());
+                let mut queues: Vec<QueueName> = Vec::new();
+                for row in &rows {
+                    ids.push(col::<Uuid>(row, "id")?);
+                    let queue = queue_col(row, "queue")?;
+                    if !queues.contains(&queue) {
+                        queues.push(queue);
+                    }
+                }
+                if !publish(queues).await {
+                    // Nothing changes; the rows are freed at the end.
+                    return Ok(Vec::new());
+                }
+                let repaired = tx.query(&sql::JOB_REPAIR_REQUEUE, &[&ids]).await?;
+                repaired.iter().map(|r| queue_col(r, "queue")).collect()
             }
-            if !publish(queues).await {
-                // Dropping the transaction rolls back and frees the rows.
-                return Ok(Vec::new());
-            }
-            let stmt = tx.prepare_cached(sql::JOB_REPAIR_REQUEUE).await?;
-            // It moves no job in or out of a terminal state.
-            tx.batch_execute(sql::TALLIED).await?;
-            let repaired = tx.query(&stmt, &[&ids]).await?;
-            tx.commit().await?;
-            repaired.iter().map(|r| queue_col(r, "queue")).collect()
+            .await;
+            tx.end(outcome).await
         })
         .await
     }

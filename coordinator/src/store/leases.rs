@@ -15,7 +15,8 @@ use uuid::Uuid;
 use crate::flow;
 use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, ms, query_tallied, sql};
+use crate::store::tally::{Open, Prepared, Tallied};
+use crate::store::{Store, StoreError, ms, query_changes, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
@@ -90,12 +91,12 @@ fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, ClaimedJob)>, Sto
         .collect()
 }
 
-/// Runs `lease_claim.sql` (`stmt`, prepared on `client`) on `client`, a
-/// connection or a transaction; `limited` is the claim time of the limited
-/// path (which serves limited queues), `None` for the shared statement.
+/// Runs `lease_claim.sql` (`claim`, prepared on `tx`) in `tx`; `limited`
+/// is the claim time of the limited path (which serves limited queues),
+/// `None` for the shared statement.
 async fn claim_rows(
-    client: &impl tokio_postgres::GenericClient,
-    stmt: &tokio_postgres::Statement,
+    tx: &Tallied<'_>,
+    claim: &Prepared,
     queues: &[&str],
     slots: &[&WorkerId],
     time_left_ms: Option<u64>,
@@ -105,21 +106,16 @@ async fn claim_rows(
     let serve_limited = limited.is_some();
     let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
     let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-    let rows = client
-        .query(
-            stmt,
-            &[
-                &queues,
-                &workers,
-                &ms(leases.ttl),
-                &ms(leases.default_timeout),
-                &time_left,
-                &serve_limited,
-                &limited,
-            ],
-        )
-        .await?;
-    slotted(&rows)
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+        &queues,
+        &workers,
+        &ms(leases.ttl),
+        &ms(leases.default_timeout),
+        &time_left,
+        &serve_limited,
+        &limited,
+    ];
+    slotted(&tx.run(claim, &params).await?)
 }
 
 /// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
@@ -184,12 +180,9 @@ pub struct Renewal {
 
 /// What each part of the lease transaction answered: BEGIN, the finish,
 /// each claim, COMMIT.
-type Sent = (
-    Result<(), tokio_postgres::Error>,
-    Result<Vec<tokio_postgres::Row>, StoreError>,
-    Vec<Result<Vec<(usize, ClaimedJob)>, StoreError>>,
-    Result<(), tokio_postgres::Error>,
-);
+/// What the lease transaction's statements answered: the finish's rows,
+/// and each claim's leases.
+type Sent = (Vec<tokio_postgres::Row>, Vec<Vec<(usize, ClaimedJob)>>);
 
 /// A lease's identity as read from a verified token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -499,11 +492,28 @@ impl Store {
         slots: &[&WorkerId],
         time_left_ms: Option<u64>,
     ) -> Result<LimitedClaim, StoreError> {
-        let mut client = self.conn().await?;
-        let tx = client.transaction().await?;
+        let client = self.conn().await?;
+        let tx = Tallied::new(&client);
+        let outcome = async {
+            tx.begin(Open::States).await?;
+            self.claim_limited_in(&tx, queue, slots, time_left_ms).await
+        }
+        .await;
+        tx.end(outcome).await
+    }
+
+    /// [`Store::claim_limited`] in `tx`.
+    async fn claim_limited_in(
+        &self,
+        tx: &Tallied<'_>,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+    ) -> Result<LimitedClaim, StoreError> {
+        let client = tx.client();
         let mut outcome = LimitedClaim::default();
-        let stmt = tx.prepare_cached(sql::QUEUE_LIMITS_LOCK).await?;
-        let Some(limits) = tx.query_opt(&stmt, &[&queue.as_str()]).await? else {
+        let stmt = client.prepare_cached(sql::QUEUE_LIMITS_LOCK).await?;
+        let Some(limits) = client.query_opt(&stmt, &[&queue.as_str()]).await? else {
             // No settings (any more): no limits; the shared statement serves it.
             return Ok(outcome);
         };
@@ -511,39 +521,27 @@ impl Store {
             // Paused: nothing starts.
             return Ok(outcome);
         };
-        let stmt = tx.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
-        let count = tx.query_one(&stmt, &[&queue.as_str()]).await?;
+        let stmt = client.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
+        let count = client.query_one(&stmt, &[&queue.as_str()]).await?;
         let at: DateTime<Utc> = col(&count, "at")?;
         let admission = flow::admit(&limits, slots.len(), col(&count, "running")?, at);
         outcome.held_back = admission.held_back;
         outcome.retry_in = admission.retry_in;
-        let tokens = admission.tokens;
         if admission.allowed == 0 {
-            tx.commit().await?;
             return Ok(outcome);
         }
         let admitted = &slots[..admission.allowed.min(slots.len())];
         let rows = match per_key {
             None => {
                 // Planned as the shared claim is (lease_claim.sql).
-                tx.batch_execute(sql::LEASE_CLAIM_SETTINGS).await?;
-                let stmt = tx.prepare_cached(sql::LEASE_CLAIM).await?;
+                client.batch_execute(sql::CLAIM_PLANNING).await?;
+                let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
                 let terms = self.lease_settings();
-                let pg: &tokio_postgres::Transaction<'_> = &tx;
-                claim_rows(
-                    pg,
-                    &stmt,
-                    &[queue.as_str()],
-                    admitted,
-                    time_left_ms,
-                    terms,
-                    Some(at),
-                )
-                .await?
+                claim_rows(tx, &claim, &[queue.as_str()], admitted, time_left_ms, terms, Some(at)).await?
             }
             Some(per_key) => {
                 let rows = self
-                    .claim_keyed(&tx, queue, admitted, time_left_ms, per_key, at)
+                    .claim_keyed(tx, queue, admitted, time_left_ms, per_key, at)
                     .await?;
                 if rows.len() < admitted.len() {
                     // Fewer than the other limits allow: keys at their limit
@@ -553,12 +551,11 @@ impl Store {
                 rows
             }
         };
-        if let Some(tokens) = tokens {
+        if let Some(tokens) = admission.tokens {
             let left = (tokens - rows.len() as f64).max(0.0);
-            let stmt = tx.prepare_cached(sql::QUEUE_RATE_TAKE).await?;
-            tx.execute(&stmt, &[&queue.as_str(), &left, &at]).await?;
+            let stmt = client.prepare_cached(sql::QUEUE_RATE_TAKE).await?;
+            client.execute(&stmt, &[&queue.as_str(), &left, &at]).await?;
         }
-        tx.commit().await?;
         outcome.rows = rows;
         Ok(outcome)
     }
@@ -568,7 +565,7 @@ impl Store {
     /// past `per_key` running jobs.
     async fn claim_keyed(
         &self,
-        tx: &deadpool_postgres::Transaction<'_>,
+        tx: &Tallied<'_>,
         queue: &QueueName,
         slots: &[&WorkerId],
         time_left_ms: Option<u64>,
@@ -578,9 +575,6 @@ impl Store {
         let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
         let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
         let terms = self.lease_settings();
-        // Claims change no tally; marked so they ask for no recount.
-        tx.batch_execute(sql::TALLIED).await?;
-        let stmt = tx.prepare_cached(sql::LEASE_CLAIM_KEYED).await?;
         let allowed = i32::try_from(slots.len()).unwrap_or(i32::MAX);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
             &queue.as_str(),
@@ -592,7 +586,7 @@ impl Store {
             &allowed,
             &at,
         ];
-        slotted(&tx.query(&stmt, &params).await?)
+        slotted(&tx.query(&sql::LEASE_CLAIM_KEYED, &params).await?)
     }
 
     /// Renews leases in one statement; answers each renewal in order.
@@ -677,10 +671,11 @@ impl Store {
     /// The one transaction that ends attempts and claims leases: the items
     /// of [`Store::finish`], then each of `claims` (timed and counted as
     /// `operation`). It is opened with the claims' settings
-    /// (`sql::LEASE_CLAIM_BEGIN`), which give the claim its generic plan,
-    /// planned once per connection instead of at every claim (planning cost
-    /// about a third of a small claim), with the join methods that plan may
-    /// use pinned to nested loops (lease_claim.sql says why).
+    /// ([`Open::Claims`]), which give the claim its generic plan, planned
+    /// once per connection instead of at every claim (planning cost about a
+    /// third of a small claim), with the join methods that plan may use
+    /// pinned to nested loops (lease_claim.sql says why). Two round trips:
+    /// BEGIN and the statements, then the tallies and COMMIT.
     async fn write_leases(
         &self,
         operation: &'static str,
@@ -689,37 +684,21 @@ impl Store {
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
         self.timed(operation, || async move {
             let client = self.conn().await?;
-            let (begun, finished, claimed, committed) =
-                self.send_leases_transaction(&client, items, claims).await?;
-            let committed = committed.map_err(StoreError::from);
-            // Leases of the claims that answered, whatever else failed.
-            let got: Vec<Vec<(usize, ClaimedJob)>> = claimed
-                .iter()
-                .map(|c| c.as_ref().map(|rows| rows.to_vec()).unwrap_or_default())
-                .collect();
+            let tx = Tallied::new(&client);
+            let sent = self.send_leases_transaction(&tx, items, claims).await;
+            // Any part refused rolls the whole transaction back.
+            let (finished, claimed) = tx.end(sent).await?;
             let answered = async {
-                begun?;
-                let finished = finished?;
-                let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>()?;
-                committed.clone()?;
                 let applied = applied_rows(&finished)?;
-                Ok::<_, StoreError>((endings(&client, items, applied).await?, claimed))
+                endings(&client, items, applied).await
             };
             match answered.await {
-                Ok(answer) => Ok(answer),
+                Ok(endings) => Ok((endings, claimed)),
                 Err(e) => {
-                    // A statement the server refused aborted the
-                    // transaction (those after it failed too, and the
-                    // COMMIT rolled back). But a part the client refused
-                    // never reached the server, and a failure after the
-                    // COMMIT (reading the items' answers) comes too late:
-                    // claims that answered may then have committed. Their
-                    // leases, never handed out, are given back (a no-op
-                    // where they were rolled back: the guard finds no such
-                    // lease).
-                    if committed.is_ok() {
-                        self.release_claimed(claims, &got).await;
-                    }
+                    // The claims committed, but the finish cannot be
+                    // answered: their leases, never handed out, are given
+                    // back.
+                    self.release_claimed(claims, &claimed).await;
                     Err(e)
                 }
             }
@@ -727,22 +706,22 @@ impl Store {
         .await
     }
 
-    /// Sends [`Store::write_leases`]'s transaction in one go (requests made
+    /// Sends [`Store::write_leases`]'s statements in one go (requests made
     /// together are pipelined): BEGIN with the claims' settings, the items
     /// first, so their rows are locked in id order before anything else
-    /// (claims lock with SKIP LOCKED and never wait), then the claims, then
-    /// COMMIT. A failed part aborts the transaction and its COMMIT rolls
-    /// back; the caller answers nothing unless every part succeeded.
+    /// (claims lock with SKIP LOCKED and never wait), then the claims.
+    /// Answers an error unless every part succeeded.
     async fn send_leases_transaction(
         &self,
-        client: &crate::store::Db,
+        tx: &Tallied<'_>,
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
     ) -> Result<Sent, StoreError> {
-        let finish = client.prepare_cached(sql::LEASE_FINISH).await?;
-        let claim = client.prepare_cached(sql::LEASE_CLAIM).await?;
+        // Prepared first, so that each is sent at its first poll below, in
+        // order: BEGIN, the finish, the claims.
+        let finish = tx.prepare(&sql::LEASE_FINISH).await?;
+        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
         let args = FinishArgs::new(items, self.lease_settings());
-        let pg: &tokio_postgres::Client = client;
         let names: Vec<Vec<&str>> = claims
             .iter()
             .map(|c| c.queues.iter().map(QueueName::as_str).collect())
@@ -751,21 +730,20 @@ impl Store {
             if items.is_empty() {
                 return Ok(Vec::new());
             }
-            Ok::<_, StoreError>(pg.query(&finish, &args.params()).await?)
+            tx.run(&finish, &args.params()).await
         };
         let terms = self.lease_settings();
         let claiming = futures_util::future::join_all(
             claims
                 .iter()
                 .zip(&names)
-                .map(|(c, names)| claim_rows(pg, &claim, names, &c.slots, c.time_left_ms, terms, None)),
+                .map(|(c, names)| claim_rows(tx, &claim, names, &c.slots, c.time_left_ms, terms, None)),
         );
-        Ok(tokio::join!(
-            pg.batch_execute(sql::LEASE_CLAIM_BEGIN),
-            finishing,
-            claiming,
-            pg.batch_execute("COMMIT"),
-        ))
+        let (begun, finished, claimed) = tokio::join!(tx.begin(Open::Claims), finishing, claiming);
+        begun?;
+        let finished = finished?;
+        let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>()?;
+        Ok((finished, claimed))
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but
@@ -810,9 +788,8 @@ impl Store {
     pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
         self.timed("reap", || async move {
             let client = self.conn().await?;
-            let stmt = client.prepare_cached(sql::LEASE_REAP).await?;
             let timeout = ms(self.lease_settings().default_timeout);
-            let rows = query_tallied(&client, &stmt, &[&limit, &timeout]).await?;
+            let rows = query_changes(&client, &sql::LEASE_REAP, &[&limit, &timeout]).await?;
             JobRow::from_rows(&rows)
         })
         .await

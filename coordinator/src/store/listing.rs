@@ -8,7 +8,8 @@ use uuid::Uuid;
 
 use crate::store::prune::delete_jobs;
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
-use crate::store::{Store, StoreError, query_tallied, sql};
+use crate::store::tally::{Open, Tallied};
+use crate::store::{Store, StoreError, query_changes, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
 fn v7_floor(t: DateTime<Utc>) -> Uuid {
@@ -325,25 +326,20 @@ impl Store {
             if ids.is_empty() {
                 return Ok(Vec::new());
             }
-            let mut client = self.conn().await?;
+            let client = self.conn().await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
-            // Each statement writes its own tallies.
             let (rows, with_times) = match action {
-                BulkAction::Retry | BulkAction::Cancel => {
-                    let text = if action == BulkAction::Retry {
-                        sql::JOB_RETRY
-                    } else {
-                        sql::JOB_CANCEL
-                    };
-                    let stmt = client.prepare_cached(text).await?;
-                    (query_tallied(&client, &stmt, &[&ids, &states]).await?, true)
-                }
+                BulkAction::Retry => (query_changes(&client, &sql::JOB_RETRY, &[&ids, &states]).await?, true),
+                BulkAction::Cancel => (query_changes(&client, &sql::JOB_CANCEL, &[&ids, &states]).await?, true),
                 BulkAction::Delete => {
                     // The jobs, then their attempts, in one transaction.
-                    let tx = client.transaction().await?;
-                    let rows = delete_jobs(&tx, sql::JOB_DELETE, &[&ids, &states]).await?;
-                    tx.commit().await?;
-                    (rows, false)
+                    let tx = Tallied::new(&client);
+                    let outcome = async {
+                        tx.begin(Open::Deletes).await?;
+                        delete_jobs(&tx, &sql::JOB_DELETE, &[&ids, &states]).await
+                    }
+                    .await;
+                    (tx.end(outcome).await?, false)
                 }
             };
             rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()

@@ -11,6 +11,7 @@
 //! - [`listing`]: listing a queue's jobs, bulk actions.
 //! - [`prune`]: retention and the folding of tallies.
 //! - [`schedules`]: cron schedules and their fire pass.
+//! - [`tally`]: the tallies as values, and the transactions that write them.
 
 pub mod connect;
 pub mod jobs;
@@ -21,7 +22,9 @@ pub mod prune;
 pub mod queues;
 pub mod rows;
 pub mod schedules;
+#[macro_use]
 pub mod sql;
+pub mod tally;
 
 use std::cell::Cell;
 use std::future::Future;
@@ -133,29 +136,17 @@ pub struct LeaseSettings {
     pub backoff_cap: Duration,
 }
 
-/// Runs `stmt`, one that sets `state` and keeps the terminal tallies right
-/// itself (`lease_reap.sql`, `job_cancel.sql`, `job_retry.sql`,
-/// `job_mark_enqueue_failed.sql`), in a transaction marked so that it does
-/// not ask for a recount of the tallies (`sql::TALLIED_BEGIN`): the mark is
-/// local to the transaction, so it holds behind a pooler in transaction
-/// mode too.
-pub(crate) async fn query_tallied(
-    client: &tokio_postgres::Client,
-    stmt: &tokio_postgres::Statement,
+/// Runs `stmt` alone in a [`tally::Tallied`] transaction (BEGIN and the
+/// statement in one round trip, its tallies and COMMIT in another).
+pub(crate) async fn query_changes(
+    client: &deadpool_postgres::ClientWrapper,
+    stmt: &tally::Changes,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-    // One round trip: BEGIN and its setting, the statement, COMMIT. A
-    // statement the server refuses aborts the transaction and the COMMIT
-    // rolls it back.
-    let (begun, rows, committed) = tokio::join!(
-        client.batch_execute(sql::TALLIED_BEGIN),
-        client.query(stmt, params),
-        client.batch_execute("COMMIT"),
-    );
-    begun?;
-    let rows = rows?;
-    committed?;
-    Ok(rows)
+    let tx = tally::Tallied::new(client);
+    let (begun, rows) = tokio::join!(tx.begin(tally::Open::States), tx.query(stmt, params));
+    let outcome = begun.and(rows);
+    tx.end(outcome).await
 }
 
 /// A duration as the `bigint` milliseconds statements take.

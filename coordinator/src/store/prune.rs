@@ -12,6 +12,7 @@ use runlease_protocol::{JobState, QueueName};
 use uuid::Uuid;
 
 use crate::store::rows::{DbJobState, col, queue_col};
+use crate::store::tally::{Changes, Open, Tallied};
 use crate::store::{Db, Store, StoreError, sql};
 
 /// Advisory lock key of pruning ("rl-prune" in ASCII, as an i64).
@@ -90,18 +91,22 @@ impl Store {
         limit: i64,
     ) -> Result<Pruned, StoreError> {
         self.timed("prune", || async move {
-            let mut client = self.conn().await?;
-            let tx = client.transaction().await?;
-            if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
-                return Ok(Pruned::Busy);
+            let client = self.conn().await?;
+            let tx = Tallied::new(&client);
+            let outcome = async {
+                tx.begin(Open::Deletes).await?;
+                let lock = client.prepare_cached(sql::PRUNE_LOCK).await?;
+                if !try_lock(&***client, &lock, PRUNE_LOCK_KEY).await? {
+                    return Ok(None);
+                }
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&queue.as_str(), &state.as_str(), &keep_ms, &limit];
+                Ok(Some(delete_jobs(&tx, &sql::JOB_PRUNE, &params).await?))
             }
-            let rows = delete_jobs(
-                &tx,
-                sql::JOB_PRUNE,
-                &[&queue.as_str(), &state.as_str(), &keep_ms, &limit],
-            )
-            .await?;
-            tx.commit().await?;
+            .await;
+            let Some(rows) = tx.end(outcome).await? else {
+                return Ok(Pruned::Busy);
+            };
             let deleted = rows
                 .iter()
                 .map(|r| {
@@ -135,7 +140,8 @@ impl Store {
         self.timed("fold_tallies", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
-            if !try_lock(&tx, PRUNE_LOCK_KEY).await? {
+            let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+            if !try_lock(&*tx, &lock, PRUNE_LOCK_KEY).await? {
                 return Ok(Folded::Busy);
             }
             let stmt = tx.prepare_cached(sql::JOB_TALLY_FOLD).await?;
@@ -228,7 +234,8 @@ async fn under_recount_lock(
         .isolation_level(tokio_postgres::IsolationLevel::ReadCommitted)
         .start()
         .await?;
-    if !try_lock(&tx, RECOUNT_LOCK_KEY).await? {
+    let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
+    if !try_lock(&*tx, &lock, RECOUNT_LOCK_KEY).await? {
         return Ok(None);
     }
     tx.batch_execute(&format!(
@@ -239,31 +246,33 @@ async fn under_recount_lock(
     Ok(Some(tx))
 }
 
-/// Runs `text`, a statement that deletes jobs and takes them off the
-/// tallies (`job_prune.sql`, `job_delete.sql`, each answering the `id`s it
-/// deleted), in `tx` marked as such (`sql::TALLIED_DELETES`), then deletes
+/// Runs `stmt`, a statement that deletes jobs (`job_prune.sql`,
+/// `job_delete.sql`, each answering the `id`, `queue` and `state` of what
+/// it deleted), in `tx` (opened with [`Open::Deletes`]), then deletes
 /// those jobs' attempts in a statement of their own
 /// (`job_attempts_delete.sql`: job_attempt_log has no foreign key to
 /// cascade the delete, migration 9). Answers the first statement's rows.
 pub(crate) async fn delete_jobs(
-    tx: &deadpool_postgres::Transaction<'_>,
-    text: &str,
+    tx: &Tallied<'_>,
+    stmt: &Changes,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-    tx.batch_execute(sql::TALLIED_DELETES).await?;
-    let stmt = tx.prepare_cached(text).await?;
-    let rows = tx.query(&stmt, params).await?;
+    let rows = tx.query(stmt, params).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| col(r, "id")).collect::<Result<_, _>>()?;
     if !ids.is_empty() {
-        let stmt = tx.prepare_cached(sql::JOB_ATTEMPTS_DELETE).await?;
-        tx.execute(&stmt, &[&ids]).await?;
+        let stmt = tx.client().prepare_cached(sql::JOB_ATTEMPTS_DELETE).await?;
+        tx.client().execute(&stmt, &[&ids]).await?;
     }
     Ok(rows)
 }
 
-/// Takes the transaction-level advisory lock `key` if no other session
-/// holds it (`prune_lock.sql`); answers whether it did.
-async fn try_lock(tx: &deadpool_postgres::Transaction<'_>, key: i64) -> Result<bool, StoreError> {
-    let lock = tx.prepare_cached(sql::PRUNE_LOCK).await?;
-    col(&tx.query_one(&lock, &[&key]).await?, "locked")
+/// Takes the transaction-level advisory lock `key` with `lock`
+/// (`prune_lock.sql`, prepared on `client`) if no other session holds it;
+/// answers whether it did.
+async fn try_lock(
+    client: &impl tokio_postgres::GenericClient,
+    lock: &tokio_postgres::Statement,
+    key: i64,
+) -> Result<bool, StoreError> {
+    col(&client.query_one(lock, &[&key]).await?, "locked")
 }

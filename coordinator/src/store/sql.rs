@@ -1,4 +1,9 @@
 //! Every SQL statement of the coordinator, each in its own file under `sql/`.
+//! A statement that changes job states or deletes jobs is a
+//! [`Changes`], declared with what its rows do to the tallies
+//! ([`crate::store::tally`]).
+
+use crate::store::tally::{self, Changes};
 
 /// Enqueue jobs (multi-row insert from arrays).
 pub const JOB_ENQUEUE: &str = include_str!("sql/job_enqueue.sql");
@@ -7,15 +12,15 @@ pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempo
 /// Read jobs by id.
 pub const JOB_GET: &str = include_str!("sql/job_get.sql");
 /// Cancel jobs.
-pub const JOB_CANCEL: &str = include_str!("sql/job_cancel.sql");
+pub const JOB_CANCEL: Changes = Changes::new(include_str!("sql/job_cancel.sql"), tally::entered);
 /// Admin retry of failed or cancelled jobs.
-pub const JOB_RETRY: &str = include_str!("sql/job_retry.sql");
+pub const JOB_RETRY: Changes = Changes::new(include_str!("sql/job_retry.sql"), tally::retried);
 /// Mark jobs whose wake-up was not delivered.
-pub const JOB_MARK_ENQUEUE_FAILED: &str = include_str!("sql/job_mark_enqueue_failed.sql");
+pub const JOB_MARK_ENQUEUE_FAILED: Changes = Changes::new(include_str!("sql/job_mark_enqueue_failed.sql"), tally::no_tally);
 /// Lock enqueue_failed jobs for a repair pass.
 pub const JOB_REPAIR_PICK: &str = include_str!("sql/job_repair_pick.sql");
 /// Move repaired jobs back to queued.
-pub const JOB_REPAIR_REQUEUE: &str = include_str!("sql/job_repair_requeue.sql");
+pub const JOB_REPAIR_REQUEUE: Changes = Changes::new(include_str!("sql/job_repair_requeue.sql"), tally::no_tally);
 /// Take due, unsignalled jobs of an SQS-bound queue and mark them signalled.
 pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 /// Give the due times of unsent wake-ups back.
@@ -25,63 +30,20 @@ pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 /// A page of one job's ended attempts.
 pub const ATTEMPT_PAGE: &str = include_str!("sql/attempt_page.sql");
 /// Claim leases.
-pub const LEASE_CLAIM: &str = include_str!("sql/lease_claim.sql");
-/// What a claim's transaction sets before `LEASE_CLAIM` (one literal for
-/// the two constants below).
-macro_rules! lease_claim_settings {
+pub const LEASE_CLAIM: Changes = Changes::new(include_str!("sql/lease_claim.sql"), tally::no_tally);
+/// How a claim's statement is planned, set local in its transaction: its
+/// generic plan (planned once per connection instead of at every claim),
+/// joined by nested loops only (lease_claim.sql says why).
+macro_rules! claim_planning {
     () => {
-        concat!(
-            "SET LOCAL plan_cache_mode = force_generic_plan; \
-             SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; ",
-            tallied!()
-        )
+        "SET LOCAL plan_cache_mode = force_generic_plan; \
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
     };
 }
-/// Marks a transaction whose statements keep the tallies right
-/// themselves: each writes its own deltas, or changes no terminal state
-/// (migrations 7 and 8), and counts the attempts it writes in the attempt
-/// tallies, or writes none that count (`lease_finish.sql`,
-/// `lease_reap.sql`; migration 10). An update of `state` or `queue`
-/// outside such a transaction asks for the tallies to be counted again;
-/// attempts written outside one are counted by a trigger.
-macro_rules! tallied {
-    () => {
-        "SET LOCAL runlease.tallies = 'explicit'; SET LOCAL runlease.attempt_tallies = 'explicit'"
-    };
-}
-/// Opens a transaction for a statement that sets `state` and keeps the
-/// tallies right itself (`lease_reap.sql`, `job_cancel.sql`,
-/// `job_retry.sql`, `job_mark_enqueue_failed.sql`; the finish runs under
-/// [`LEASE_CLAIM_BEGIN`], which sets the same).
-pub const TALLIED_BEGIN: &str = concat!("BEGIN; ", tallied!());
-/// The mark of [`TALLIED_BEGIN`], for a transaction already open.
-pub const TALLIED: &str = tallied!();
-/// The marks of a transaction whose deletes of jobs take them off the
-/// tallies (`runlease.tally_deletes`, migration 8: deletes have a mark of
-/// their own, since a coordinator of version 7 deletes in transactions
-/// marked [`TALLIED`] without writing deltas) and delete their attempts
-/// (`runlease.job_deletes`, migration 9: a coordinator of version 8
-/// counted on the foreign key's cascade) themselves: `job_prune.sql` and
-/// `job_delete.sql`, each followed by `job_attempts_delete.sql`.
-macro_rules! tallied_deletes {
-    () => {
-        concat!(
-            tallied!(),
-            "; SET LOCAL runlease.tally_deletes = 'explicit'; SET LOCAL runlease.job_deletes = 'explicit'"
-        )
-    };
-}
-/// [`TALLIED`] and the mark of deletes, for a transaction already open.
-pub const TALLIED_DELETES: &str = tallied_deletes!();
-/// What a claim's transaction sets before `LEASE_CLAIM`: its generic plan
-/// (planned once per connection), joined by nested loops only; and the
-/// mark of a transaction whose statements write their own tallies (the
-/// finish runs in such a transaction).
-pub const LEASE_CLAIM_SETTINGS: &str = lease_claim_settings!();
-/// Opens a claim's own transaction with [`LEASE_CLAIM_SETTINGS`].
-pub const LEASE_CLAIM_BEGIN: &str = concat!("BEGIN; ", lease_claim_settings!());
+/// [`claim_planning`], for a transaction already open.
+pub const CLAIM_PLANNING: &str = claim_planning!();
 /// Claim leases of a queue limited per concurrency key.
-pub const LEASE_CLAIM_KEYED: &str = include_str!("sql/lease_claim_keyed.sql");
+pub const LEASE_CLAIM_KEYED: Changes = Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);
 /// Lock a queue's limits for a claim.
 pub const QUEUE_LIMITS_LOCK: &str = include_str!("sql/queue_limits_lock.sql");
 /// Running jobs of a queue.
@@ -91,11 +53,11 @@ pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
 /// End leases: complete, fail or release, each item its own action.
-pub const LEASE_FINISH: &str = include_str!("sql/lease_finish.sql");
+pub const LEASE_FINISH: Changes = Changes::new(include_str!("sql/lease_finish.sql"), tally::finished);
 /// What became of leases a finish did not match.
 pub const LEASE_FINISH_MISSED: &str = include_str!("sql/lease_finish_missed.sql");
 /// Reap expired leases.
-pub const LEASE_REAP: &str = include_str!("sql/lease_reap.sql");
+pub const LEASE_REAP: Changes = Changes::new(include_str!("sql/lease_reap.sql"), tally::reaped);
 /// Live jobs per queue and state (indexes over live rows only).
 pub const QUEUE_LIVE_COUNTS: &str = include_str!("sql/queue_live_counts.sql");
 /// Terminal totals per queue, from the tallies.
@@ -116,13 +78,13 @@ pub const JOB_LIST: &str = include_str!("sql/job_list.sql");
 /// Which of given jobs a bulk filter matches.
 pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
 /// Delete terminal jobs.
-pub const JOB_DELETE: &str = include_str!("sql/job_delete.sql");
+pub const JOB_DELETE: Changes = Changes::new(include_str!("sql/job_delete.sql"), tally::deleted);
 /// Delete the attempts of jobs just deleted.
 pub const JOB_ATTEMPTS_DELETE: &str = include_str!("sql/job_attempts_delete.sql");
 /// One batch of a sweep of attempts whose job is gone.
 pub const JOB_ATTEMPTS_SWEEP: &str = include_str!("sql/job_attempts_sweep.sql");
 /// Delete expired terminal jobs of a queue and state.
-pub const JOB_PRUNE: &str = include_str!("sql/job_prune.sql");
+pub const JOB_PRUNE: Changes = Changes::new(include_str!("sql/job_prune.sql"), tally::deleted);
 /// The queues that hold terminal jobs.
 pub const JOB_PRUNE_QUEUES: &str = include_str!("sql/job_prune_queues.sql");
 /// An advisory lock by key: the prune lock (pruning and folding on one
@@ -149,24 +111,24 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_enqueue", JOB_ENQUEUE),
     ("job_get_by_idempotency_key", JOB_GET_BY_IDEMPOTENCY_KEY),
     ("job_get", JOB_GET),
-    ("job_cancel", JOB_CANCEL),
-    ("job_retry", JOB_RETRY),
-    ("job_mark_enqueue_failed", JOB_MARK_ENQUEUE_FAILED),
+    ("job_cancel", JOB_CANCEL.sql()),
+    ("job_retry", JOB_RETRY.sql()),
+    ("job_mark_enqueue_failed", JOB_MARK_ENQUEUE_FAILED.sql()),
     ("job_repair_pick", JOB_REPAIR_PICK),
-    ("job_repair_requeue", JOB_REPAIR_REQUEUE),
+    ("job_repair_requeue", JOB_REPAIR_REQUEUE.sql()),
     ("job_dispatch_pick", JOB_DISPATCH_PICK),
     ("job_dispatch_unmark", JOB_DISPATCH_UNMARK),
     ("attempt_list", ATTEMPT_LIST),
     ("attempt_page", ATTEMPT_PAGE),
-    ("lease_claim", LEASE_CLAIM),
-    ("lease_claim_keyed", LEASE_CLAIM_KEYED),
+    ("lease_claim", LEASE_CLAIM.sql()),
+    ("lease_claim_keyed", LEASE_CLAIM_KEYED.sql()),
     ("queue_limits_lock", QUEUE_LIMITS_LOCK),
     ("queue_running_count", QUEUE_RUNNING_COUNT),
     ("queue_rate_take", QUEUE_RATE_TAKE),
     ("lease_heartbeat", LEASE_HEARTBEAT),
-    ("lease_finish", LEASE_FINISH),
+    ("lease_finish", LEASE_FINISH.sql()),
     ("lease_finish_missed", LEASE_FINISH_MISSED),
-    ("lease_reap", LEASE_REAP),
+    ("lease_reap", LEASE_REAP.sql()),
     ("queue_live_counts", QUEUE_LIVE_COUNTS),
     ("queue_tallies", QUEUE_TALLIES),
     ("queue_throughput", QUEUE_THROUGHPUT),
@@ -176,10 +138,10 @@ pub const ALL: &[(&str, &str)] = &[
     ("queue_settings_update", QUEUE_SETTINGS_UPDATE),
     ("job_list", JOB_LIST),
     ("job_match", JOB_MATCH),
-    ("job_delete", JOB_DELETE),
+    ("job_delete", JOB_DELETE.sql()),
     ("job_attempts_delete", JOB_ATTEMPTS_DELETE),
     ("job_attempts_sweep", JOB_ATTEMPTS_SWEEP),
-    ("job_prune", JOB_PRUNE),
+    ("job_prune", JOB_PRUNE.sql()),
     ("job_prune_queues", JOB_PRUNE_QUEUES),
     ("prune_lock", PRUNE_LOCK),
     ("queue_held_back", QUEUE_HELD_BACK),
@@ -189,4 +151,75 @@ pub const ALL: &[(&str, &str)] = &[
     ("schedule_due", SCHEDULE_DUE),
     ("schedule_fired", SCHEDULE_FIRED),
     ("clock_now", CLOCK_NOW),
+    ("job_tally_add", tally::JOB_TALLY_ADD),
 ];
+
+/// The statements of [`ALL`] that are [`Changes`]: only these may set
+/// `state` or delete jobs.
+pub const CHANGES: &[&str] = &[
+    "job_cancel",
+    "job_retry",
+    "job_mark_enqueue_failed",
+    "job_repair_requeue",
+    "lease_claim",
+    "lease_claim_keyed",
+    "lease_finish",
+    "lease_reap",
+    "job_delete",
+    "job_prune",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::{ALL, CHANGES};
+
+    /// The statement's text without its `--` comments, lower case, each
+    /// run of white space one space.
+    fn code(text: &str) -> String {
+        text.lines()
+            .map(|line| line.split("--").next().unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join(" ")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+            .to_lowercase()
+    }
+
+    /// Whether `code` sets `state` of jobs (in the SET list of an update
+    /// of jobs, up to its FROM, WHERE or RETURNING) or deletes jobs.
+    fn changes_states(code: &str) -> bool {
+        let sets_state = code.match_indices("update jobs ").any(|(at, _)| {
+            let rest = &code[at..];
+            let set = rest.find(" set ").map_or("", |s| &rest[s + 5..]);
+            let end = [" from ", " where ", " returning "]
+                .iter()
+                .filter_map(|word| set.find(word))
+                .min()
+                .unwrap_or(set.len());
+            let list = &set[..end];
+            list.starts_with("state =") || list.contains(", state =")
+        });
+        sets_state || code.contains("delete from jobs ")
+    }
+
+    #[test]
+    fn every_statement_that_changes_states_is_tallied() {
+        for (name, text) in ALL {
+            let code = code(text);
+            let declared = CHANGES.contains(name);
+            assert_eq!(
+                changes_states(&code),
+                declared,
+                "{name}.sql: a statement that sets `state` or deletes jobs must be declared \
+                 `Changes` (with its tally delta) and listed in CHANGES, and only such a one"
+            );
+            if declared {
+                assert!(
+                    !code.contains("insert into job_tallies"),
+                    "{name}.sql writes tallies itself: the store writes them from its rows"
+                );
+            }
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The store's set-up: statements, migrations, database creation, TLS.
 
-use runlease_coordinator::store::sql;
+use runlease_coordinator::store::{sql, tally};
 use runlease_tests::{TestCoordinator, TestDb, admin, test_config};
 
 #[tokio::test]
@@ -130,10 +130,10 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         // scan of the table: the coordinator runs it with its generic plan,
         // so this is the plan every claim gets (planned under the claim
         // transaction's settings, as the store plans it).
-        client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
+        client.batch_execute(tally::Open::Claims.sql()).await.unwrap();
         let claim = generic_plan(
             &client,
-            sql::LEASE_CLAIM,
+            sql::LEASE_CLAIM.sql(),
             "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
         )
         .await;
@@ -158,7 +158,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
         let arrays = [
             (
                 "lease_finish",
-                sql::LEASE_FINISH,
+                sql::LEASE_FINISH.sql(),
                 "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000",
             ),
             (
@@ -171,7 +171,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             let plan = generic_plan(&client, statement, args).await;
             // A finish whose batch carries claims runs in the claim's
             // transaction, under its settings: the same plan shape there.
-            client.batch_execute(sql::LEASE_CLAIM_BEGIN).await.unwrap();
+            client.batch_execute(tally::Open::Claims.sql()).await.unwrap();
             let riding = generic_plan(&client, statement, args).await;
             client.batch_execute("COMMIT").await.unwrap();
             for plan in [plan, riding] {
@@ -250,7 +250,7 @@ async fn figures_listing_and_pruning_read_no_history() {
             ),
             (
                 "lease_reap",
-                sql::LEASE_REAP,
+                sql::LEASE_REAP.sql(),
                 "500, 300000",
                 vec!["jobs_running_idx"],
             ),
@@ -268,7 +268,7 @@ async fn figures_listing_and_pruning_read_no_history() {
             ),
             (
                 "job_prune",
-                sql::JOB_PRUNE,
+                sql::JOB_PRUNE.sql(),
                 "'q1', 'done', 60000, 1000",
                 vec!["jobs_prune_idx"],
             ),
@@ -286,19 +286,19 @@ async fn figures_listing_and_pruning_read_no_history() {
             ),
             (
                 "job_retry",
-                sql::JOB_RETRY,
+                sql::JOB_RETRY.sql(),
                 "'{}'::uuid[], NULL",
                 vec!["jobs_pkey"],
             ),
             (
                 "job_cancel",
-                sql::JOB_CANCEL,
+                sql::JOB_CANCEL.sql(),
                 "'{}'::uuid[], NULL",
                 vec!["jobs_pkey"],
             ),
             (
                 "job_delete",
-                sql::JOB_DELETE,
+                sql::JOB_DELETE.sql(),
                 "'{}'::uuid[], NULL",
                 vec!["jobs_pkey"],
             ),

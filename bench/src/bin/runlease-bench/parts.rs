@@ -30,7 +30,7 @@
 
 use std::time::Duration;
 
-use runlease_coordinator::store::sql;
+use runlease_coordinator::store::{sql, tally};
 use runlease_tests::{TestDb, admin};
 use tokio_postgres::types::Type;
 
@@ -230,9 +230,9 @@ async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Mea
     let before = counters_settled(&db.name, Duration::ZERO).await;
 
     let client = db.client().await;
-    let claim = client.prepare(sql::LEASE_CLAIM).await?;
+    let claim = client.prepare(sql::LEASE_CLAIM.sql()).await?;
     let finish = client
-        .prepare_typed(variant.finish.unwrap_or(sql::LEASE_FINISH), FINISH_TYPES)
+        .prepare_typed(variant.finish.unwrap_or(sql::LEASE_FINISH.sql()), FINISH_TYPES)
         .await?;
     let pid = client
         .query_one("SELECT pg_backend_pid()", &[])
@@ -245,7 +245,7 @@ async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Mea
     let mut held: Vec<tokio_postgres::Row> = Vec::new();
     let mut completed = 0;
     loop {
-        client.batch_execute(sql::LEASE_CLAIM_BEGIN).await?;
+        client.batch_execute(tally::Open::Claims.sql()).await?;
         if !held.is_empty() {
             completed += complete(&client, &finish, &held).await?;
         }

@@ -62,8 +62,8 @@ pub async fn run(jobs: usize) -> Raw {
     for c in 0..CONNECTIONS {
         let client = db.client().await;
         tasks.push(tokio::spawn(async move {
-            let claim = client.prepare(sql::LEASE_CLAIM).await.unwrap();
-            let finish = client.prepare(sql::LEASE_FINISH).await.unwrap();
+            let claim = client.prepare(sql::LEASE_CLAIM.sql()).await.unwrap();
+            let finish = client.prepare(sql::LEASE_FINISH.sql()).await.unwrap();
             let worker = format!("raw-{c}");
             let slots: Vec<&str> = vec![worker.as_str(); PER_STATEMENT];
             let queues = vec!["raw"];

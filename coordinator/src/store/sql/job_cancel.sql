@@ -5,7 +5,7 @@
 -- (absent from the answer).
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
--- Tallies: adds the jobs cancelled at once to job_tallies.
+-- Tallies: the store counts the rows answered cancelled (tally::entered).
 -- Index: jobs_pkey.
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
@@ -26,12 +26,5 @@ WITH locked AS MATERIALIZED (
            OR (j.state = 'running' AND j.cancel_requested_at IS NULL))
       AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
     RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at
-), tallied AS (
-    -- The cancelled tally of the jobs cancelled at once.
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT queue, state::text, count(*)
-    FROM cancelled
-    WHERE state = 'cancelled'
-    GROUP BY queue, state
 )
 SELECT id, queue, state, created_at, finished_at FROM cancelled

@@ -2,9 +2,8 @@
 -- deleted. The store then deletes their job_attempt_log rows
 -- (job_attempts_delete.sql, by the ids answered here) in the same
 -- transaction.
--- Tallies: takes the jobs it deleted off job_tallies (one row per queue and
--- state), in a transaction the store marks runlease.tallies and
--- runlease.job_deletes = 'explicit' (sql::TALLIED_DELETES).
+-- Tallies: the store takes the rows answered off their state's tally
+-- (tally::deleted), in a transaction opened with tally::Open::Deletes.
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
 -- Index: jobs_pkey.
@@ -22,10 +21,5 @@ WITH locked AS MATERIALIZED (
     WHERE j.id = l.id AND j.state IN ('done', 'failed', 'cancelled')
       AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
     RETURNING j.id, j.queue, j.state
-), tallied AS (
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT queue, state::text, -count(*)
-    FROM gone
-    GROUP BY queue, state
 )
 SELECT id, queue, state FROM gone

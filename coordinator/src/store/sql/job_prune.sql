@@ -1,9 +1,8 @@
 -- Prune: delete up to $4 jobs of one queue and terminal state that have
--- been terminal longer than the retention, oldest first, and take them
--- off job_tallies (one row). The store then deletes their job_attempt_log
--- rows (job_attempts_delete.sql, by the ids answered here) in the same
--- transaction, which it marks runlease.tallies and runlease.job_deletes =
--- 'explicit' (sql::TALLIED_DELETES).
+-- been terminal longer than the retention, oldest first. The store takes
+-- the rows answered off their state's tally (tally::deleted) and deletes
+-- their job_attempt_log rows (job_attempts_delete.sql, by the ids answered
+-- here) in the same transaction (tally::Open::Deletes).
 -- $1 text queue, $2 text state (done, failed or cancelled), $3 bigint
 -- retention ms (> 0), $4 int limit.
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal: a range
@@ -27,10 +26,5 @@ WITH doomed AS (
     USING doomed d
     WHERE j.id = d.id
     RETURNING j.id, j.queue, j.state
-), tallied AS (
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT queue, state::text, -count(*)
-    FROM gone
-    GROUP BY queue, state
 )
 SELECT id, queue, state FROM gone

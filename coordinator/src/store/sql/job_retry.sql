@@ -6,7 +6,8 @@
 -- have written it: the chronology is the same before and after.
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
--- Tallies: takes the retried jobs off their terminal state's tally.
+-- Tallies: the store takes the rows answered off the tally of their
+-- state_before, the terminal state they left (tally::retried).
 -- Index: jobs_pkey.
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
@@ -24,13 +25,6 @@ WITH locked AS MATERIALIZED (
     WHERE j.id = l.id AND j.state IN ('failed', 'cancelled')
       AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
     RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at
-), tallied AS (
-    -- The terminal tallies the retried jobs leave (their state before).
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT r.queue, l.state::text, -count(*)
-    FROM locked l
-    JOIN retried r ON r.id = l.id
-    GROUP BY r.queue, l.state
 ), written_out AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT l.id, l.run_lease, l.owned_by, l.claimed_at, l.finished_at, l.final_outcome,
@@ -39,4 +33,6 @@ WITH locked AS MATERIALIZED (
     JOIN retried r ON r.id = l.id
     WHERE l.final_outcome IS NOT NULL
 )
-SELECT id, queue, state, created_at, finished_at FROM retried
+SELECT r.id, r.queue, r.state, r.created_at, r.finished_at, l.state AS state_before
+FROM retried r
+JOIN locked l ON l.id = r.id

@@ -21,9 +21,8 @@
 -- first item a request batch holds for it): this statement neither sorts
 -- nor removes repeats. (Were a pair repeated, the row would still be
 -- updated once, by the first.)
--- Tallies: adds the jobs it ended to job_tallies (one row per queue and
--- terminal state), as every statement that moves jobs in or out of a
--- terminal state does, and the retries among the attempts it writes.
+-- Tallies: the store counts each row answered (tally::finished): the
+-- job's terminal state, and a retry where a fail queued the job again.
 -- Answers one row per item that took effect, with what a finish answer needs;
 -- items absent from the answer are stale or already applied.
 -- Index: jobs_pkey, one lookup per item.
@@ -85,21 +84,6 @@ WITH input AS (
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
               j.traceparent IS NOT NULL AS traced
-), tallied AS (
-    -- The tallies: one delta row per (queue, state) this statement ended
-    -- jobs in, and per queue in which a fail queued its job again (a
-    -- retry: the attempt written below ends failed, state_after queued).
-    -- The transaction's marks, set by the store (runlease.tallies and
-    -- runlease.attempt_tallies = 'explicit'), say so: it asks for no
-    -- recount, and the attempt log's trigger leaves these attempts alone.
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT queue, tally, count(*)
-    FROM (SELECT queue,
-                 CASE WHEN state IN ('done', 'failed', 'cancelled') THEN state::text
-                      WHEN action = 'fail' AND state = 'queued' THEN 'retries' END AS tally
-          FROM finished) f
-    WHERE tally IS NOT NULL
-    GROUP BY queue, tally
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),

@@ -4,10 +4,9 @@
 -- appended to job_attempt_log as lease_expired.
 -- Each write is guarded on the run_lease the reaper read and on the expiry
 -- itself, so a lease renewed a moment ago is never reaped.
--- Tallies: adds the jobs it ended to job_tallies (one row per queue and
--- terminal state), and the attempts it writes: every one a lease expiry,
--- and a retry where the job is queued again (in a transaction the store
--- marks runlease.tallies and runlease.attempt_tallies = 'explicit').
+-- Tallies: the store counts each row answered (tally::reaped): the job's
+-- terminal state, and the attempt written: a lease expiry, and a retry
+-- where the job is queued again.
 -- $1 bigint limit, $2 bigint default timeout ms (to tell a timeout from a lapse).
 -- Index: jobs_running_idx (queue, id) WHERE running: a pass over the running
 -- jobs (their rows are read for the expiry, which no index keys: a
@@ -38,19 +37,6 @@ WITH expired AS (
     WHERE j.id = e.id AND j.state = 'running' AND j.run_lease = e.run_lease
       AND j.lease_expires_at <= now()
     RETURNING j.*
-), tallied AS (
-    -- The terminal tallies (failed, cancelled) of the jobs it ended, and
-    -- the attempt tallies of the attempts recorded below (each ends
-    -- lease_expired; state_after queued is a retry).
-    INSERT INTO job_tallies (queue, tally, n)
-    SELECT queue, t.tally, count(*)
-    FROM reaped
-    CROSS JOIN LATERAL (VALUES
-        (CASE WHEN state IN ('failed', 'cancelled') THEN state::text END),
-        ('lease_expiries'),
-        (CASE WHEN state = 'queued' THEN 'retries' END)) AS t(tally)
-    WHERE t.tally IS NOT NULL
-    GROUP BY queue, t.tally
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(), 'lease_expired', error, state FROM reaped
