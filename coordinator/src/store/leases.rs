@@ -537,7 +537,16 @@ impl Store {
                 client.batch_execute(sql::CLAIM_PLANNING).await?;
                 let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
                 let terms = self.lease_settings();
-                claim_rows(tx, &claim, &[queue.as_str()], admitted, time_left_ms, terms, Some(at)).await?
+                claim_rows(
+                    tx,
+                    &claim,
+                    &[queue.as_str()],
+                    admitted,
+                    time_left_ms,
+                    terms,
+                    Some(at),
+                )
+                .await?
             }
             Some(per_key) => {
                 let rows = self

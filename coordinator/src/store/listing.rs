@@ -329,8 +329,14 @@ impl Store {
             let client = self.conn().await?;
             let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
             let (rows, with_times) = match action {
-                BulkAction::Retry => (query_changes(&client, &sql::JOB_RETRY, &[&ids, &states]).await?, true),
-                BulkAction::Cancel => (query_changes(&client, &sql::JOB_CANCEL, &[&ids, &states]).await?, true),
+                BulkAction::Retry => (
+                    query_changes(&client, &sql::JOB_RETRY, &[&ids, &states]).await?,
+                    true,
+                ),
+                BulkAction::Cancel => (
+                    query_changes(&client, &sql::JOB_CANCEL, &[&ids, &states]).await?,
+                    true,
+                ),
                 BulkAction::Delete => {
                     // The jobs, then their attempts, in one transaction.
                     let tx = Tallied::new(&client);

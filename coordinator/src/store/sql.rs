@@ -16,11 +16,13 @@ pub const JOB_CANCEL: Changes = Changes::new(include_str!("sql/job_cancel.sql"),
 /// Admin retry of failed or cancelled jobs.
 pub const JOB_RETRY: Changes = Changes::new(include_str!("sql/job_retry.sql"), tally::retried);
 /// Mark jobs whose wake-up was not delivered.
-pub const JOB_MARK_ENQUEUE_FAILED: Changes = Changes::new(include_str!("sql/job_mark_enqueue_failed.sql"), tally::no_tally);
+pub const JOB_MARK_ENQUEUE_FAILED: Changes =
+    Changes::new(include_str!("sql/job_mark_enqueue_failed.sql"), tally::no_tally);
 /// Lock enqueue_failed jobs for a repair pass.
 pub const JOB_REPAIR_PICK: &str = include_str!("sql/job_repair_pick.sql");
 /// Move repaired jobs back to queued.
-pub const JOB_REPAIR_REQUEUE: Changes = Changes::new(include_str!("sql/job_repair_requeue.sql"), tally::no_tally);
+pub const JOB_REPAIR_REQUEUE: Changes =
+    Changes::new(include_str!("sql/job_repair_requeue.sql"), tally::no_tally);
 /// Take due, unsignalled jobs of an SQS-bound queue and mark them signalled.
 pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 /// Give the due times of unsent wake-ups back.
@@ -43,7 +45,8 @@ macro_rules! claim_planning {
 /// [`claim_planning`], for a transaction already open.
 pub const CLAIM_PLANNING: &str = claim_planning!();
 /// Claim leases of a queue limited per concurrency key.
-pub const LEASE_CLAIM_KEYED: Changes = Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);
+pub const LEASE_CLAIM_KEYED: Changes =
+    Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);
 /// Lock a queue's limits for a claim.
 pub const QUEUE_LIMITS_LOCK: &str = include_str!("sql/queue_limits_lock.sql");
 /// Running jobs of a queue.

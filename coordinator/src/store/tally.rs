@@ -305,7 +305,11 @@ impl<'c> Tallied<'c> {
     }
 
     /// Prepares and runs `stmt`, counting what its rows change.
-    pub async fn query(&self, stmt: &Changes, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+    pub async fn query(
+        &self,
+        stmt: &Changes,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
         let prepared = self.prepare(stmt).await?;
         self.run(&prepared, params).await
     }
@@ -316,7 +320,9 @@ impl<'c> Tallied<'c> {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Delta> {
-        self.delta.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.delta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Ends the transaction as `outcome` says: when it is `Ok`, writes the
@@ -334,7 +340,10 @@ impl<'c> Tallied<'c> {
                 return Err(e);
             }
         };
-        let delta = self.delta.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let delta = self
+            .delta
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if delta.is_empty() {
             self.client.batch_execute("COMMIT").await?;
             return Ok(value);
