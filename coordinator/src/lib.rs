@@ -259,13 +259,10 @@ async fn start_loops(
         config.redis.repair_interval,
     );
     tracker.spawn(repairer.run(shutdown.child_token()));
-    let retention = &config.retention;
     let pruner = Pruner::new(
         store.clone(),
         metrics.clone(),
-        retention.retention(),
-        i64::from(retention.prune_batch),
-        retention.prune_interval,
+        config.retention.clone(),
         shutdown.child_token(),
     );
     tracker.spawn(pruner.run());

@@ -12,6 +12,7 @@ use runlease_protocol::{JobState, QueueName};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::RetentionConfig;
 use crate::metrics::{DepthLabels, Metrics};
 use crate::store::prune::{Folded, Pruned, Recount, Sweep};
 use crate::store::{Store, StoreError};
@@ -59,9 +60,7 @@ impl Drop for Recounting {
 pub struct Pruner {
     store: Store,
     metrics: Arc<Metrics>,
-    retention: Retention,
-    batch: i64,
-    interval: Duration,
+    settings: RetentionConfig,
     cancel: CancellationToken,
     /// When the last recount that counted (or failed) started.
     last_recount: Arc<std::sync::Mutex<Option<Instant>>>,
@@ -70,21 +69,18 @@ pub struct Pruner {
 }
 
 impl Pruner {
-    /// A pruner deleting at most `batch` rows per statement, every `interval`.
+    /// A pruner keeping terminal jobs as `settings` say, deleting at most
+    /// `prune_batch` rows per statement, every `prune_interval`.
     pub fn new(
         store: Store,
         metrics: Arc<Metrics>,
-        retention: Retention,
-        batch: i64,
-        interval: Duration,
+        settings: RetentionConfig,
         cancel: CancellationToken,
     ) -> Self {
         Self {
             store,
             metrics,
-            retention,
-            batch: batch.max(1),
-            interval,
+            settings,
             cancel,
             last_recount: Arc::default(),
             recounting: Arc::default(),
@@ -179,15 +175,17 @@ impl Pruner {
         let overrides: HashMap<QueueName, _> = self.store.queue_settings().await?.into_iter().collect();
         let queues = self.store.queues_with_terminal_jobs().await?;
         let terminal = [JobState::Done, JobState::Failed, JobState::Cancelled];
+        let retention = self.settings.retention();
+        let batch = i64::from(self.settings.prune_batch);
         for (queue, state) in queues.iter().flat_map(|q| terminal.map(|s| (q, s))) {
             let settings = overrides.get(queue);
             let keep_ms = match state {
                 JobState::Done => settings
                     .and_then(|s| s.retention_done_ms)
-                    .unwrap_or(self.retention.done_ms),
+                    .unwrap_or(retention.done_ms),
                 _ => settings
                     .and_then(|s| s.retention_failed_ms)
-                    .unwrap_or(self.retention.failed_ms),
+                    .unwrap_or(retention.failed_ms),
             };
             if keep_ms <= 0 {
                 continue;
@@ -197,7 +195,7 @@ impl Pruner {
                     return Ok(report);
                 }
                 report.statements += 1;
-                let deleted = match self.store.prune(queue, state, keep_ms, self.batch).await? {
+                let deleted = match self.store.prune(queue, state, keep_ms, batch).await? {
                     Pruned::Busy => {
                         report.busy = true;
                         return Ok(report);
@@ -216,7 +214,7 @@ impl Pruner {
                         .inc_by(n as u64);
                     tracing::debug!(%queue, %state, jobs = n, "pruned terminal jobs past their retention");
                 }
-                if (n as i64) < self.batch {
+                if (n as i64) < batch {
                     break;
                 }
             }
@@ -227,7 +225,7 @@ impl Pruner {
     /// Runs passes until `cancel` fires; between passes, folds the tallies
     /// every [`FOLD_INTERVAL`] so a scrape reads few rows.
     pub async fn run(self) {
-        let mut next_pass = Instant::now() + jittered(self.interval);
+        let mut next_pass = Instant::now() + jittered(self.settings.prune_interval);
         loop {
             let nap = jittered(FOLD_INTERVAL).min(next_pass.saturating_duration_since(Instant::now()));
             tokio::select! {
@@ -241,7 +239,7 @@ impl Pruner {
                 }
                 continue;
             }
-            next_pass = Instant::now() + jittered(self.interval);
+            next_pass = Instant::now() + jittered(self.settings.prune_interval);
             match self.run_once().await {
                 Ok(report) if report.pruned > 0 => {
                     tracing::info!(jobs = report.pruned, statements = report.statements, "prune pass");

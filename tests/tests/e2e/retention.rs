@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use runlease_coordinator::config::RetentionConfig;
 use runlease_coordinator::metrics::Metrics;
 use runlease_coordinator::prune::{Pruner, Retention};
 use runlease_protocol::JobState;
@@ -18,12 +19,17 @@ const DAY_MS: i64 = 86_400_000;
 
 async fn pruner(db: &TestDb, retention: Retention, batch: i64) -> (Pruner, Arc<Metrics>) {
     let metrics = Arc::new(Metrics::new(Duration::from_secs(25)));
+    let ms = |ms: i64| Duration::from_millis(u64::try_from(ms).unwrap());
+    let settings = RetentionConfig {
+        done: ms(retention.done_ms),
+        failed: ms(retention.failed_ms),
+        prune_interval: Duration::from_secs(3600),
+        prune_batch: u32::try_from(batch).unwrap(),
+    };
     let pruner = Pruner::new(
         db.store().await,
         metrics.clone(),
-        retention,
-        batch,
-        Duration::from_secs(3600),
+        settings,
         CancellationToken::new(),
     );
     (pruner, metrics)
