@@ -653,11 +653,11 @@ impl Store {
     /// lease and worker) or [`Ending::Lost`] with where the job is now. Only
     /// items the statement did not match cost a second read.
     ///
-    /// It runs in a transaction opened like a claim's (`sql::LEASE_CLAIM_BEGIN`),
+    /// It runs in a transaction opened like a claim's (`Open::Claims`),
     /// as when claims ride it: its generic plan is the nested loop over the
     /// items in id order, so it locks its rows in that order whatever the
-    /// table's size (ADR 022), and the transaction is marked as writing its
-    /// own tallies.
+    /// table's size (ADR 022); the tallies of what it ended are written
+    /// with its commit.
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
         Ok(self.write_leases("finish", items, &[]).await?.0)
     }
