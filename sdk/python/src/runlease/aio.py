@@ -17,7 +17,6 @@ from .attempt import (
     LEASE_LOST,
     MAX_BACKOFF_S,
     SHUTDOWN,
-    TIMEOUT,
     UNREACHABLE,
     Attempt,
     decide,
@@ -227,7 +226,7 @@ class AsyncWorker:
         if attempt.stop(reason):
             messages = {LEASE_LOST: "lease lost", CANCEL_REQUESTED: "cancel requested",
                         UNREACHABLE: "coordinator unreachable for a lease TTL; lease fenced",
-                        TIMEOUT: "attempt timed out", SHUTDOWN: "stopping for shutdown"}
+                        SHUTDOWN: "stopping for shutdown"}
             event(messages.get(reason, reason), job_id=attempt.job_id, run_lease=attempt.run_lease)
             if held.task is not None and not held.finishing and inspect.iscoroutinefunction(self.handler):
                 held.cancelled_by_us = True
@@ -241,8 +240,6 @@ class AsyncWorker:
                 a = held.attempt
                 if not a.fenced and now - a.renewed_at >= a.lease_ttl_s:
                     self._ask_stop(held, UNREACHABLE)
-                elif not held.finishing and a.deadline is not None and now >= a.deadline:
-                    self._ask_stop(held, TIMEOUT)
 
     # ---- heartbeats ----
 

@@ -19,7 +19,6 @@ from .attempt import (
     LEASE_LOST,
     MAX_BACKOFF_S,
     SHUTDOWN,
-    TIMEOUT,
     UNREACHABLE,
     Attempt,
     decide,
@@ -218,11 +217,16 @@ class Worker:
         if attempt.stop(reason):
             messages = {LEASE_LOST: "lease lost", CANCEL_REQUESTED: "cancel requested",
                         UNREACHABLE: "coordinator unreachable for a lease TTL; lease fenced",
-                        TIMEOUT: "attempt timed out", SHUTDOWN: "stopping for shutdown"}
+                        SHUTDOWN: "stopping for shutdown"}
             event(messages.get(reason, reason), job_id=attempt.job_id, run_lease=attempt.run_lease)
 
     def _watch_loop(self) -> None:
-        """Fences leases not renewed for a whole TTL, and stops handlers past their timeout."""
+        """Fences leases not renewed for a whole TTL.
+
+        A handler past its attempt's timeout is not stopped here: the
+        coordinator answers its next heartbeat `lease_lost`, and the reaper
+        decides the attempt, so nothing is sent for it.
+        """
         while not self._closed.wait(WATCH_EVERY_S):
             now = time.monotonic()
             with self._cond:
@@ -231,8 +235,6 @@ class Worker:
                 a = held.attempt
                 if not a.fenced and now - a.renewed_at >= a.lease_ttl_s:
                     self._ask_stop(held, UNREACHABLE)
-                elif not held.finishing and a.deadline is not None and now >= a.deadline:
-                    self._ask_stop(held, TIMEOUT)
 
     # ---- heartbeats ----
 
