@@ -238,16 +238,21 @@ impl Dispatcher {
     /// reap, retry) and on a timer (jobs that became due), until `cancel`.
     pub async fn run(self, wake: Wake, cancel: CancellationToken) {
         let mut wakes = wake.subscribe_queues();
+        // The timer's deadline outlives wake-ups of other queues: steady
+        // enqueues elsewhere must not keep putting off the pass that finds
+        // jobs which became due.
+        let mut timer = tokio::time::Instant::now() + jittered(self.interval);
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                () = tokio::time::sleep(jittered(self.interval)) => {}
+                () = tokio::time::sleep_until(timer) => {}
                 w = wakes.recv() => match w {
                     Ok(Some(q)) if !self.bindings.contains_key(&q) => continue,
                     Err(broadcast::error::RecvError::Closed) => return,
                     _ => {}
                 },
             }
+            timer = tokio::time::Instant::now() + jittered(self.interval);
             // Wake-ups that arrive while this pass runs are covered by it.
             while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = wakes.try_recv() {}
             if let Err(e) = self.run_once().await {

@@ -25,6 +25,7 @@ pub mod api;
 pub mod cli;
 pub mod lambda;
 pub mod model;
+pub mod pg_cluster;
 pub mod process;
 pub mod proxy;
 pub mod redis;
@@ -46,6 +47,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use api::Api;
 pub use lambda::LambdaEmulator;
+pub use pg_cluster::{PgCluster, Replication};
 pub use process::CoordinatorProcess;
 pub use proxy::Proxy;
 pub use redis::TestRedis;

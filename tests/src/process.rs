@@ -74,12 +74,18 @@ impl CoordinatorProcess {
     /// [`CoordinatorProcess::start`] with another build of the coordinator
     /// (a benchmark comparing releases).
     pub async fn start_binary(binary: &std::path::Path, db: &TestDb, env: &[(&str, String)]) -> Self {
+        Self::start_url(binary, &db.url, &db.name, env).await
+    }
+
+    /// Starts `binary` over the database at `url` (a test's own cluster,
+    /// say), with Redis channels named after `name`.
+    pub async fn start_url(binary: &std::path::Path, url: &str, name: &str, env: &[(&str, String)]) -> Self {
         let port = free_port();
         let mut cmd = Command::new(binary);
-        cmd.env("RUNLEASE_DATABASE_URL", &db.url)
+        cmd.env("RUNLEASE_DATABASE_URL", url)
             .env("RUNLEASE_LISTEN", format!("127.0.0.1:{port}"))
             .env("RUNLEASE_SECRET", TEST_SECRET)
-            .env("RUNLEASE_REDIS_PREFIX", format!("runlease-test:{}", db.name))
+            .env("RUNLEASE_REDIS_PREFIX", format!("runlease-test:{name}"))
             .env_remove("RUNLEASE_API_KEYS")
             .stdout(Stdio::null())
             .stderr(Stdio::null())

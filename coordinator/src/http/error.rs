@@ -109,6 +109,16 @@ impl From<StoreError> for ApiError {
                     )
                 }
             }
+            StoreError::ReadOnly(detail) => {
+                tracing::warn!(%detail, "the PostgreSQL server reached accepts no writes");
+                Self {
+                    db_unavailable: true,
+                    ..Self::new(
+                        ErrorCode::Overloaded,
+                        "the database is failing over; retry after the Retry-After delay (a repeated finish is safe)",
+                    )
+                }
+            }
             StoreError::Retry(detail) => {
                 tracing::warn!(%detail, "transient conflict in the database");
                 Self::new(

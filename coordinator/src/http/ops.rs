@@ -34,22 +34,31 @@ pub async fn openapi() -> impl IntoResponse {
 /// How long `/readyz` waits for PostgreSQL before answering 503.
 pub const READY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// `GET /readyz`: PostgreSQL reachable and migrations current (503 otherwise,
-/// within [`READY_DEADLINE`]).
+/// `GET /readyz`: PostgreSQL reachable, taking writes, and migrations
+/// current (503 otherwise, within [`READY_DEADLINE`]); names the server that
+/// serves (after a failover, the new primary).
 pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
     match state.store.ready(READY_DEADLINE).await {
-        Ok(true) => Ok(Json(json!({
+        Ok(ready) if !ready.writable => Err(ApiError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "the PostgreSQL server reached ({}) accepts no writes (a standby, or a failover under way); its connections are dropped and the next ones look for the primary",
+                ready.server
+            ),
+        )),
+        Ok(ready) if !ready.migrations_current => Err(ApiError::new(
+            ErrorCode::Overloaded,
+            "migrations are not current; run `runlease-coordinator migrate`",
+        )),
+        Ok(ready) => Ok(Json(json!({
             "status": "ready",
             "postgres": "ok",
+            "postgres_server": ready.server,
             "migrations": "current",
             // Redis down is degraded, not down: waiters fall back to timers
             // and enqueues are repaired later.
             "redis": state.wake.redis_status().as_str(),
         }))),
-        Ok(false) => Err(ApiError::new(
-            ErrorCode::Overloaded,
-            "migrations are not current; run `runlease-coordinator migrate`",
-        )),
         // No key is needed here, so the answer stays generic: PostgreSQL's
         // own text can name hosts, users and databases.
         Err(e) => {

@@ -52,6 +52,12 @@ pub enum StoreError {
     /// A deadlock or serialization failure: the whole transaction may be retried.
     #[error("transient conflict: {0}")]
     Retry(String),
+    /// The server reached accepts no writes (SQLSTATE 25006: a standby in
+    /// recovery, an old primary after a failover, or
+    /// `default_transaction_read_only`): nothing was written, and the
+    /// operation may run again on a fresh connection.
+    #[error("the PostgreSQL server reached is read-only: {0}")]
+    ReadOnly(String),
     /// A store operation ran past its deadline (the coordinator's, or
     /// PostgreSQL's `statement_timeout`); what it wrote, if anything, is
     /// settled by the idempotent retry.
@@ -94,6 +100,8 @@ impl From<tokio_postgres::Error> for StoreError {
         if e.code() == Some(&SqlState::QUERY_CANCELED) {
             // statement_timeout (57014): the server ended the statement.
             StoreError::Timeout("statement")
+        } else if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) {
+            StoreError::ReadOnly(db_error_text(&e))
         } else if unavailable {
             StoreError::Unavailable(db_error_text(&e))
         } else if e.code().is_some_and(|c| {
@@ -205,6 +213,17 @@ impl Drop for Db {
     }
 }
 
+/// What `/readyz` tells of PostgreSQL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Readiness {
+    /// Every migration is applied.
+    pub migrations_current: bool,
+    /// The server's address and port as it sees them, or `local socket`.
+    pub server: String,
+    /// It takes writes: not a standby, not read-only by default.
+    pub writable: bool,
+}
+
 /// The job store over a connection pool.
 #[derive(Clone)]
 pub struct Store {
@@ -280,6 +299,24 @@ impl Store {
                         tracing::info!(operation, %detail, tries, "deadlock or serialization failure; retrying");
                         tries += 1;
                     }
+                    Err(StoreError::ReadOnly(detail)) if tries < RETRY_TRIES => {
+                        // The connection landed on a server that takes no
+                        // writes (a failover moved the primary). Its idle
+                        // neighbours went to the same server: all are
+                        // dropped, and the retry opens a fresh connection,
+                        // which `target_session_attrs=read-write` sends to
+                        // the writable host.
+                        let dropped = self.pool.retain(|_, _| false).removed.len();
+                        self.retries.get_or_create(&OperationLabels { operation }).inc();
+                        tracing::warn!(
+                            operation,
+                            %detail,
+                            tries,
+                            idle_connections_dropped = dropped,
+                            "PostgreSQL server is read-only; retrying on a fresh connection"
+                        );
+                        tries += 1;
+                    }
                     done => return done,
                 }
             }
@@ -327,10 +364,28 @@ impl Store {
         Ok(Db(Some(self.pool.get().await?)))
     }
 
-    /// Whether PostgreSQL answers and the schema is current, within `deadline`.
-    pub async fn ready(&self, deadline: Duration) -> Result<bool, StoreError> {
-        match tokio::time::timeout(deadline, migrate::is_current(&self.pool)).await {
-            Ok(answer) => answer,
+    /// Whether PostgreSQL answers, takes writes and has the current
+    /// schema, within `deadline`. A server that takes no writes (a standby
+    /// reached after a failover) has the idle connections dropped, so the
+    /// next ones go to the writable host.
+    pub async fn ready(&self, deadline: Duration) -> Result<Readiness, StoreError> {
+        let check = async {
+            let migrations_current = migrate::is_current(&self.pool).await?;
+            let row = self.conn().await?.query_one(sql::SERVER_STATUS, &[]).await?;
+            Ok::<_, StoreError>(Readiness {
+                migrations_current,
+                server: row.get("server"),
+                writable: row.get("writable"),
+            })
+        };
+        match tokio::time::timeout(deadline, check).await {
+            Ok(Ok(readiness)) => {
+                if !readiness.writable {
+                    self.pool.retain(|_, _| false);
+                }
+                Ok(readiness)
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => {
                 self.timeouts
                     .get_or_create(&OperationLabels { operation: "ready" })

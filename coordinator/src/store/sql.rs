@@ -5,6 +5,8 @@
 
 use crate::store::tally::{self, Changes};
 
+/// The server a connection reached and whether it takes writes (`/readyz`).
+pub const SERVER_STATUS: &str = include_str!("sql/server_status.sql");
 /// Enqueue jobs (multi-row insert from arrays).
 pub const JOB_ENQUEUE: &str = include_str!("sql/job_enqueue.sql");
 /// Read jobs by (queue, idempotency key).
