@@ -111,7 +111,10 @@ pub struct FlowControl {
 /// Whether a queue's claims take the limited path: it has a limit, or an
 /// endpoint (whose `concurrency` holds as `max_running` does).
 fn limited(s: &QueueSettings) -> bool {
-    s.max_running.is_some() || s.max_running_per_key.is_some() || s.rate_limit.is_some() || s.endpoint.is_some()
+    s.max_running.is_some()
+        || s.max_running_per_key.is_some()
+        || s.rate_limit.is_some()
+        || s.endpoint.is_some()
 }
 
 impl FlowControl {

@@ -156,8 +156,11 @@ pub async fn serve(
         &tracker,
         shutdown.clone(),
     ));
-    let endpoints = endpoint::Endpoints::new(state.clone(), endpoint::Settings::from_config(&config.endpoints, addr))
-        .map_err(Error::Config)?;
+    let endpoints = endpoint::Endpoints::new(
+        state.clone(),
+        endpoint::Settings::from_config(&config.endpoints, addr),
+    )
+    .map_err(Error::Config)?;
     tracker.spawn(endpoints.run(tracker.clone(), shutdown.child_token()));
     tracing::info!(%addr, "runlease coordinator listening");
     let app = http::app(state, config.server.max_body_bytes);

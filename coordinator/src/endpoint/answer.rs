@@ -218,7 +218,9 @@ pub fn parse_retry_after(raw: &str, now: chrono::DateTime<chrono::Utc>) -> Optio
         Ok(s) => Duration::from_secs(s),
         Err(_) => {
             let at = chrono::DateTime::parse_from_rfc2822(raw).ok()?;
-            (at.with_timezone(&chrono::Utc) - now).to_std().unwrap_or(Duration::ZERO)
+            (at.with_timezone(&chrono::Utc) - now)
+                .to_std()
+                .unwrap_or(Duration::ZERO)
         }
     };
     Some(after.min(MAX_RETRY_AFTER))
@@ -247,9 +249,14 @@ mod tests {
         let d = decide(answered(200, r#"{"ok": 1}"#), BACKOFF);
         assert!(matches!(d.outcome, Some(Outcome::Complete { ref result }) if *result == json!({"ok": 1})));
         let d = decide(answered(204, ""), BACKOFF);
-        assert!(matches!(d.outcome, Some(Outcome::Complete { result: Value::Null })));
+        assert!(matches!(
+            d.outcome,
+            Some(Outcome::Complete { result: Value::Null })
+        ));
         let d = decide(answered(200, "plain words"), BACKOFF);
-        assert!(matches!(d.outcome, Some(Outcome::Complete { ref result }) if *result == json!("plain words")));
+        assert!(
+            matches!(d.outcome, Some(Outcome::Complete { ref result }) if *result == json!("plain words"))
+        );
         let d = decide(answered(202, ""), BACKOFF);
         assert_eq!((d.ended, d.outcome.is_none()), (Ended::HandedOff, true));
         let d = decide(
@@ -262,10 +269,22 @@ mod tests {
             },
             BACKOFF,
         );
-        assert!(matches!(d.outcome, Some(Outcome::Release { delay_ms: Some(7000), .. })));
+        assert!(matches!(
+            d.outcome,
+            Some(Outcome::Release {
+                delay_ms: Some(7000),
+                ..
+            })
+        ));
         assert_eq!(d.back_off, Some(Some(Duration::from_secs(7))));
         let d = decide(answered(503, ""), BACKOFF);
-        assert!(matches!(d.outcome, Some(Outcome::Release { delay_ms: Some(1000), .. })));
+        assert!(matches!(
+            d.outcome,
+            Some(Outcome::Release {
+                delay_ms: Some(1000),
+                ..
+            })
+        ));
         let d = decide(
             Reply::Answered {
                 status: 400,
@@ -276,15 +295,28 @@ mod tests {
             },
             BACKOFF,
         );
-        assert!(matches!(d.outcome, Some(Outcome::Fail { retryable: false, ref error, .. }) if error == "endpoint answered 400: bad"));
+        assert!(
+            matches!(d.outcome, Some(Outcome::Fail { retryable: false, ref error, .. }) if error == "endpoint answered 400: bad")
+        );
         let d = decide(answered(500, &"x".repeat(5000)), BACKOFF);
         match d.outcome {
-            Some(Outcome::Fail { retryable: true, error, .. }) => assert_eq!(error.len(), "endpoint answered 500: ".len() + 1024),
+            Some(Outcome::Fail {
+                retryable: true,
+                error,
+                ..
+            }) => assert_eq!(error.len(), "endpoint answered 500: ".len() + 1024),
             other => panic!("{other:?}"),
         }
         let d = decide(Reply::TimedOut { timeout_ms: 1500 }, BACKOFF);
-        assert!(matches!(d.outcome, Some(Outcome::Fail { retryable: true, ref error, .. }) if error == "endpoint timed out after 1500 ms"));
-        let d = decide(Reply::NoConnection { error: "refused".into() }, BACKOFF);
+        assert!(
+            matches!(d.outcome, Some(Outcome::Fail { retryable: true, ref error, .. }) if error == "endpoint timed out after 1500 ms")
+        );
+        let d = decide(
+            Reply::NoConnection {
+                error: "refused".into(),
+            },
+            BACKOFF,
+        );
         assert_eq!(d.ended, Ended::NoConnection);
         assert_eq!(d.back_off, Some(None));
         let d = decide(

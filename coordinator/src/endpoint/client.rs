@@ -76,7 +76,11 @@ impl EndpointClient {
     async fn exchange(&self, req: Request<'_>) -> Reply {
         let url = match reqwest::Url::parse(req.url) {
             Ok(url) => url,
-            Err(e) => return Reply::NoConnection { error: format!("endpoint.url: {e}") },
+            Err(e) => {
+                return Reply::NoConnection {
+                    error: format!("endpoint.url: {e}"),
+                };
+            }
         };
         // An address written out is connected to without a lookup: checked here.
         if let Err(error) = self.allow.check_literal(&url) {
@@ -94,7 +98,13 @@ impl EndpointClient {
             Ok(answer) => answer,
             Err(e) => return Reply::NoConnection { error: describe(&e) },
         };
-        let header = |name: &str| answer.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
         let no_retry = header("runlease-no-retry").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
         let retry_after = header("retry-after").and_then(|v| parse_retry_after(&v, chrono::Utc::now()));
         let status = answer.status().as_u16();

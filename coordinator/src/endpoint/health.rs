@@ -51,7 +51,9 @@ impl Health {
     /// How long requests still wait, if they do.
     pub(super) fn paused_for(&self) -> Option<Duration> {
         let until = self.lock().paused_until?;
-        until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero())
+        until
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
     }
 
     /// The pause after `failures` failures in a row.
@@ -91,11 +93,7 @@ impl Health {
     pub(super) fn answered(&self) -> Change {
         let mut state = self.lock();
         let was = std::mem::take(&mut state.failures);
-        if was > 0 {
-            Change::Recovered
-        } else {
-            Change::None
-        }
+        if was > 0 { Change::Recovered } else { Change::None }
     }
 }
 

@@ -74,9 +74,15 @@ impl Settings {
     /// From `RUNLEASE_ENDPOINT_*` and `RUNLEASE_PUBLIC_URL`; `listen` is
     /// the address the coordinator listens on (the default public URL).
     pub fn from_config(config: &EndpointConfig, listen: SocketAddr) -> Self {
-        let public = config.public_url.as_deref().map(str::trim).filter(|u| !u.is_empty());
+        let public = config
+            .public_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty());
         Self {
-            allow: Arc::new(AllowList::parse(config.allow_hosts.as_deref().unwrap_or_default())),
+            allow: Arc::new(AllowList::parse(
+                config.allow_hosts.as_deref().unwrap_or_default(),
+            )),
             backoff: config.backoff,
             backoff_max: config.backoff_max.max(config.backoff),
             coordinator_url: public.map_or_else(
@@ -113,7 +119,13 @@ impl Endpoints {
     pub async fn run(self: Arc<Self>, tracker: TaskTracker, cancel: CancellationToken) {
         let mut serving: HashMap<QueueName, CancellationToken> = HashMap::new();
         loop {
-            let wanted: Vec<QueueName> = self.state.flow.endpoints().into_iter().map(|(q, _, _)| q).collect();
+            let wanted: Vec<QueueName> = self
+                .state
+                .flow
+                .endpoints()
+                .into_iter()
+                .map(|(q, _, _)| q)
+                .collect();
             serving.retain(|queue, stop| {
                 let keep = wanted.contains(queue);
                 if !keep {

@@ -64,7 +64,15 @@ pub(super) async fn send(
             // Removed, without a secret, or backing off meanwhile: given back uncharged.
             (_, pause) => {
                 let delay = pause.map(|p| p.as_millis() as i64);
-                let _ = finish(&queue, &lease, Outcome::Release { progress: None, delay_ms: delay }).await;
+                let _ = finish(
+                    &queue,
+                    &lease,
+                    Outcome::Release {
+                        progress: None,
+                        delay_ms: delay,
+                    },
+                )
+                .await;
                 return;
             }
         };
@@ -115,7 +123,9 @@ async fn exchange(
 fn body_of(queue: &QueueDispatcher, job: &ClaimedJob) -> Vec<u8> {
     let state = &queue.endpoints.state;
     let terms = state.store.lease_settings();
-    let token = state.tokens.mint(job.id, job.run_lease, &queue.endpoints.worker, &job.queue);
+    let token = state
+        .tokens
+        .mint(job.id, job.run_lease, &queue.endpoints.worker, &job.queue);
     let mut job_view = json!({
         "id": job.id,
         "queue": job.queue,
@@ -170,7 +180,12 @@ async fn hold(queue: &QueueDispatcher, lease: &LeaseRef) -> Ended {
             run_lease: lease.run_lease,
             progress: None,
         };
-        match state.renewer.submit(vec![renewal]).await.map(|s| s.first().copied()) {
+        match state
+            .renewer
+            .submit(vec![renewal])
+            .await
+            .map(|s| s.first().copied())
+        {
             Ok(Some(HeartbeatStatus::Renewed)) => {}
             Ok(Some(HeartbeatStatus::CancelRequested)) => return Ended::Cancelled,
             Ok(Some(HeartbeatStatus::LeaseLost) | None) => return Ended::LeaseLost,
@@ -199,13 +214,29 @@ async fn settle(queue: &QueueDispatcher, lease: &LeaseRef, opened: Open) {
         }
         Open::Aborted(Ended::Cancelled) => {
             // Released with a cancel requested: the job is cancelled.
-            let _ = finish(queue, lease, Outcome::Release { progress: None, delay_ms: None }).await;
+            let _ = finish(
+                queue,
+                lease,
+                Outcome::Release {
+                    progress: None,
+                    delay_ms: None,
+                },
+            )
+            .await;
             Ended::Cancelled
         }
         Open::Aborted(ended) => ended,
         Open::Stopped => {
             // Given back uncharged: another coordinator (or this one, later) sends it again.
-            let _ = finish(queue, lease, Outcome::Release { progress: None, delay_ms: None }).await;
+            let _ = finish(
+                queue,
+                lease,
+                Outcome::Release {
+                    progress: None,
+                    delay_ms: None,
+                },
+            )
+            .await;
             return;
         }
     };
@@ -262,7 +293,11 @@ async fn note_health(queue: &QueueDispatcher, decision: &Decision, no_connection
     let error = no_connection.or(failed_job);
     if error.is_some() || change == Change::Recovered {
         let failed = decision.ended == Ended::NoConnection;
-        if let Err(e) = state.store.note_endpoint_health(&queue.queue, failed, error.as_deref()).await {
+        if let Err(e) = state
+            .store
+            .note_endpoint_health(&queue.queue, failed, error.as_deref())
+            .await
+        {
             tracing::warn!(error = %e, "cannot record the endpoint's health");
         }
     }

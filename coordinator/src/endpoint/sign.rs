@@ -67,7 +67,12 @@ mod tests {
         let body = br#"{"test": 2432232314}"#;
         let sig = signature([&secret], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
         assert_eq!(sig, "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=");
-        let two = signature([&secret, &secret], "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body);
+        let two = signature(
+            [&secret, &secret],
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            1614265330,
+            body,
+        );
         assert_eq!(two, format!("{sig} {sig}"));
     }
 }

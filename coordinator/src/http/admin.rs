@@ -4,9 +4,9 @@
 use axum::Json;
 use axum::extract::State;
 use runlease_protocol::admin::{
-    BulkActionName, BulkJobsRequest, BulkJobsResponse, EndpointFigures, EndpointSecretResponse, ListJobsQuery,
-    ListJobsResponse, ListedJob, QueueSettings as WireSettings, RateLimit as WireRateLimit, SetEndpoint,
-    UpdateQueueRequest,
+    BulkActionName, BulkJobsRequest, BulkJobsResponse, EndpointFigures, EndpointSecretResponse,
+    ListJobsQuery, ListJobsResponse, ListedJob, QueueSettings as WireSettings, RateLimit as WireRateLimit,
+    SetEndpoint, UpdateQueueRequest,
 };
 use runlease_protocol::limits::{
     DEFAULT_LIST_LIMIT, MAX_BULK_IDS, MAX_LIST_LIMIT, MAX_RATE, MAX_RETENTION_MS, MAX_RUNNING_LIMIT,
@@ -16,15 +16,17 @@ use runlease_protocol::producer::{QueueSummary, Throughput};
 use runlease_protocol::{ErrorCode, JobState, QueueName};
 
 use crate::auth::{Action, Caller};
+use crate::endpoint::{
+    DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, UNHEALTHY_AFTER,
+};
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, QueryParams, QueuePath, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::listing::{BulkAction, JobChange, JobFilter};
-use crate::endpoint::{
-    DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, UNHEALTHY_AFTER,
+use crate::store::queues::{
+    EndpointKeys, EndpointSetting, QueueFigures, QueueSettings, RateLimit, SettingsChange,
 };
-use crate::store::queues::{EndpointKeys, EndpointSetting, QueueFigures, QueueSettings, RateLimit, SettingsChange};
 
 /// A queue's figures as the protocol answers them.
 pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
@@ -282,7 +284,10 @@ fn check_retention(name: &str, value: Option<Option<i64>>) -> Result<(), ApiErro
 /// Checks an endpoint as it is set: where it may point, its timeout and
 /// its concurrency.
 fn endpoint_setting(state: &AppState, set: SetEndpoint) -> Result<EndpointSetting, ApiError> {
-    let url = state.endpoint_allow.check_url(&set.url).map_err(ApiError::invalid)?;
+    let url = state
+        .endpoint_allow
+        .check_url(&set.url)
+        .map_err(ApiError::invalid)?;
     let timeout_ms = set.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
     if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&timeout_ms) {
         return Err(ApiError::invalid(format!(
@@ -394,7 +399,9 @@ fn secret_response(keys: EndpointKeys) -> EndpointSecretResponse {
 fn no_secret(queue: &QueueName) -> ApiError {
     ApiError::new(
         ErrorCode::NotFound,
-        format!("queue {queue} has no endpoint secret: set an endpoint first (PATCH /v1/queues/{{queue}} with endpoint)"),
+        format!(
+            "queue {queue} has no endpoint secret: set an endpoint first (PATCH /v1/queues/{{queue}} with endpoint)"
+        ),
     )
 }
 
@@ -411,7 +418,8 @@ pub async fn endpoint_secret(
     }
     let settings = state.store.queue_figures(Some(&queue), false).await?;
     let keys = settings.into_iter().next().and_then(|f| f.settings.endpoint_keys);
-    keys.map(|k| Json(secret_response(k))).ok_or_else(|| no_secret(&queue))
+    keys.map(|k| Json(secret_response(k)))
+        .ok_or_else(|| no_secret(&queue))
 }
 
 /// `POST /v1/queues/{queue}/endpoint-secret/rotate`: a new secret signs

@@ -210,7 +210,16 @@ pub async fn release(
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
     let progress = req.progress.filter(|p| !p.is_null());
-    finish_one(&state, &caller, &req.lease_token, Outcome::Release { progress, delay_ms: None }).await
+    finish_one(
+        &state,
+        &caller,
+        &req.lease_token,
+        Outcome::Release {
+            progress,
+            delay_ms: None,
+        },
+    )
+    .await
 }
 
 /// A fail outcome, its delay checked and its error cut to the longest kept.

@@ -185,7 +185,10 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::QUEUES, get(ops::queues))
         .route(routes::QUEUE, get(admin::get_queue).patch(admin::update_queue))
         .route(routes::QUEUE_ENDPOINT_SECRET, get(admin::endpoint_secret))
-        .route(routes::QUEUE_ENDPOINT_SECRET_ROTATE, post(admin::rotate_endpoint_secret))
+        .route(
+            routes::QUEUE_ENDPOINT_SECRET_ROTATE,
+            post(admin::rotate_endpoint_secret),
+        )
         .route(routes::SCHEDULES, get(schedules::list))
         .route(
             routes::SCHEDULE,

@@ -788,7 +788,15 @@ impl Store {
     pub async fn give_back(&self, leases: Vec<LeaseRef>) {
         let items: Vec<(LeaseRef, Outcome)> = leases
             .into_iter()
-            .map(|lease| (lease, Outcome::Release { progress: None, delay_ms: None }))
+            .map(|lease| {
+                (
+                    lease,
+                    Outcome::Release {
+                        progress: None,
+                        delay_ms: None,
+                    },
+                )
+            })
             .collect();
         let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
         if let Err(e) = self.finish(&refs).await {

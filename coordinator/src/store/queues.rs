@@ -465,7 +465,10 @@ impl Store {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::QUEUE_ENDPOINT_ROTATE).await?;
             let window_ms = crate::store::ms(window);
-            match client.query_opt(&stmt, &[&queue.as_str(), &new, &window_ms]).await? {
+            match client
+                .query_opt(&stmt, &[&queue.as_str(), &new, &window_ms])
+                .await?
+            {
                 Some(row) => keys_from_row(&row),
                 None => Ok(None),
             }
