@@ -105,6 +105,12 @@ async fn exchange(
         ("webhook-signature", signature),
         ("traceparent", traceparent_of(job)),
     ];
+    // Never longer than the attempt may run: its lease cannot be renewed past it.
+    let terms = queue.endpoints.state.store.lease_settings();
+    let attempt = job.timeout_ms.map_or(terms.default_timeout, |t| {
+        Duration::from_millis(u64::try_from(t).unwrap_or(0))
+    });
+    let timeout = Duration::from_millis(u64::try_from(setting.timeout_ms).unwrap_or(60_000)).min(attempt);
     let started = Instant::now();
     let reply = queue
         .endpoints
@@ -113,7 +119,7 @@ async fn exchange(
             url: &setting.url,
             headers,
             body,
-            timeout: Duration::from_millis(u64::try_from(setting.timeout_ms).unwrap_or(60_000)),
+            timeout,
         })
         .await;
     Open::Replied(reply, started.elapsed())
