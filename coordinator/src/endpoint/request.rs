@@ -246,7 +246,12 @@ async fn settle(queue: &QueueDispatcher, lease: &LeaseRef, opened: Open) {
             return;
         }
     };
-    tracing::info!(outcome = ended.as_str(), "endpoint request ended");
+    // A completion or hand-off is routine; anything else is worth a line.
+    job_event!(
+        !matches!(ended, Ended::Completed | Ended::HandedOff),
+        outcome = ended.as_str(),
+        "endpoint request ended"
+    );
     metrics.ended(queue.queue.as_str(), ended);
 }
 
