@@ -81,8 +81,10 @@ pub(super) async fn send(
             ended = hold(&queue, &lease) => Open::Aborted(ended),
             () = stop.cancelled() => Open::Stopped,
         };
-        drop(open);
         settle(&queue, &lease, opened).await;
+        // Room for another only once the outcome is written: until then the
+        // job still runs as far as the claim's limits can see.
+        drop(open);
     }
     .instrument(span)
     .await;
