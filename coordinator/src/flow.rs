@@ -1,7 +1,8 @@
 //! Flow control: [`admit`], the arithmetic of a limited queue's claim (how
 //! many jobs `max_running` and the rate limit's token bucket let start), and
 //! [`FlowControl`], this coordinator's view of which queues have limits
-//! (`max_running`, `max_running_per_key`, `rate_limit`), refreshed from
+//! (`max_running`, `max_running_per_key`, `rate_limit`, an endpoint's
+//! `concurrency`) and endpoints, refreshed from
 //! PostgreSQL every second. The view only picks the path a claim takes: the
 //! limits themselves are read and enforced in PostgreSQL, under the queue's
 //! settings row lock, so a view a moment old can delay a queue's claims by
@@ -19,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::store::leases::LimitKind;
-use crate::store::queues::{QueueSettings, RateLimit};
+use crate::store::queues::{EndpointKeys, EndpointSetting, QueueSettings, RateLimit};
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
@@ -108,8 +109,13 @@ pub struct FlowControl {
     metrics: Arc<Metrics>,
 }
 
+/// Whether a queue's claims take the limited path: it has a limit, or an
+/// endpoint (whose `concurrency` holds as `max_running` does).
 fn limited(s: &QueueSettings) -> bool {
-    s.max_running.is_some() || s.max_running_per_key.is_some() || s.rate_limit.is_some()
+    s.max_running.is_some()
+        || s.max_running_per_key.is_some()
+        || s.rate_limit.is_some()
+        || s.endpoint.is_some()
 }
 
 impl FlowControl {
@@ -144,6 +150,25 @@ impl FlowControl {
         self.settings
             .read()
             .is_ok_and(|s| s.get(queue).is_some_and(limited))
+    }
+
+    /// The queues served by an endpoint, with the endpoint and its live
+    /// signing secrets.
+    pub fn endpoints(&self) -> Vec<(QueueName, EndpointSetting, Option<EndpointKeys>)> {
+        let Ok(settings) = self.settings.read() else {
+            return Vec::new();
+        };
+        settings
+            .iter()
+            .filter_map(|(q, s)| Some((q.clone(), s.endpoint.clone()?, s.endpoint_keys.clone())))
+            .collect()
+    }
+
+    /// `queue`'s endpoint and its live signing secrets, if it has one.
+    pub fn endpoint(&self, queue: &QueueName) -> Option<(EndpointSetting, Option<EndpointKeys>)> {
+        let settings = self.settings.read().ok()?;
+        let s = settings.get(queue)?;
+        Some((s.endpoint.clone()?, s.endpoint_keys.clone()))
     }
 
     /// Takes `queue`'s new settings (a PATCH on this coordinator) at once.
