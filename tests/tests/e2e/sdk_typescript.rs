@@ -1,0 +1,191 @@
+//! `sdk/typescript`, the `runlease` npm package, against a live coordinator in
+//! every runtime it claims: Node.js, Deno, Bun and workerd (the last three
+//! from npm, pinned in its `package-lock.json`). Each runtime runs the shared
+//! conformance scenarios of `sdk/conformance/` and the library's own tests;
+//! a further test fails when the built package imports anything but its own
+//! files (a Web-standard runtime has no Node.js modules).
+//!
+//! The package is built here as `scripts/test` builds it beforehand: `npm ci`
+//! unless `node_modules` was installed from this very `package-lock.json`
+//! (its copy there is the stamp), then `tsc` and the test bundles. Node.js 20
+//! or later and npm must be on PATH: without them these tests fail, they
+//! never skip.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use runlease_tests::{TestCoordinator, TestDb};
+
+/// The admin key the tests run with (keys on, so the library's `Authorization` is exercised).
+const ADMIN_KEY: &str = "sdk-typescript-admin-key-0123456789";
+
+/// The package's directory.
+fn sdk_dir() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../sdk/typescript");
+    assert!(dir.join("package.json").exists(), "{} is missing", dir.display());
+    dir
+}
+
+/// Runs `program args` in `dir`, failing the test with its output if it fails.
+fn run(dir: &Path, program: &str, args: &[&str]) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("{program} must be on PATH (Node.js 20 or later and npm) to build sdk/typescript: {e}")
+        });
+    assert!(
+        out.status.success(),
+        "`{program} {}` in {} failed ({}):\n{}\n{}",
+        args.join(" "),
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `npm ci` when the stamp differs from `package-lock.json`, then the build
+/// of the package and of its test bundles; once per test process, one
+/// process at a time (a file lock beside the test binaries).
+fn built() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = sdk_dir();
+        let exe = std::env::current_exe().unwrap();
+        let lock = File::create(exe.parent().unwrap().join("sdk_typescript.build.lock")).unwrap();
+        lock.lock().unwrap();
+        let lockfile = std::fs::read(dir.join("package-lock.json")).expect("package-lock.json is committed");
+        let stamp = dir.join("node_modules/.runlease-package-lock.json");
+        if std::fs::read(&stamp).ok().as_deref() != Some(lockfile.as_slice()) {
+            run(&dir, "npm", &["ci", "--no-audit", "--no-fund"]);
+            std::fs::write(&stamp, &lockfile).unwrap();
+        }
+        run(&dir, "npm", &["run", "--silent", "build:test"]);
+        drop(lock);
+        dir
+    })
+    .clone()
+}
+
+/// Starts a coordinator with the settings the conformance scenarios need
+/// (TTL 3 s, heartbeats every second, the reaper every 200 ms) and an admin
+/// key, runs `program args` in the package's directory with its URL and key,
+/// and fails with the runner's report unless every scenario and test passed.
+async fn run_suite(runtime: &str, program: &str, args: &[&str]) {
+    let dir = built();
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |cfg| {
+        cfg.keys.api_keys = Some(format!("admin:{ADMIN_KEY}"));
+        cfg.leases.ttl = Duration::from_millis(3_000);
+        cfg.leases.heartbeat_interval = Duration::from_millis(1_000);
+        cfg.leases.reaper_interval = Duration::from_millis(200);
+    })
+    .await;
+    let program = if program.starts_with("node_modules/") {
+        dir.join(program).to_string_lossy().into_owned()
+    } else {
+        program.to_owned()
+    };
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(&program)
+            .args(args)
+            .current_dir(&dir)
+            .env("RUNLEASE_URL", format!("http://{}", c.addr))
+            .env("RUNLEASE_KEY", ADMIN_KEY)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("the {runtime} run of sdk/typescript's tests took over 180 s"))
+    .unwrap_or_else(|e| panic!("{program} must be installed to run sdk/typescript's tests in {runtime} (npm ci in sdk/typescript): {e}"));
+    let report = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{report}");
+    assert!(
+        out.status.success(),
+        "sdk/typescript's tests failed in {runtime} ({}):\n{report}\n{stderr}",
+        out.status
+    );
+    // The runner's last line sums up; a run that tested nothing is a failure.
+    let summary: serde_json::Value =
+        serde_json::from_str(report.trim().lines().last().unwrap_or("null")).unwrap_or_default();
+    assert_eq!(summary["runtime"], runtime, "{report}");
+    assert_eq!(summary["failed"], 0, "{report}");
+    let scenarios = std::fs::read_dir(dir.join("../conformance/scenarios"))
+        .unwrap()
+        .count();
+    let passed = report.lines().filter(|l| l.contains("\"ok\":true")).count();
+    assert!(
+        passed > scenarios,
+        "{runtime}: {passed} passed lines, want every one of the {scenarios} scenarios and the library's tests:\n{report}"
+    );
+    c.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_typescript_sdk_passes_the_conformance_suite_in_node() {
+    run_suite("node", "node", &["test-dist/main.mjs"]).await;
+}
+
+#[tokio::test]
+async fn the_typescript_sdk_passes_the_conformance_suite_in_deno() {
+    run_suite(
+        "deno",
+        "node_modules/.bin/deno",
+        &[
+            "run",
+            "--allow-net",
+            "--allow-env",
+            "--allow-read",
+            "test-dist/main.mjs",
+        ],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn the_typescript_sdk_passes_the_conformance_suite_in_bun() {
+    run_suite("bun", "node_modules/.bin/bun", &["test-dist/main.mjs"]).await;
+}
+
+#[tokio::test]
+async fn the_typescript_sdk_passes_the_conformance_suite_in_workerd() {
+    run_suite("workerd", "node", &["test/workerd-host.mjs"]).await;
+}
+
+#[test]
+fn the_typescript_sdk_bundle_imports_only_its_own_files() {
+    let dir = built();
+    run(&dir, "node", &["test/no-imports.mjs"]);
+    // The check itself refuses what a Web-standard runtime lacks.
+    for (bad, why) in [
+        (
+            "import { readFile } from \"node:fs/promises\";\nexport const f = readFile;\n",
+            "imports node:fs/promises",
+        ),
+        ("export { z } from \"zod\";\n", "imports zod"),
+        ("export const b = Buffer.from(\"x\");\n", "uses a Node.js global"),
+    ] {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("index.js"), bad).unwrap();
+        let out = std::process::Command::new("node")
+            .arg("test/no-imports.mjs")
+            .arg(tmp.path())
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(why),
+            "the check let `{bad}` through: {stderr}"
+        );
+    }
+}
