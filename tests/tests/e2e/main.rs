@@ -38,6 +38,7 @@ mod restart;
 mod retention;
 mod schedules;
 mod schema_snapshot;
+mod sdk_python;
 mod sdk_typescript;
 mod secrets;
 mod signals;
