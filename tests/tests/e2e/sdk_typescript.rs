@@ -3,7 +3,9 @@
 //! from npm, pinned in its `package-lock.json`). Each runtime runs the shared
 //! conformance scenarios of `sdk/conformance/` and the library's own tests;
 //! a further test fails when the built package imports anything but its own
-//! files (a Web-standard runtime has no Node.js modules).
+//! files (a Web-standard runtime has no Node.js modules), and another packs it
+//! (`npm pack`), installs the tarball into an empty project and runs README's
+//! quick start there.
 //!
 //! The package is built here as `scripts/test` builds it beforehand: `npm ci`
 //! unless `node_modules` was installed from this very `package-lock.json`
@@ -188,4 +190,142 @@ fn the_typescript_sdk_bundle_imports_only_its_own_files() {
             "the check let `{bad}` through: {stderr}"
         );
     }
+}
+
+/// The first ```js block after README's quick-start marker.
+fn readme_quick_start(readme: &Path) -> String {
+    let text = std::fs::read_to_string(readme).unwrap();
+    let after = text
+        .split("<!-- example: quickstart")
+        .nth(1)
+        .expect("README.md has no quick-start marker");
+    let code = after
+        .split("```js\n")
+        .nth(1)
+        .expect("no js block after the marker");
+    code.split("\n```").next().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn npm_pack_makes_a_package_that_installs_into_an_empty_project_and_runs_the_readme_example() {
+    let dir = built();
+    let work = tempfile::tempdir().unwrap();
+    // dist/ is built (under the build lock): pack it as it is, without
+    // prepack's rebuild under the feet of the other tests.
+    run(
+        &dir,
+        "npm",
+        &[
+            "pack",
+            "--silent",
+            "--ignore-scripts",
+            "--pack-destination",
+            work.path().to_str().unwrap(),
+        ],
+    );
+    let tarball = std::fs::read_dir(work.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "tgz"))
+        .expect("npm pack made no .tgz");
+    let listing = std::process::Command::new("tar")
+        .arg("tzf")
+        .arg(&tarball)
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&listing.stdout);
+    for file in [
+        "package/package.json",
+        "package/README.md",
+        "package/LICENSE",
+        "package/CHANGELOG.md",
+        "package/dist/index.js",
+        "package/dist/index.d.ts",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == file),
+            "{file} is not in the package:\n{listing}"
+        );
+    }
+    assert!(
+        !listing
+            .lines()
+            .any(|l| l.starts_with("package/src/") || l.starts_with("package/test")),
+        "sources or tests are in the package:\n{listing}"
+    );
+
+    // An empty project: the package is its only dependency.
+    let app = work.path().join("app");
+    std::fs::create_dir(&app).unwrap();
+    std::fs::write(
+        app.join("package.json"),
+        r#"{"name": "app", "private": true, "type": "module"}"#,
+    )
+    .unwrap();
+    run(
+        &app,
+        "npm",
+        &["install", "--no-audit", "--no-fund", tarball.to_str().unwrap()],
+    );
+    std::fs::write(
+        app.join("quickstart.mjs"),
+        readme_quick_start(&dir.join("README.md")),
+    )
+    .unwrap();
+    // Its types resolve from the installed package (exports, .d.ts).
+    std::fs::write(
+        app.join("check.mts"),
+        r#"import { Producer, Worker, type JobContext, type WorkerEvent } from "runlease";
+const events: WorkerEvent[] = [];
+const worker: Worker<{ name: string }> = new Worker({ url: "http://127.0.0.1:8080", queues: ["q"], onEvent: (e) => events.push(e), handler: (j: JobContext<{ name: string }>) => j.payload.name });
+const job = await new Producer({ url: "http://127.0.0.1:8080" }).enqueue({ queue: "q", payload: { name: "Ada" } });
+export const id: string = job.id + worker.workerId;
+"#,
+    )
+    .unwrap();
+    let tsc = dir.join("node_modules/.bin/tsc");
+    run(
+        &app,
+        tsc.to_str().unwrap(),
+        &[
+            "--noEmit",
+            "--strict",
+            "--module",
+            "nodenext",
+            "--moduleResolution",
+            "nodenext",
+            "--target",
+            "es2022",
+            "--lib",
+            "es2022,dom",
+            "check.mts",
+        ],
+    );
+
+    let db = TestDb::new().await;
+    let c =
+        TestCoordinator::start_with(&db, |cfg| cfg.keys.api_keys = Some(format!("admin:{ADMIN_KEY}"))).await;
+    let out = tokio::time::timeout(
+        Duration::from_secs(60),
+        tokio::process::Command::new("node")
+            .arg("quickstart.mjs")
+            .current_dir(&app)
+            .env("RUNLEASE_URL", format!("http://{}", c.addr))
+            .env("RUNLEASE_KEY", ADMIN_KEY)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("README's quick start took over 60 s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "README's quick start failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), r#"done {"greeting":"hello, Ada"}"#);
+    c.stop().await.unwrap();
 }
