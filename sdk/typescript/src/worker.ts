@@ -93,10 +93,14 @@ export class Worker<P = unknown> {
    * Drains: stops claiming, lets running handlers finish for up to
    * `timeoutMs` (default `drainTimeoutMs`), then aborts the rest with reason
    * `shutdown` and releases their jobs; sends every outcome; resolves when
-   * the worker holds nothing.
+   * the worker holds nothing. `stop({timeoutMs: 0})` during a drain (a
+   * second signal) aborts the running handlers at once.
    */
   async stop(options: { timeoutMs?: number } = {}): Promise<void> {
     if (options.timeoutMs !== undefined) this.#drainTimeoutMs = options.timeoutMs;
+    if (this.#stopping && options.timeoutMs === 0) {
+      for (const held of this.#running) held.abort("shutdown");
+    }
     this.#stopping = true;
     this.#stopSignal.abort();
     this.#longPoll?.abort();

@@ -9,7 +9,8 @@
 //!
 //! The package is built here as `scripts/test` builds it beforehand: `npm ci`
 //! unless `node_modules` was installed from this very `package-lock.json`
-//! (its copy there is the stamp), then `tsc` and the test bundles. Node.js 20
+//! (its copy there is the stamp), then `tsc` and the test bundles unless
+//! they are newer than their inputs. Node.js 20
 //! or later and npm must be on PATH: without them these tests fail, they
 //! never skip.
 
@@ -55,7 +56,7 @@ fn run(dir: &Path, program: &str, args: &[&str]) {
 /// `npm ci` when the stamp differs from `package-lock.json`, then the build
 /// of the package and of its test bundles; once per test process, one
 /// process at a time (a file lock beside the test binaries).
-fn built() -> PathBuf {
+pub(crate) fn built() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = sdk_dir();
@@ -68,7 +69,27 @@ fn built() -> PathBuf {
             run(&dir, "npm", &["ci", "--no-audit", "--no-fund"]);
             std::fs::write(&stamp, &lockfile).unwrap();
         }
-        run(&dir, "npm", &["run", "--silent", "build:test"]);
+        // Built again only when an input is newer than an output: another
+        // test process may be running the example worker, which loads dist/.
+        let inputs = [
+            "src",
+            "test",
+            "package.json",
+            "tsconfig.json",
+            "node_modules/.runlease-package-lock.json",
+        ]
+        .iter()
+        .map(|p| crate::typescript_worker::newest(&dir.join(p)))
+        .max()
+        .unwrap();
+        let outputs = ["dist/index.js", "test-dist/main.mjs", "test-dist/workerd.mjs"]
+            .iter()
+            .map(|p| std::fs::metadata(dir.join(p)).and_then(|m| m.modified()).ok())
+            .min()
+            .flatten();
+        if outputs.is_none_or(|at| at <= inputs) {
+            run(&dir, "npm", &["run", "--silent", "build:test"]);
+        }
         drop(lock);
         dir
     })
