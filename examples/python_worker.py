@@ -16,8 +16,8 @@ The handler is a demonstration: it echoes the payload, works
 Replace `handle` with your own; stamp `(job.job_id, job.run_lease)` on side
 effects: delivery is at-least-once.
 
-    pip install ./sdk/python        # or: pip install runlease
-    python3 examples/python_worker.py --url http://127.0.0.1:8080 --queue emails
+    python3 -m venv .venv && .venv/bin/pip install ./sdk/python    # or: pip install runlease
+    .venv/bin/python examples/python_worker.py --url http://127.0.0.1:8080 --queue emails
 """
 
 from __future__ import annotations
