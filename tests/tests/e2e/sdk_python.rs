@@ -8,7 +8,8 @@
 //! metadata (`pip install ./sdk/python[test]`, so a dependency missing from
 //! `pyproject.toml` fails), kept in `target/sdk-python-venv` and made again
 //! from nothing when `pyproject.toml` changes (`scripts/sdk-python-venv.sh`);
-//! the package itself is reinstalled from the working tree on every run. A
+//! the package itself is reinstalled from the working tree when its sources
+//! change (not under another test starting a Python from it). A
 //! dependency only the test extras bring in is caught by the last test: the
 //! built packages, alone in an empty environment, run README's quick start.
 //! Python 3.9+ with `venv` and PyPI must be reachable: without them these
