@@ -150,6 +150,37 @@ export const libraryTests: LibraryTest[] = [
     },
   },
   {
+    name: "a_second_stop_with_no_time_aborts_the_drain_at_once",
+    async run(env) {
+      const q = queue("second-stop");
+      const p = new Producer(conn(env));
+      const job = await p.enqueue({ queue: q, payload: "long" });
+      let reason: string | undefined;
+      let started = false;
+      const worker = new Worker({
+        ...conn(env),
+        queues: [q],
+        waitMs: 300,
+        handler: async (j) => {
+          started = true;
+          j.checkpoint({ step: 1 });
+          await new Promise<void>((r) => j.signal.addEventListener("abort", () => r()));
+          reason = (j.signal.reason as LeaseAborted).reason;
+          throw j.signal.reason;
+        },
+      });
+      void worker.run();
+      await until(() => started, 10_000, "the handler started");
+      const first = worker.stop(); // the default drain: 30 s
+      const t0 = Date.now();
+      await worker.stop({ timeoutMs: 0 }); // a second signal
+      await first;
+      assert(Date.now() - t0 < 5_000, `the second stop took ${Date.now() - t0} ms`);
+      assert(reason === "shutdown", `the handler saw ${reason}, want shutdown`);
+      match(await p.getJob(job.id), { state: "queued", attempt: 0, progress: { step: 1 }, attempts: [{ outcome: "released" }] });
+    },
+  },
+  {
     name: "deadline_aware_claims_take_only_jobs_that_fit",
     async run(env) {
       const q = queue("deadline");
