@@ -5,6 +5,9 @@
 //! `examples/python_producer.py` enqueues a batch and waits for its results.
 //! Both run in the library's test environment (`sdk_python::venv_bin`: a
 //! virtual environment made from its metadata, as `scripts/test` makes it).
+//! `examples/plain_http/python_worker.py`, the same worker written against
+//! the HTTP protocol with the standard library only, runs the same course
+//! under the machine's `python3`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -46,6 +49,18 @@ async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
 
 #[tokio::test]
 async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
+    drives_jobs_to_their_end(python(), worker_script()).await;
+}
+
+/// `examples/plain_http/python_worker.py`, the checklist kept by hand with
+/// the standard library only (the container demo's worker), under the
+/// machine's own `python3`: the same run as the library's example.
+#[tokio::test]
+async fn the_plain_http_python_worker_drives_jobs_to_their_end_with_the_standard_library_only() {
+    drives_jobs_to_their_end(PathBuf::from("python3"), example("plain_http/python_worker.py")).await;
+}
+
+async fn drives_jobs_to_their_end(python: PathBuf, script: PathBuf) {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
         cfg.leases.ttl = std::time::Duration::from_millis(3_000);
@@ -54,8 +69,8 @@ async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
     .await;
     let api = &c.api;
 
-    let mut worker = Command::new(python())
-        .arg(worker_script())
+    let mut worker = Command::new(&python)
+        .arg(&script)
         .args(["--url", api.base(), "--queue", QUEUE, "--worker-id", "py-worker"])
         .args(["--concurrency", "8", "--wait-ms", "500", "--grace-ms", "300"])
         .env_remove("RUNLEASE_KEY")
@@ -64,7 +79,7 @@ async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("the test environment's python runs examples/python_worker.py");
+        .unwrap_or_else(|e| panic!("{} runs {}: {e}", python.display(), script.display()));
     let mut stderr = worker.stderr.take().unwrap();
     let log = tokio::spawn(async move {
         let mut text = String::new();
