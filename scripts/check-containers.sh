@@ -340,7 +340,7 @@ run_image() {
   # The example worker as the compose file runs it: its image, its command,
   # its user, the coordinator by name on the container network.
   podman run -d --name "$worker" --network "$net" --user 65534:65534 \
-    -v "$repo/examples/python_worker.py:/app/python_worker.py:ro" \
+    -v "$repo/examples/plain_http/python_worker.py:/app/python_worker.py:ro" \
     -e "RUNLEASE_URL=http://$coord:8080" -e "RUNLEASE_KEY=$worker_key" -e PYTHONUNBUFFERED=1 \
     "docker.io/library/$(compose_image worker)" \
     python3 /app/python_worker.py --queue default --concurrency 4 >/dev/null

@@ -55,10 +55,11 @@ def match(pattern: Any, actual: Any, where: str = "") -> None:
         ok = {
             "$contains": lambda: isinstance(actual, str) and arg in actual,
             "$type": lambda: _type_of(actual) == arg,
-            "$gte": lambda: isinstance(actual, (int, float)) and actual >= arg,
-            "$lte": lambda: isinstance(actual, (int, float)) and actual <= arg,
+            "$gte": lambda: _type_of(actual) == "number" and actual >= arg,
+            "$lte": lambda: _type_of(actual) == "number" and actual <= arg,
             "$present": lambda: True,  # handled by the object case
-            "$none_after_abort": lambda: isinstance(actual, list) and not any(r.get("after_abort") for r in actual),
+            "$none_after_abort": lambda: isinstance(actual, list) and len(actual) > 0
+            and not any(r.get("after_abort") for r in actual),
         }[op]()
         if not ok:
             raise StepFailed(f"{where or '.'}: {json.dumps(actual)[:300]} does not match {op} {arg}")

@@ -1,7 +1,19 @@
 import { RunleaseError } from "./errors.js";
 import { sleep, Transport, type ConnectionOptions } from "./http.js";
 import { finishWithRetry, Heartbeater, HeldLease, outcomeOf, type JobContext } from "./lease.js";
+import type { AbortReason } from "./errors.js";
 import type { FinishAnswer, FinishItem, Lease } from "./types.js";
+
+/** What happened to a lease, for logs and metrics (`onEvent`). */
+export type WorkerEvent =
+  /** A lease was handed out; `withOutcomes` when its claim rode a finish that carried outcomes. */
+  | { type: "claimed"; lease: Lease; withOutcomes: boolean }
+  /** The handler's signal fired. */
+  | { type: "aborted"; jobId: string; runLease: number; reason: AbortReason }
+  /** An outcome was answered: `ok` (applied, or a receipt of a repeat) or `lease_lost`. */
+  | { type: "finished"; jobId: string; runLease: number; action: FinishItem["action"]; status: "ok" | "lease_lost" }
+  /** Nothing is sent for this lease (lost, or a whole TTL without an answer). */
+  | { type: "dropped"; jobId: string; runLease: number; reason: "lease_lost" | "unreachable" };
 
 /** A job handler: its return value is the job's result (or `ctx.release(...)`); a throw fails the attempt. */
 export type Handler<P = unknown> = (job: JobContext<P>) => unknown;
@@ -28,8 +40,10 @@ export interface WorkerOptions<P = unknown> extends ConnectionOptions {
   deadlineMarginMs?: number;
   /** How long `stop()` lets running handlers finish before aborting them (`shutdown`) and releasing their jobs (default 30 s). */
   drainTimeoutMs?: number;
-  /** Told of every error the worker recovers from by itself (network, 503, a lost lease on finish). */
+  /** Told of every error the worker recovers from by itself (network, 503). */
   onError?: (error: unknown) => void;
+  /** Told of each lease's claim, abort and outcome. */
+  onEvent?: (event: WorkerEvent) => void;
 }
 
 /**
@@ -53,6 +67,7 @@ export class Worker<P = unknown> {
   #notify: (() => void) | undefined;
   #stopSignal = new AbortController();
   #done: Promise<void> | undefined;
+  #fatal: RunleaseError | undefined;
 
   constructor(options: WorkerOptions<P>) {
     this.#o = { concurrency: 1, waitMs: 20_000, drainTimeoutMs: 30_000, deadlineMarginMs: 2_000, ...options };
@@ -63,7 +78,12 @@ export class Worker<P = unknown> {
     this.#drainTimeoutMs = this.#o.drainTimeoutMs;
   }
 
-  /** Runs until `stop()` (or the deadline of `timeLeftMs`) has drained the worker. Calling it twice answers the same run. */
+  /**
+   * Runs until `stop()` (or the deadline of `timeLeftMs`) has drained the
+   * worker. It rejects with the `RunleaseError` after draining when the
+   * coordinator refuses the claim itself (401, 403, 4xx: a wrong key or
+   * queue will not heal by retrying). Calling it twice answers the same run.
+   */
   run(): Promise<void> {
     this.#done ??= this.#loop();
     return this.#done;
@@ -73,10 +93,14 @@ export class Worker<P = unknown> {
    * Drains: stops claiming, lets running handlers finish for up to
    * `timeoutMs` (default `drainTimeoutMs`), then aborts the rest with reason
    * `shutdown` and releases their jobs; sends every outcome; resolves when
-   * the worker holds nothing.
+   * the worker holds nothing. `stop({timeoutMs: 0})` during a drain (a
+   * second signal) aborts the running handlers at once.
    */
   async stop(options: { timeoutMs?: number } = {}): Promise<void> {
     if (options.timeoutMs !== undefined) this.#drainTimeoutMs = options.timeoutMs;
+    if (this.#stopping && options.timeoutMs === 0) {
+      for (const held of this.#running) held.abort("shutdown");
+    }
     this.#stopping = true;
     this.#stopSignal.abort();
     this.#longPoll?.abort();
@@ -109,6 +133,7 @@ export class Worker<P = unknown> {
       if (deadline !== undefined) clearInterval(deadline);
     }
     await this.#drain();
+    if (this.#fatal !== undefined) throw this.#fatal;
   }
 
   #checkDeadline(): void {
@@ -149,10 +174,19 @@ export class Worker<P = unknown> {
         poll?.signal,
       );
       this.#answered(items, answer.items ?? []);
-      for (const lease of answer.leases) this.#start(lease);
+      for (const lease of answer.leases) {
+        this.#event({ type: "claimed", lease, withOutcomes: items.length > 0 });
+        this.#start(lease);
+      }
     } catch (e) {
       if (items.length > 0) await this.#flush(items);
       if (this.#stopping) return;
+      if (e instanceof RunleaseError && !e.transient) {
+        // The claim itself is refused (a wrong key or queue): retrying will not help.
+        this.#fatal = e;
+        this.#stopping = true;
+        return;
+      }
       this.#error(e);
       const retryAfter = e instanceof RunleaseError ? (e.retryAfterMs ?? 1000) : 1000;
       await sleep(retryAfter, this.#stopSignal.signal);
@@ -167,12 +201,16 @@ export class Worker<P = unknown> {
     return items;
   }
 
+  #event(event: WorkerEvent): void {
+    this.#o.onEvent?.(event);
+  }
+
   #answered(items: { held: HeldLease; item: FinishItem }[], answers: FinishAnswer[]): void {
     answers.forEach((a, i) => {
-      items[i]?.held.stopClock();
-      if (a.status === "lease_lost") {
-        this.#error(new RunleaseError("lease_lost", `job ${a.job_id} lease ${a.run_lease}: the outcome was refused, the lease is lost`, 409));
-      }
+      const sent = items[i];
+      if (sent === undefined) return;
+      sent.held.stopClock();
+      this.#event({ type: "finished", jobId: a.job_id, runLease: a.run_lease, action: sent.item.action, status: a.status });
     });
   }
 
@@ -187,6 +225,19 @@ export class Worker<P = unknown> {
 
   #start(lease: Lease): void {
     const held = new HeldLease(lease);
+    held.controller.signal.addEventListener("abort", () => {
+      const reason = held.abortReason;
+      if (reason === undefined) return;
+      this.#event({ type: "aborted", jobId: lease.job_id, runLease: lease.run_lease, reason });
+      if (reason === "lease_lost" || reason === "unreachable") {
+        this.#event({ type: "dropped", jobId: lease.job_id, runLease: lease.run_lease, reason });
+      }
+    });
+    if (this.#stopping) {
+      // A parked claim answered while draining: give the job back at once, no attempt charged.
+      this.#outcomes.push({ held, item: { lease_token: lease.lease_token, action: "release" } });
+      return;
+    }
     this.#running.add(held);
     this.#beats.add(held);
     const run = (async () => {

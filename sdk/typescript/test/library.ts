@@ -2,7 +2,7 @@
 // typed errors, bounded concurrency, finish-and-claim, drain, deadline-aware
 // claims, several signatures. Each runs on a queue of its own.
 import { Webhook } from "standardwebhooks";
-import { LeaseAborted, Producer, pushHandler, RunleaseError, Worker, type Job, type JobContext } from "../dist/index.js";
+import { LeaseAborted, Producer, pushHandler, RunleaseError, Worker, type Job, type JobContext, type WorkerEvent } from "../dist/index.js";
 import { match, until, type Env } from "./conformance.js";
 
 export interface LibraryTest {
@@ -150,6 +150,37 @@ export const libraryTests: LibraryTest[] = [
     },
   },
   {
+    name: "a_second_stop_with_no_time_aborts_the_drain_at_once",
+    async run(env) {
+      const q = queue("second-stop");
+      const p = new Producer(conn(env));
+      const job = await p.enqueue({ queue: q, payload: "long" });
+      let reason: string | undefined;
+      let started = false;
+      const worker = new Worker({
+        ...conn(env),
+        queues: [q],
+        waitMs: 300,
+        handler: async (j) => {
+          started = true;
+          j.checkpoint({ step: 1 });
+          await new Promise<void>((r) => j.signal.addEventListener("abort", () => r()));
+          reason = (j.signal.reason as LeaseAborted).reason;
+          throw j.signal.reason;
+        },
+      });
+      void worker.run();
+      await until(() => started, 10_000, "the handler started");
+      const first = worker.stop(); // the default drain: 30 s
+      const t0 = Date.now();
+      await worker.stop({ timeoutMs: 0 }); // a second signal
+      await first;
+      assert(Date.now() - t0 < 5_000, `the second stop took ${Date.now() - t0} ms`);
+      assert(reason === "shutdown", `the handler saw ${reason}, want shutdown`);
+      match(await p.getJob(job.id), { state: "queued", attempt: 0, progress: { step: 1 }, attempts: [{ outcome: "released" }] });
+    },
+  },
+  {
     name: "deadline_aware_claims_take_only_jobs_that_fit",
     async run(env) {
       const q = queue("deadline");
@@ -171,6 +202,38 @@ export const libraryTests: LibraryTest[] = [
       const late = new Worker({ ...conn(env), queues: [q], waitMs: 300, timeLeftMs: () => 1_500, handler: () => null });
       await late.run();
       match(await p.getJob(long.id), { state: "queued", run_lease: 0 });
+    },
+  },
+  {
+    name: "events_tell_each_lease_and_a_refused_claim_ends_run",
+    async run(env) {
+      const q = queue("events");
+      const p = new Producer(conn(env));
+      const ok = await p.enqueue({ queue: q, payload: "ok" });
+      const bad = await p.enqueue({ queue: q, payload: "bad", max_attempts: 1, priority: 1 });
+      const events: WorkerEvent[] = [];
+      const worker = new Worker({
+        ...conn(env),
+        queues: [q],
+        waitMs: 300,
+        onEvent: (e) => events.push(e),
+        handler: (j) => {
+          if (j.payload === "bad") throw new Error("bad payload");
+          return "fine";
+        },
+      });
+      void worker.run();
+      match(await p.waitForResult(ok.id, { timeoutMs: 10_000 }), { state: "done", result: "fine" });
+      match(await p.waitForResult(bad.id, { timeoutMs: 10_000 }), { state: "failed", error: { $contains: "bad payload" } });
+      await worker.stop();
+      const of = (id: string) =>
+        events.filter((e) => (e.type === "claimed" ? e.lease.job_id : e.jobId) === id).map((e) => (e.type === "finished" ? `${e.type}:${e.action}:${e.status}` : e.type));
+      match(of(ok.id), ["claimed", "finished:complete:ok"]);
+      match(of(bad.id), ["claimed", "finished:fail:ok"]);
+
+      // A claim the coordinator refuses (here: an invalid queue name) will not heal by retrying: run() rejects.
+      const refused = await rejects(new Worker({ ...conn(env), queues: ["no spaces allowed"], waitMs: 300, handler: () => null }).run());
+      match({ code: refused.code, status: refused.status }, { code: "invalid", status: 422 });
     },
   },
   {

@@ -2,7 +2,8 @@
 // Web-standard runtime (workerd) has no Node.js modules and no npm packages.
 import { readdirSync, readFileSync } from "node:fs";
 
-const dist = new URL("../dist/", import.meta.url).pathname;
+// The folder to check: dist/ by default (the Rust test also gives it one with a bad import).
+const dist = process.argv[2] ? `${process.argv[2].replace(/\/+$/, "")}/` : new URL("../dist/", import.meta.url).pathname;
 const files = readdirSync(dist).filter((f) => f.endsWith(".js"));
 if (files.length === 0) throw new Error("dist/ holds no .js file: build first");
 const bad = [];

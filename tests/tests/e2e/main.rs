@@ -40,6 +40,8 @@ mod restart;
 mod retention;
 mod schedules;
 mod schema_snapshot;
+mod sdk_python;
+mod sdk_typescript;
 mod secrets;
 mod signals;
 mod store;

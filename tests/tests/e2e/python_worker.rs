@@ -1,7 +1,13 @@
-//! `examples/python_worker.py`, a standard-library Python worker, drives jobs
-//! to their end over plain HTTP: it completes, fails (at once and after a
-//! retry), saves progress through heartbeats, acknowledges a cancel, drops a
-//! lease it lost, and on SIGTERM releases what it holds and exits 0.
+//! `examples/python_worker.py`, a Python worker on the `runlease` library
+//! (`sdk/python`), drives jobs to their end: it completes, fails (at once and
+//! after a retry), saves progress through heartbeats, acknowledges a cancel,
+//! drops a lease it lost, and on SIGTERM releases what it holds and exits 0;
+//! `examples/python_producer.py` enqueues a batch and waits for its results.
+//! Both run in the library's test environment (`sdk_python::venv_bin`: a
+//! virtual environment made from its metadata, as `scripts/test` makes it).
+//! `examples/plain_http/python_worker.py`, the same worker written against
+//! the HTTP protocol with the standard library only, runs the same course
+//! under the machine's `python3`.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -20,10 +26,21 @@ use crate::reaping::reaper;
 
 const QUEUE: &str = "py";
 
-fn worker_script() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/python_worker.py");
+fn example(name: &str) -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples")
+        .join(name);
     assert!(path.exists(), "{} is missing", path.display());
     path
+}
+
+fn worker_script() -> PathBuf {
+    example("python_worker.py")
+}
+
+/// The Python that has the library installed.
+fn python() -> PathBuf {
+    crate::sdk_python::venv_bin().join("python")
 }
 
 async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
@@ -32,6 +49,18 @@ async fn enqueue(api: &Api, payload: Value, max_attempts: i32) -> Job {
 
 #[tokio::test]
 async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
+    drives_jobs_to_their_end(python(), worker_script()).await;
+}
+
+/// `examples/plain_http/python_worker.py`, the checklist kept by hand with
+/// the standard library only (the container demo's worker), under the
+/// machine's own `python3`: the same run as the library's example.
+#[tokio::test]
+async fn the_plain_http_python_worker_drives_jobs_to_their_end_with_the_standard_library_only() {
+    drives_jobs_to_their_end(PathBuf::from("python3"), example("plain_http/python_worker.py")).await;
+}
+
+async fn drives_jobs_to_their_end(python: PathBuf, script: PathBuf) {
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
         cfg.leases.ttl = std::time::Duration::from_millis(3_000);
@@ -40,8 +69,8 @@ async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
     .await;
     let api = &c.api;
 
-    let mut worker = Command::new("python3")
-        .arg(worker_script())
+    let mut worker = Command::new(&python)
+        .arg(&script)
         .args(["--url", api.base(), "--queue", QUEUE, "--worker-id", "py-worker"])
         .args(["--concurrency", "8", "--wait-ms", "500", "--grace-ms", "300"])
         .env_remove("RUNLEASE_KEY")
@@ -50,7 +79,7 @@ async fn the_python_worker_drives_jobs_to_their_end_over_plain_http() {
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .expect("python3 must be on PATH to run examples/python_worker.py");
+        .unwrap_or_else(|e| panic!("{} runs {}: {e}", python.display(), script.display()));
     let mut stderr = worker.stderr.take().unwrap();
     let log = tokio::spawn(async move {
         let mut text = String::new();
@@ -171,7 +200,7 @@ async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() 
     let job = enqueue(&producer, json!({"n": 2}), 4).await;
 
     let run = |key: &str| {
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(python());
         cmd.arg(worker_script())
             .args(["--url", c.api.base(), "--queue", QUEUE, "--wait-ms", "200"])
             .env("RUNLEASE_KEY", key)
@@ -180,7 +209,7 @@ async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() 
             .stderr(Stdio::null())
             .kill_on_drop(true);
         cmd.spawn()
-            .expect("python3 must be on PATH to run examples/python_worker.py")
+            .expect("the test environment's python runs examples/python_worker.py")
     };
 
     // A wrong key: the claim is refused (401) and the worker exits 1.
@@ -195,6 +224,46 @@ async fn the_python_worker_sends_its_key_and_stops_with_an_error_when_refused() 
     let mut worker = run(WORKER_KEY);
     let done = terminal(&producer, job.id).await;
     assert_eq!(done.state, JobState::Done);
+
+    // The producer example (with the producer key): a batch of three, each
+    // waited for and printed with its result; a worker key is refused.
+    let produce = |key: &str| {
+        Command::new(python())
+            .arg(example("python_producer.py"))
+            .args([
+                "--url",
+                c.api.base(),
+                "--queue",
+                QUEUE,
+                "--payload",
+                r#"{"greet": "Ada"}"#,
+            ])
+            .args(["--count", "3", "--wait", "--timeout", "15"])
+            .env("RUNLEASE_KEY", key)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output()
+    };
+    let out = tokio::time::timeout(Duration::from_secs(30), produce(PRODUCER_KEY))
+        .await
+        .expect("the producer example took over 30 s")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the producer example failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(printed.len(), 3, "{stdout}");
+    for (n, job) in printed.iter().enumerate() {
+        assert_eq!(job["state"], "done", "{stdout}");
+        assert_eq!(job["result"]["echo"], json!({"greet": "Ada", "n": n}), "{stdout}");
+    }
+    let out = produce(WORKER_KEY).await.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let refused: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(refused["code"], "forbidden", "{refused}");
     worker.kill().await.unwrap();
     c.stop().await.unwrap();
 }

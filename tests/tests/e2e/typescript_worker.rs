@@ -1,14 +1,16 @@
-//! `examples/typescript_worker`, a TypeScript worker with no SDK (Node's own
-//! `fetch`), drives jobs to their end over plain HTTP: every job of a batch is
+//! `examples/typescript_worker`, a TypeScript worker on the `runlease` library
+//! (`sdk/typescript`), drives jobs to their end: every job of a batch is
 //! done exactly once, failures are retried or not as asked, checkpoints travel
 //! with heartbeats, a cancel stops its handler, a lost lease is dropped, a
 //! worker cut off from the coordinator fences itself and sends nothing,
-//! concurrency is bounded, outcomes share `POST /v1/finish` requests, and on
-//! SIGTERM it stops claiming, finishes or releases what it holds, and exits 0.
+//! concurrency is bounded, claims ride `POST /v1/finish` requests with the
+//! outcomes, and on SIGTERM it stops claiming, finishes or releases what it
+//! holds, and exits 0. Its producer enqueues a batch and waits for results.
 //!
-//! The worker is built here (`npm ci` when its `node_modules` does not match
-//! its `package-lock.json`, then `tsc` into its ignored `dist/`), as
-//! `scripts/test` builds it beforehand. Node.js 20 or later and npm must be on
+//! The example is built here (the library first, as `sdk_typescript` builds
+//! it; then `npm ci` when the example's `node_modules` does not match its
+//! `package-lock.json`, and `tsc` into its ignored `dist/`), as `scripts/test`
+//! builds it beforehand. Node.js 20 or later and npm must be on
 //! PATH: without them these tests fail, they never skip.
 
 use std::fs::File;
@@ -71,7 +73,7 @@ fn worker_script() -> PathBuf {
 }
 
 /// The newest modification time of `path`, a file or a directory tree.
-fn newest(path: &Path) -> SystemTime {
+pub(crate) fn newest(path: &Path) -> SystemTime {
     let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut at = meta.modified().unwrap();
     if meta.is_dir() {
@@ -88,6 +90,8 @@ fn newest(path: &Path) -> SystemTime {
 /// processes build one at a time (a file lock beside the test binaries), so
 /// none runs `npm ci` under another's feet.
 fn build() -> PathBuf {
+    // The example depends on the library by path (`file:../../sdk/typescript`): its dist/ first.
+    let sdk = crate::sdk_typescript::built();
     let dir = example_dir();
     let version = std::process::Command::new("node")
         .arg("--version")
@@ -123,6 +127,7 @@ fn build() -> PathBuf {
     ]
     .iter()
     .map(|p| newest(&dir.join(p)))
+    .chain([newest(&sdk.join("dist"))])
     .max()
     .unwrap();
     let built = std::fs::metadata(&script).and_then(|m| m.modified()).ok();
@@ -421,13 +426,10 @@ async fn the_typescript_worker_drives_jobs_to_their_end_over_plain_http() {
         "nothing was sent for the lost lease"
     );
 
-    // Outcomes went through /v1/finish, batched: fewer requests than jobs.
-    let finishes = posts(api, "/v1/finish").await;
-    assert!(
-        finishes > 0.0 && finishes < 25.0,
-        "{finishes} finish requests for 25 ended attempts"
-    );
-    for route in ["/v1/complete", "/v1/fail", "/v1/release"] {
+    // Outcomes and claims went through /v1/finish (a claim rides each one;
+    // an idle worker's long-poll is a finish without items).
+    assert!(posts(api, "/v1/finish").await > 0.0);
+    for route in ["/v1/claim", "/v1/complete", "/v1/fail", "/v1/release"] {
         assert_eq!(posts(api, route).await, 0.0, "{route} is not used");
     }
     // Twenty jobs over eight slots: the slots the first outcomes freed were
@@ -533,6 +535,56 @@ async fn the_typescript_worker_sends_its_key_runs_at_most_its_concurrency_and_st
             "{running} jobs ran at once with --concurrency 2: {spans:?}"
         );
     }
+
+    // The producer example (with the producer key): a batch of three, each
+    // waited for and printed with its result.
+    let producer_js = worker_script().with_file_name("producer.js");
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        Command::new("node")
+            .arg(&producer_js)
+            .args([
+                "--url",
+                c.api.base(),
+                "--queue",
+                QUEUE,
+                "--payload",
+                r#"{"greet": "Ada"}"#,
+            ])
+            .args(["--count", "3", "--wait", "--timeout-ms", "15000"])
+            .env("RUNLEASE_KEY", PRODUCER_KEY)
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("the producer example took over 30 s")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the producer example failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<Value> = stdout.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(printed.len(), 3, "{stdout}");
+    for (n, job) in printed.iter().enumerate() {
+        assert_eq!(job["state"], "done", "{stdout}");
+        assert_eq!(job["result"]["echo"], json!({"greet": "Ada", "n": n}), "{stdout}");
+    }
+    // A worker key may not enqueue: the refusal is typed and the exit status 1.
+    let out = Command::new("node")
+        .arg(&producer_js)
+        .args(["--url", c.api.base(), "--queue", QUEUE])
+        .env("RUNLEASE_KEY", WORKER_KEY)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let refused: Value = serde_json::from_slice(&out.stderr).unwrap();
+    assert_eq!(refused["code"], "forbidden", "{refused}");
+
     worker.terminate();
     let exit = worker.exited().await;
     assert!(

@@ -49,6 +49,12 @@
 //! - `history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
+//! - `sdk`: the worker libraries (TypeScript under Node.js, Python blocking
+//!   and asyncio) against the Rust client: jobs/s of one no-op pull worker
+//!   with `--concurrency` (64) handlers draining `--jobs` preloaded jobs from
+//!   one coordinator, and each as a ratio of the Rust client's in the same
+//!   round. Needs `sdk/typescript/dist` built and a Python with the library
+//!   (`bash scripts/sdk-python-venv.sh`). See `sdk.rs`.
 //!
 //! ```sh
 //! cargo build --release -p runlease-coordinator -p runlease-bench --bin runlease-coordinator --bin runlease-bench
@@ -58,6 +64,7 @@
 //! target/release/runlease-bench parked 10000
 //! target/release/runlease-bench history 0,1000000,10000000
 //! target/release/runlease-bench pg-parts --repeat 5
+//! target/release/runlease-bench sdk --jobs 5000 --repeat 3
 //! target/release/runlease-bench drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
 //! ```
 
@@ -70,6 +77,7 @@ mod parked;
 mod parts;
 mod raw;
 mod roofline;
+mod sdk;
 mod stats;
 mod throughput;
 mod wake;
@@ -120,6 +128,9 @@ enum Command {
     PgParts(PgPartsArgs),
     /// Scrape latency and drain rate as terminal history grows; pruning.
     History(HistoryArgs),
+    /// The TypeScript and Python worker libraries against the Rust client:
+    /// jobs/s of a no-op pull worker, and its ratio to the Rust client's.
+    Sdk(SdkArgs),
 }
 
 /// A count of at least one (`--repeat`, `--coordinators`, `--slots`).
@@ -240,6 +251,26 @@ struct HistoryArgs {
     jobs: usize,
 }
 
+#[derive(Args)]
+struct SdkArgs {
+    /// Preloaded jobs per run.
+    #[arg(long, default_value_t = 5_000, value_parser = at_least_one())]
+    jobs: usize,
+    /// Handlers each worker runs at once.
+    #[arg(long, default_value_t = 64, value_parser = at_least_one())]
+    concurrency: usize,
+    /// Interleaved rounds; the table ends with their medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
+    /// Node.js (default: `node` on PATH).
+    #[arg(long)]
+    node: Option<PathBuf>,
+    /// A Python with the `runlease` package (default: the tests'
+    /// environment, `target/sdk-python-venv/bin/python`).
+    #[arg(long)]
+    python: Option<PathBuf>,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
@@ -300,6 +331,9 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
         Command::History(a) => history::report(&a.sizes, a.jobs).await,
+        Command::Sdk(a) => {
+            sdk::report(a.jobs, a.concurrency, a.repeat, sdk::Tools::new(a.node, a.python)).await
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import signal
 import socket
@@ -43,6 +44,56 @@ MAX_FINISH_ITEMS = 1000
 def default_worker_id() -> str:
     """`py-<host>-<pid>`: unique among the workers of one fleet."""
     return f"py-{socket.gethostname()}-{os.getpid()}"[:128]
+
+
+class _Handlers:
+    """Daemon threads that run handlers, started as needed and reused.
+
+    Starting a thread per job costs more than a short job, and under load
+    each start waits for the GIL: reused threads keep a busy worker's rate.
+    Daemon threads, so a handler that ignores its stop cannot hold the
+    process open after the drain gave up on it.
+    """
+
+    def __init__(self, run: Callable[["_Held"], None]) -> None:
+        self._run = run
+        self._jobs: "queue.SimpleQueue[Optional[_Held]]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0
+        self._threads = 0
+
+    def submit(self, held: "_Held") -> None:
+        with self._lock:
+            start = self._idle == 0
+            if start:
+                self._threads += 1
+            else:
+                self._idle -= 1
+        if start:
+            threading.Thread(target=self._loop, name=f"runlease-handler-{self._threads}", daemon=True).start()
+        self._jobs.put(held)
+
+    def _loop(self) -> None:
+        while True:
+            held = self._jobs.get()
+            if held is None:
+                return
+            try:
+                self._run(held)
+            except BaseException:
+                # Not an idle thread any more (SystemExit from a handler, say).
+                with self._lock:
+                    self._threads -= 1
+                raise
+            with self._lock:
+                self._idle += 1
+
+    def close(self) -> None:
+        """Ends the idle threads (a handler still running ends its thread when it returns)."""
+        with self._lock:
+            n, self._threads, self._idle = self._threads, 0, 0
+        for _ in range(n):
+            self._jobs.put(None)
 
 
 @dataclass
@@ -94,6 +145,7 @@ class Worker:
         self._closed = threading.Event()
         self._error: Optional[ApiError] = None
         self._strip_progress = False
+        self._handlers = _Handlers(self._run_handler)
 
     # ---- public ----
 
@@ -133,6 +185,7 @@ class Worker:
         for t in loops:
             t.join()
         self._api.close()
+        self._handlers.close()
         event("worker stopped", worker_id=self.worker_id)
         if self._error is not None:
             raise self._error
@@ -185,8 +238,7 @@ class Worker:
                     self._cond.notify_all()
                     continue
             event("job claimed", job_id=attempt.job_id, run_lease=attempt.run_lease, attempt=attempt.attempt)
-            threading.Thread(target=self._run_handler, args=(held,), name=f"runlease-job-{attempt.job_id}",
-                             daemon=True).start()
+            self._handlers.submit(held)
 
     # ---- running ----
 
