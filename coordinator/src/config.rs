@@ -8,8 +8,8 @@ use clap::{Args, Parser, Subcommand};
 mod groups;
 
 pub use groups::{
-    BatchConfig, DatabaseSettings, KeySettings, LeaseConfig, RedisSettings, RetentionConfig, ServerSettings,
-    SqsConfig,
+    BatchConfig, DatabaseSettings, EndpointConfig, KeySettings, LeaseConfig, RedisSettings, RetentionConfig,
+    ServerSettings, SqsConfig,
 };
 
 /// Default `RUNLEASE_DATABASE_URL`.
@@ -147,6 +147,9 @@ pub struct Config {
     /// Limits on connections, parked long-polls and answer sizes.
     #[command(flatten)]
     pub limits: crate::limits::LimitSettings,
+    /// HTTP endpoints as workers.
+    #[command(flatten)]
+    pub endpoints: EndpointConfig,
 }
 
 impl Config {

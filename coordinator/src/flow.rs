@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::store::leases::LimitKind;
-use crate::store::queues::{QueueSettings, RateLimit};
+use crate::store::queues::{EndpointKeys, EndpointSetting, QueueSettings, RateLimit};
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
@@ -108,8 +108,13 @@ pub struct FlowControl {
     metrics: Arc<Metrics>,
 }
 
+/// Whether a queue's claims take the limited path: it has a limit, or an
+/// endpoint (whose `concurrency` holds as `max_running` does).
 fn limited(s: &QueueSettings) -> bool {
-    s.max_running.is_some() || s.max_running_per_key.is_some() || s.rate_limit.is_some()
+    s.max_running.is_some()
+        || s.max_running_per_key.is_some()
+        || s.rate_limit.is_some()
+        || s.endpoint.is_some()
 }
 
 impl FlowControl {
@@ -144,6 +149,25 @@ impl FlowControl {
         self.settings
             .read()
             .is_ok_and(|s| s.get(queue).is_some_and(limited))
+    }
+
+    /// The queues served by an endpoint, with the endpoint and its live
+    /// signing secrets.
+    pub fn endpoints(&self) -> Vec<(QueueName, EndpointSetting, Option<EndpointKeys>)> {
+        let Ok(settings) = self.settings.read() else {
+            return Vec::new();
+        };
+        settings
+            .iter()
+            .filter_map(|(q, s)| Some((q.clone(), s.endpoint.clone()?, s.endpoint_keys.clone())))
+            .collect()
+    }
+
+    /// `queue`'s endpoint and its live signing secrets, if it has one.
+    pub fn endpoint(&self, queue: &QueueName) -> Option<(EndpointSetting, Option<EndpointKeys>)> {
+        let settings = self.settings.read().ok()?;
+        let s = settings.get(queue)?;
+        Some((s.endpoint.clone()?, s.endpoint_keys.clone()))
     }
 
     /// Takes `queue`'s new settings (a PATCH on this coordinator) at once.

@@ -8,6 +8,7 @@
 //! - [`cron`]: cron expressions of schedules, in a time zone.
 //! - [`store`]: PostgreSQL: connection, migrations, the SQL statements.
 //! - [`dispatch`]: SQS wake-ups that start Lambda workers.
+//! - [`endpoint`]: HTTP endpoints as workers: the coordinator pushes jobs as signed requests.
 //! - [`flow`]: which queues have flow-control limits (the claim path they take).
 //! - [`http`]: the v1 protocol on axum.
 //! - [`token`]: lease tokens (HMAC-SHA256).
@@ -41,6 +42,7 @@ pub mod batch;
 pub mod config;
 pub mod cron;
 pub mod dispatch;
+pub mod endpoint;
 pub mod flow;
 pub mod http;
 pub mod limits;
@@ -154,6 +156,12 @@ pub async fn serve(
         &tracker,
         shutdown.clone(),
     ));
+    let endpoints = endpoint::Endpoints::new(
+        state.clone(),
+        endpoint::Settings::from_config(&config.endpoints, addr),
+    )
+    .map_err(Error::Config)?;
+    tracker.spawn(endpoints.run(tracker.clone(), shutdown.child_token()));
     tracing::info!(%addr, "runlease coordinator listening");
     let app = http::app(state, config.server.max_body_bytes);
     http::serve::serve(

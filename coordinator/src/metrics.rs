@@ -152,6 +152,8 @@ pub struct Metrics {
     registry: Registry,
     /// The bound on queue label values, shared by every per-queue family.
     pub queue_cap: Arc<QueueCap>,
+    /// The endpoint families (`runlease_endpoint_*`).
+    pub endpoint: crate::endpoint::metrics::EndpointMetrics,
     /// Jobs enqueued (new, not idempotent repeats).
     pub enqueued: Capped<QueueLabels, Counter>,
     /// Leases handed out.
@@ -265,6 +267,7 @@ impl Metrics {
             connections_timed_out: Family::default(),
             requests_refused: Family::default(),
             queue_cap: cap.clone(),
+            endpoint: crate::endpoint::metrics::EndpointMetrics::new(&cap),
             registry: Registry::default(),
             enqueued: Capped::new(cap.clone()),
             claimed: Capped::new(cap.clone()),
@@ -317,6 +320,7 @@ impl Metrics {
         m.register_1(&mut registry);
         m.register_2(&mut registry);
         m.register_3(&mut registry);
+        m.endpoint.register(&mut registry);
         Self { registry, ..m }
     }
 

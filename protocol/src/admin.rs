@@ -172,6 +172,63 @@ pub struct UpdateQueueRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub retention_failed_ms: Option<Option<i64>>,
+    /// The endpoint that serves the queue, or `null` to remove it.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub endpoint: Option<Option<SetEndpoint>>,
+}
+
+/// An endpoint as `PATCH /v1/queues/{queue}` sets it: the coordinators
+/// push the queue's jobs to `url` as signed requests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetEndpoint {
+    /// `https://...` (plain `http` only for a host the coordinator allows).
+    pub url: String,
+    /// How long a request may stay open, ms: 1,000..=900,000 (default 60,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<i64>,
+    /// Most requests open at once across every coordinator: 1..=1,000
+    /// (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<i64>,
+}
+
+/// A queue's endpoint in its figures: the setting, and what the
+/// coordinators saw of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointFigures {
+    /// Where the jobs are pushed.
+    pub url: String,
+    /// How long a request may stay open, ms.
+    pub timeout_ms: i64,
+    /// Most requests open at once across every coordinator.
+    pub concurrency: i64,
+    /// False after 5 connection failures in a row, until it answers again.
+    pub healthy: bool,
+    /// Connection failures in a row (0 after any answer).
+    pub consecutive_failures: i64,
+    /// Running jobs the endpoint holds (requests open and 202 hand-offs),
+    /// across every coordinator.
+    pub in_flight: i64,
+    /// The last error: a failed connection, or an answer that failed a job.
+    pub last_error: Option<String>,
+    /// When the last error happened.
+    pub last_error_at: Option<DateTime<Utc>>,
+}
+
+/// Answer to `GET` and `POST .../rotate` of `/v1/queues/{queue}/endpoint-secret`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointSecretResponse {
+    /// Signs every request: `whsec_` + base64 of 32 bytes (Standard Webhooks).
+    pub secret: String,
+    /// During a rotation, the previous secret, which signs beside it.
+    pub previous_secret: Option<String>,
+    /// When the previous secret stops signing.
+    pub previous_expires_at: Option<DateTime<Utc>>,
 }
 
 #[cfg(test)]

@@ -135,6 +135,9 @@ pub struct QueueSummary {
     /// Jobs that ended in the last [`Throughput::window_ms`].
     #[serde(default)]
     pub throughput: Throughput,
+    /// The endpoint that serves the queue, with its health (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<crate::admin::EndpointFigures>,
 }
 
 /// How many jobs of a queue reached a terminal state in the last

@@ -30,6 +30,10 @@ pub const FINISH: &str = "/v1/finish";
 pub const QUEUES: &str = "/v1/queues";
 /// `GET`: one queue's figures and settings; `PATCH`: change its settings.
 pub const QUEUE: &str = "/v1/queues/{queue}";
+/// `GET`: the signing secret of a queue's endpoint (admin).
+pub const QUEUE_ENDPOINT_SECRET: &str = "/v1/queues/{queue}/endpoint-secret";
+/// `POST`: rotate the signing secret of a queue's endpoint (admin).
+pub const QUEUE_ENDPOINT_SECRET_ROTATE: &str = "/v1/queues/{queue}/endpoint-secret/rotate";
 /// `GET`: the caller's role and queues.
 pub const WHOAMI: &str = "/v1/whoami";
 /// `GET`: every schedule.

@@ -218,6 +218,7 @@ mod tests {
             progress: None,
             timeout_ms: None,
             traceparent: None,
+            max_attempts: 3,
         }
     }
 

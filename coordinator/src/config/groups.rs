@@ -288,3 +288,45 @@ pub struct SqsConfig {
           value_parser = ms(10..=3_600_000))]
     pub dispatch_interval: Duration,
 }
+
+/// HTTP endpoints as workers: where an endpoint may point, how its secret
+/// is rotated, how a failing one is backed off.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "HTTP endpoints as workers")]
+pub struct EndpointConfig {
+    /// Hosts an endpoint may reach although they are loopback, private,
+    /// link-local or unspecified addresses (or resolve to one), and may
+    /// reach over plain http: comma-separated host names or addresses, for
+    /// local development and tests.
+    #[arg(
+        id = "endpoint_allow_hosts",
+        long = "endpoint-allow-hosts",
+        value_name = "ENDPOINT_ALLOW_HOSTS",
+        env = "RUNLEASE_ENDPOINT_ALLOW_HOSTS"
+    )]
+    pub allow_hosts: Option<String>,
+    /// How long the previous endpoint secret keeps signing beside the new
+    /// one after a rotation, ms.
+    #[arg(id = "endpoint_rotation_ms", long = "endpoint-rotation-ms", value_name = "ENDPOINT_ROTATION_MS", env = "RUNLEASE_ENDPOINT_ROTATION_MS", default_value = "86400000",
+          value_parser = ms(0..=2_592_000_000))]
+    pub rotation: Duration,
+    /// The first pause after an endpoint could not be reached, ms; each
+    /// failure in a row doubles it, up to RUNLEASE_ENDPOINT_BACKOFF_MAX_MS.
+    #[arg(id = "endpoint_backoff_ms", long = "endpoint-backoff-ms", value_name = "ENDPOINT_BACKOFF_MS", env = "RUNLEASE_ENDPOINT_BACKOFF_MS", default_value = "1000",
+          value_parser = ms(10..=60_000))]
+    pub backoff: Duration,
+    /// The longest pause after an endpoint could not be reached, ms.
+    #[arg(id = "endpoint_backoff_max_ms", long = "endpoint-backoff-max-ms", value_name = "ENDPOINT_BACKOFF_MAX_MS", env = "RUNLEASE_ENDPOINT_BACKOFF_MAX_MS", default_value = "60000",
+          value_parser = ms(10..=3_600_000))]
+    pub backoff_max: Duration,
+    /// This coordinator's URL as endpoints reach it, sent in every request
+    /// as `coordinator_url` (a function that answers 202 finishes there).
+    /// Empty: `http://` and the address it listens on.
+    #[arg(
+        id = "public_url",
+        long = "public-url",
+        value_name = "PUBLIC_URL",
+        env = "RUNLEASE_PUBLIC_URL"
+    )]
+    pub public_url: Option<String>,
+}

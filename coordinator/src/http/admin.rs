@@ -4,8 +4,9 @@
 use axum::Json;
 use axum::extract::State;
 use runlease_protocol::admin::{
-    BulkActionName, BulkJobsRequest, BulkJobsResponse, ListJobsQuery, ListJobsResponse, ListedJob,
-    QueueSettings as WireSettings, RateLimit as WireRateLimit, UpdateQueueRequest,
+    BulkActionName, BulkJobsRequest, BulkJobsResponse, EndpointFigures, EndpointSecretResponse,
+    ListJobsQuery, ListJobsResponse, ListedJob, QueueSettings as WireSettings, RateLimit as WireRateLimit,
+    SetEndpoint, UpdateQueueRequest,
 };
 use runlease_protocol::limits::{
     DEFAULT_LIST_LIMIT, MAX_BULK_IDS, MAX_LIST_LIMIT, MAX_RATE, MAX_RETENTION_MS, MAX_RUNNING_LIMIT,
@@ -15,12 +16,17 @@ use runlease_protocol::producer::{QueueSummary, Throughput};
 use runlease_protocol::{ErrorCode, JobState, QueueName};
 
 use crate::auth::{Action, Caller};
+use crate::endpoint::{
+    DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, UNHEALTHY_AFTER,
+};
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, QueryParams, QueuePath, require};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::listing::{BulkAction, JobChange, JobFilter};
-use crate::store::queues::{QueueFigures, QueueSettings, RateLimit, SettingsChange};
+use crate::store::queues::{
+    EndpointKeys, EndpointSetting, QueueFigures, QueueSettings, RateLimit, SettingsChange,
+};
 
 /// A queue's figures as the protocol answers them.
 pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
@@ -43,6 +49,16 @@ pub fn queue_summary(figures: QueueFigures) -> QueueSummary {
             cancelled: ended(JobState::Cancelled),
         },
         settings: wire_settings(&figures.settings),
+        endpoint: figures.settings.endpoint.as_ref().map(|e| EndpointFigures {
+            url: e.url.clone(),
+            timeout_ms: i64::from(e.timeout_ms),
+            concurrency: i64::from(e.concurrency),
+            healthy: figures.endpoint_health.failures < UNHEALTHY_AFTER as i32,
+            consecutive_failures: i64::from(figures.endpoint_health.failures),
+            in_flight: figures.endpoint_in_flight,
+            last_error: figures.endpoint_health.last_error.clone(),
+            last_error_at: figures.endpoint_health.last_error_at,
+        }),
     }
 }
 
@@ -265,8 +281,39 @@ fn check_retention(name: &str, value: Option<Option<i64>>) -> Result<(), ApiErro
     }
 }
 
+/// Checks an endpoint as it is set: where it may point, its timeout and
+/// its concurrency.
+fn endpoint_setting(state: &AppState, set: SetEndpoint) -> Result<EndpointSetting, ApiError> {
+    let url = state
+        .endpoint_allow
+        .check_url(&set.url)
+        .map_err(ApiError::invalid)?;
+    let timeout_ms = set.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS);
+    if !(MIN_TIMEOUT_MS..=MAX_TIMEOUT_MS).contains(&timeout_ms) {
+        return Err(ApiError::invalid(format!(
+            "endpoint.timeout_ms must be between {MIN_TIMEOUT_MS} and {MAX_TIMEOUT_MS} (default {DEFAULT_TIMEOUT_MS})"
+        )));
+    }
+    let concurrency = set.concurrency.unwrap_or(DEFAULT_CONCURRENCY);
+    if !(1..=MAX_CONCURRENCY).contains(&concurrency) {
+        return Err(ApiError::invalid(format!(
+            "endpoint.concurrency must be between 1 and {MAX_CONCURRENCY} (default {DEFAULT_CONCURRENCY})"
+        )));
+    }
+    Ok(EndpointSetting {
+        url: url.to_string(),
+        timeout_ms: timeout_ms as i32,
+        concurrency: concurrency as i32,
+    })
+}
+
 /// Checks a settings change; the error says which field is wrong and why.
-fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> {
+fn settings_change(state: &AppState, req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> {
+    let endpoint = match req.endpoint {
+        Some(Some(set)) => Some(Some(endpoint_setting(state, set)?)),
+        Some(None) => Some(None),
+        None => None,
+    };
     let paused = match req.paused {
         Some(None) => return Err(ApiError::invalid("paused must be true or false")),
         Some(Some(p)) => Some(p),
@@ -300,6 +347,7 @@ fn settings_change(req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> 
         }),
         retention_done_ms: req.retention_done_ms,
         retention_failed_ms: req.retention_failed_ms,
+        endpoint,
     })
 }
 
@@ -316,7 +364,7 @@ pub async fn update_queue(
     if !caller.may_use_queue(&queue) {
         return Err(ApiError::forbidden_queue(queue.as_str()));
     }
-    let change = settings_change(req)?;
+    let change = settings_change(&state, req)?;
     if change == SettingsChange::default() {
         // Nothing to change: answer as GET would, and create no settings.
         return figures_of(&state, &queue).await.map(Json);
@@ -336,4 +384,66 @@ pub async fn update_queue(
         state.wake.ready(&queue);
     }
     figures_of(&state, &queue).await.map(Json)
+}
+
+/// The wire form of an endpoint's secrets.
+fn secret_response(keys: EndpointKeys) -> EndpointSecretResponse {
+    let (previous_secret, previous_expires_at) = keys.previous.map(|(s, at)| (s.0, at)).unzip();
+    EndpointSecretResponse {
+        secret: keys.secret.0,
+        previous_secret,
+        previous_expires_at,
+    }
+}
+
+fn no_secret(queue: &QueueName) -> ApiError {
+    ApiError::new(
+        ErrorCode::NotFound,
+        format!(
+            "queue {queue} has no endpoint secret: set an endpoint first (PATCH /v1/queues/{{queue}} with endpoint)"
+        ),
+    )
+}
+
+/// `GET /v1/queues/{queue}/endpoint-secret`: the secrets that sign the
+/// requests to the queue's endpoint (admin only).
+pub async fn endpoint_secret(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueuePath(queue): QueuePath,
+) -> Result<Json<EndpointSecretResponse>, ApiError> {
+    require(&caller, Action::Configure)?;
+    if !caller.may_use_queue(&queue) {
+        return Err(ApiError::forbidden_queue(queue.as_str()));
+    }
+    let settings = state.store.queue_figures(Some(&queue), false).await?;
+    let keys = settings.into_iter().next().and_then(|f| f.settings.endpoint_keys);
+    keys.map(|k| Json(secret_response(k)))
+        .ok_or_else(|| no_secret(&queue))
+}
+
+/// `POST /v1/queues/{queue}/endpoint-secret/rotate`: a new secret signs
+/// from now on; the previous one keeps signing beside it for
+/// `RUNLEASE_ENDPOINT_ROTATION_MS` (admin only).
+pub async fn rotate_endpoint_secret(
+    State(state): State<AppState>,
+    caller: Caller,
+    QueuePath(queue): QueuePath,
+) -> Result<Json<EndpointSecretResponse>, ApiError> {
+    require(&caller, Action::Configure)?;
+    if !caller.may_use_queue(&queue) {
+        return Err(ApiError::forbidden_queue(queue.as_str()));
+    }
+    let new = crate::endpoint::sign::new_secret();
+    let keys = state
+        .store
+        .rotate_endpoint_secret(&queue, &new, state.endpoint_rotation)
+        .await?
+        .ok_or_else(|| no_secret(&queue))?;
+    tracing::info!(%queue, "endpoint secret rotated");
+    // Every coordinator signs with both from its next view refresh; this one at once.
+    if let Err(e) = state.flow.refresh().await {
+        tracing::warn!(error = %e, "cannot refresh the queue settings after a rotation");
+    }
+    Ok(Json(secret_response(keys)))
 }

@@ -105,7 +105,7 @@ impl FinishEntry {
 }
 
 /// Counts, logs and announces an applied finish.
-fn finished_effects(state: &AppState, run_lease: RunLease, action: FinishAction, job: &Finished) {
+pub(crate) fn finished_effects(state: &AppState, run_lease: RunLease, action: FinishAction, job: &Finished) {
     let span = tracing::Span::current();
     span.record("job_id", tracing::field::display(job.job_id));
     span.record("run_lease", run_lease.0);
@@ -210,7 +210,16 @@ pub async fn release(
 ) -> Result<Json<Job>, ApiError> {
     require(&caller, Action::Work)?;
     let progress = req.progress.filter(|p| !p.is_null());
-    finish_one(&state, &caller, &req.lease_token, Outcome::Release { progress }).await
+    finish_one(
+        &state,
+        &caller,
+        &req.lease_token,
+        Outcome::Release {
+            progress,
+            delay_ms: None,
+        },
+    )
+    .await
 }
 
 /// A fail outcome, its delay checked and its error cut to the longest kept.
@@ -243,7 +252,7 @@ fn check_storable(outcome: &Outcome) -> Result<(), ApiError> {
     let ok = match outcome {
         Outcome::Complete { result } => storable_json(result),
         Outcome::Fail { error, .. } => !error.contains('\0'),
-        Outcome::Release { progress } => progress.as_ref().is_none_or(storable_json),
+        Outcome::Release { progress, .. } => progress.as_ref().is_none_or(storable_json),
     };
     if ok {
         Ok(())
@@ -267,6 +276,7 @@ fn item_outcome(item: &FinishItem) -> Result<Outcome, ApiError> {
         }
         FinishAction::Release => Outcome::Release {
             progress: item.progress.clone().filter(|p| !p.is_null()),
+            delay_ms: None,
         },
     })
 }

@@ -236,7 +236,7 @@ fn check_scope(caller: &Caller, queue: Option<&QueueName>) -> Result<(), ApiErro
 
 /// Counts a lease refused as stale (or forged) by `action` (`complete`,
 /// `fail`, `release` or `heartbeat`).
-pub(super) fn count_lease_lost(state: &AppState, action: &str) {
+pub(crate) fn count_lease_lost(state: &AppState, action: &str) {
     state
         .metrics
         .lease_lost

@@ -85,6 +85,10 @@ pub struct Shared {
     pub parked_reads: ParkLimit,
     /// Most bytes of jobs in one listing or claim answer.
     pub max_answer_bytes: usize,
+    /// Hosts an endpoint may reach although they are internal.
+    pub endpoint_allow: Arc<crate::endpoint::guard::AllowList>,
+    /// How long a rotated endpoint secret keeps signing.
+    pub endpoint_rotation: Duration,
 }
 
 impl Shared {
@@ -123,6 +127,10 @@ impl Shared {
             parked_claims: config.limits.parked_claims(),
             parked_reads: config.limits.parked_reads(),
             max_answer_bytes: config.limits.max_answer_bytes,
+            endpoint_allow: Arc::new(crate::endpoint::guard::AllowList::parse(
+                config.endpoints.allow_hosts.as_deref().unwrap_or_default(),
+            )),
+            endpoint_rotation: config.endpoints.rotation,
         }
     }
 
@@ -176,6 +184,11 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .route(routes::FINISH, post(finish::finish))
         .route(routes::QUEUES, get(ops::queues))
         .route(routes::QUEUE, get(admin::get_queue).patch(admin::update_queue))
+        .route(routes::QUEUE_ENDPOINT_SECRET, get(admin::endpoint_secret))
+        .route(
+            routes::QUEUE_ENDPOINT_SECRET_ROTATE,
+            post(admin::rotate_endpoint_secret),
+        )
         .route(routes::SCHEDULES, get(schedules::list))
         .route(
             routes::SCHEDULE,

@@ -135,6 +135,17 @@ impl<S: Clone + std::hash::Hash + Eq, M: Default> Capped<S, M> {
     }
 }
 
+impl<S: Clone + std::hash::Hash + Eq, M> Capped<S, M, fn() -> M> {
+    /// An empty family bounded by `cap` whose metrics `make` makes (a
+    /// histogram's buckets).
+    pub fn with_constructor(cap: Arc<QueueCap>, make: fn() -> M) -> Self {
+        Self {
+            family: Family::new_with_constructor(make),
+            cap,
+        }
+    }
+}
+
 impl<S, M, C> Capped<S, M, C>
 where
     S: QueueLabelled + std::hash::Hash + Eq,

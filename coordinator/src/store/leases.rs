@@ -139,6 +139,9 @@ pub enum Outcome {
     Release {
         /// Checkpoint for the next attempt; `None` keeps the saved one.
         progress: Option<Value>,
+        /// How long the job waits before it may be claimed again (an
+        /// endpoint's `Retry-After` or backoff); `None`: claimable at once.
+        delay_ms: Option<i64>,
     },
 }
 
@@ -315,7 +318,7 @@ impl<'a> FinishArgs<'a> {
                     *retry_after_ms,
                     None,
                 ),
-                Outcome::Release { progress } => (None, None, None, None, progress.as_ref()),
+                Outcome::Release { progress, delay_ms } => (None, None, None, *delay_ms, progress.as_ref()),
             };
             args.results.push(result);
             args.errors.push(error);
@@ -785,7 +788,15 @@ impl Store {
     pub async fn give_back(&self, leases: Vec<LeaseRef>) {
         let items: Vec<(LeaseRef, Outcome)> = leases
             .into_iter()
-            .map(|lease| (lease, Outcome::Release { progress: None }))
+            .map(|lease| {
+                (
+                    lease,
+                    Outcome::Release {
+                        progress: None,
+                        delay_ms: None,
+                    },
+                )
+            })
             .collect();
         let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
         if let Err(e) = self.finish(&refs).await {

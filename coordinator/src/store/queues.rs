@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use runlease_protocol::{JobState, QueueName};
 
+use crate::endpoint::ENDPOINT_WORKER;
 use crate::store::rows::{col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
@@ -30,6 +31,60 @@ pub struct QueueSettings {
     pub retention_failed_ms: Option<i64>,
     /// When the settings last changed (`None`: never set).
     pub updated_at: Option<DateTime<Utc>>,
+    /// The endpoint that serves the queue, if any.
+    pub endpoint: Option<EndpointSetting>,
+    /// The endpoint's signing secrets (kept when the endpoint is removed).
+    pub endpoint_keys: Option<EndpointKeys>,
+}
+
+/// A queue's endpoint: where its jobs are pushed, for how long a request
+/// may stay open, and how many may be open at once across coordinators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointSetting {
+    /// The URL (checked when set: https, or a host the coordinator allows).
+    pub url: String,
+    /// How long a request may stay open, ms.
+    pub timeout_ms: i32,
+    /// Most requests open at once, across every coordinator.
+    pub concurrency: i32,
+}
+
+/// A signing secret (`whsec_` + base64): never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// An endpoint's signing secrets: the current one, and during a rotation
+/// the previous one with the end of its window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointKeys {
+    /// Signs every request.
+    pub secret: Secret,
+    /// Signs beside it until the time given.
+    pub previous: Option<(Secret, DateTime<Utc>)>,
+}
+
+impl EndpointKeys {
+    /// The secrets that sign a request now, the current one first.
+    pub fn live(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.secret).chain(self.previous.as_ref().map(|(s, _)| s))
+    }
+}
+
+/// What the coordinators saw of an endpoint lately.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EndpointHealth {
+    /// Connection failures in a row (0 after any answer).
+    pub failures: i32,
+    /// The last error (a failed connection, or an answer that failed a job).
+    pub last_error: Option<String>,
+    /// When it happened.
+    pub last_error_at: Option<DateTime<Utc>>,
 }
 
 /// A token-bucket rate limit.
@@ -57,6 +112,8 @@ pub struct SettingsChange {
     pub retention_done_ms: Option<Option<i64>>,
     /// New retention of failed and cancelled jobs.
     pub retention_failed_ms: Option<Option<i64>>,
+    /// New endpoint (`Some(None)`: removed).
+    pub endpoint: Option<Option<EndpointSetting>>,
 }
 
 /// What a queue holds and how it is set.
@@ -80,6 +137,10 @@ pub struct QueueFigures {
     pub ended_recently: BTreeMap<JobState, i64>,
     /// Its settings.
     pub settings: QueueSettings,
+    /// Its endpoint's health (with an endpoint set).
+    pub endpoint_health: EndpointHealth,
+    /// Running jobs its endpoint holds, across coordinators (page figures only).
+    pub endpoint_in_flight: i64,
 }
 
 impl QueueFigures {
@@ -93,6 +154,8 @@ impl QueueFigures {
             held_by_limits: 0,
             ended_recently: BTreeMap::new(),
             settings: QueueSettings::default(),
+            endpoint_health: EndpointHealth::default(),
+            endpoint_in_flight: 0,
         }
     }
 }
@@ -118,8 +181,42 @@ fn settings_from_row(row: &tokio_postgres::Row) -> Result<(QueueName, QueueSetti
             retention_done_ms: col(row, "retention_done_ms")?,
             retention_failed_ms: col(row, "retention_failed_ms")?,
             updated_at: Some(col(row, "updated_at")?),
+            endpoint: endpoint_from_row(row)?,
+            endpoint_keys: keys_from_row(row)?,
         },
     ))
+}
+
+fn endpoint_from_row(row: &tokio_postgres::Row) -> Result<Option<EndpointSetting>, StoreError> {
+    let url: Option<String> = col(row, "endpoint_url")?;
+    let timeout: Option<i32> = col(row, "endpoint_timeout_ms")?;
+    let concurrency: Option<i32> = col(row, "endpoint_concurrency")?;
+    Ok(match (url, timeout, concurrency) {
+        (Some(url), Some(timeout_ms), Some(concurrency)) => Some(EndpointSetting {
+            url,
+            timeout_ms,
+            concurrency,
+        }),
+        _ => None,
+    })
+}
+
+fn keys_from_row(row: &tokio_postgres::Row) -> Result<Option<EndpointKeys>, StoreError> {
+    let secret: Option<String> = col(row, "endpoint_secret")?;
+    let previous: Option<String> = col(row, "endpoint_secret_previous")?;
+    let until: Option<DateTime<Utc>> = col(row, "endpoint_secret_previous_until")?;
+    Ok(secret.map(|s| EndpointKeys {
+        secret: Secret(s),
+        previous: previous.zip(until).map(|(p, u)| (Secret(p), u)),
+    }))
+}
+
+fn health_from_row(row: &tokio_postgres::Row) -> Result<EndpointHealth, StoreError> {
+    Ok(EndpointHealth {
+        failures: col(row, "endpoint_failures")?,
+        last_error: col(row, "endpoint_last_error")?,
+        last_error_at: col(row, "endpoint_last_error_at")?,
+    })
 }
 
 /// The figures of `queue` in `by_queue`, added when missing; `None` when
@@ -226,10 +323,20 @@ async fn add_detail(
         }
     }
     let held_stmt = client.prepare_cached(sql::QUEUE_HELD_BACK).await?;
+    let in_flight_stmt = client.prepare_cached(sql::QUEUE_ENDPOINT_IN_FLIGHT).await?;
     for f in by_queue.values_mut() {
         let s = &f.settings;
-        let holds =
-            s.paused || s.max_running.is_some() || s.max_running_per_key.is_some() || s.rate_limit.is_some();
+        if s.endpoint.is_some() {
+            let row = client
+                .query_one(&in_flight_stmt, &[&f.queue.as_str(), &ENDPOINT_WORKER])
+                .await?;
+            f.endpoint_in_flight = col(&row, "n")?;
+        }
+        let holds = s.paused
+            || s.max_running.is_some()
+            || s.max_running_per_key.is_some()
+            || s.rate_limit.is_some()
+            || s.endpoint.is_some();
         let waiting = f.counts.get(&JobState::Queued).copied().unwrap_or(0)
             + f.counts.get(&JobState::EnqueueFailed).copied().unwrap_or(0);
         if holds && waiting > 0 {
@@ -274,6 +381,7 @@ impl Store {
                 let (queue, s) = settings_from_row(row)?;
                 if let Some(f) = entry(&mut by_queue, only, queue.to_string())? {
                     f.settings = s;
+                    f.endpoint_health = health_from_row(row)?;
                 }
             }
             if detail {
@@ -310,6 +418,8 @@ impl Store {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_UPDATE).await?;
             let rate = change.rate_limit.flatten();
+            let endpoint = change.endpoint.clone().flatten();
+            let new_secret = endpoint.as_ref().map(|_| crate::endpoint::sign::new_secret());
             let row = client
                 .query_one(
                     &stmt,
@@ -327,10 +437,59 @@ impl Store {
                         &change.retention_done_ms.flatten(),
                         &change.retention_failed_ms.is_some(),
                         &change.retention_failed_ms.flatten(),
+                        &change.endpoint.is_some(),
+                        &endpoint.as_ref().map(|e| e.url.as_str()),
+                        &endpoint.as_ref().map(|e| e.timeout_ms),
+                        &endpoint.as_ref().map(|e| e.concurrency),
+                        &new_secret,
                     ],
                 )
                 .await?;
             Ok(settings_from_row(&row)?.1)
+        })
+        .await
+    }
+}
+
+impl Store {
+    /// Rotates `queue`'s endpoint secret to `new`, the current one signing
+    /// beside it for `window`; `None` when the queue has no secret (no
+    /// endpoint was ever set).
+    pub async fn rotate_endpoint_secret(
+        &self,
+        queue: &QueueName,
+        new: &str,
+        window: std::time::Duration,
+    ) -> Result<Option<EndpointKeys>, StoreError> {
+        self.timed("rotate_endpoint_secret", || async move {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::QUEUE_ENDPOINT_ROTATE).await?;
+            let window_ms = crate::store::ms(window);
+            match client
+                .query_opt(&stmt, &[&queue.as_str(), &new, &window_ms])
+                .await?
+            {
+                Some(row) => keys_from_row(&row),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    /// Records what this coordinator saw of `queue`'s endpoint: a failure
+    /// to connect (`failed`), or an answer after failures; `error` becomes
+    /// its last error.
+    pub async fn note_endpoint_health(
+        &self,
+        queue: &QueueName,
+        failed: bool,
+        error: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.timed("note_endpoint_health", || async move {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::QUEUE_ENDPOINT_HEALTH).await?;
+            client.execute(&stmt, &[&queue.as_str(), &failed, &error]).await?;
+            Ok(())
         })
         .await
     }

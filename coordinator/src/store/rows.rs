@@ -216,6 +216,8 @@ pub struct ClaimedJob {
     pub timeout_ms: Option<i64>,
     /// The producer's trace context.
     pub traceparent: Option<TraceParent>,
+    /// Attempts the job may have in all.
+    pub max_attempts: i32,
 }
 
 impl ClaimedJob {
@@ -230,6 +232,7 @@ impl ClaimedJob {
             progress: col(row, "progress")?,
             timeout_ms: col(row, "timeout_ms")?,
             traceparent: traceparent_col(row)?,
+            max_attempts: col(row, "max_attempts")?,
         })
     }
 }

@@ -76,6 +76,12 @@ pub const JOB_TALLY_RECOUNT: &str = include_str!("sql/job_tally_recount.sql");
 pub const QUEUE_SETTINGS_LIST: &str = include_str!("sql/queue_settings_list.sql");
 /// Change a queue's settings.
 pub const QUEUE_SETTINGS_UPDATE: &str = include_str!("sql/queue_settings_update.sql");
+/// Rotate a queue's endpoint secret.
+pub const QUEUE_ENDPOINT_ROTATE: &str = include_str!("sql/queue_endpoint_rotate.sql");
+/// Record an endpoint's health.
+pub const QUEUE_ENDPOINT_HEALTH: &str = include_str!("sql/queue_endpoint_health.sql");
+/// Running jobs a queue's endpoint holds.
+pub const QUEUE_ENDPOINT_IN_FLIGHT: &str = include_str!("sql/queue_endpoint_in_flight.sql");
 /// A page of job ids of a queue, newest first.
 pub const JOB_LIST: &str = include_str!("sql/job_list.sql");
 /// Which of given jobs a bulk filter matches.
@@ -139,6 +145,9 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_tally_recount", JOB_TALLY_RECOUNT),
     ("queue_settings_list", QUEUE_SETTINGS_LIST),
     ("queue_settings_update", QUEUE_SETTINGS_UPDATE),
+    ("queue_endpoint_rotate", QUEUE_ENDPOINT_ROTATE),
+    ("queue_endpoint_health", QUEUE_ENDPOINT_HEALTH),
+    ("queue_endpoint_in_flight", QUEUE_ENDPOINT_IN_FLIGHT),
     ("job_list", JOB_LIST),
     ("job_match", JOB_MATCH),
     ("job_delete", JOB_DELETE.sql()),

@@ -15,6 +15,7 @@ mod cli_schedules;
 mod dashboard;
 mod database_faults;
 mod dispatch;
+mod endpoints;
 mod fencing;
 mod final_attempt;
 mod finish_claim;

@@ -5,7 +5,7 @@ use runlease_protocol::{ErrorCode, routes};
 use runlease_tests::{TestCoordinator, TestDb};
 
 /// Every path the coordinator routes, as `protocol/src/routes.rs` names them.
-const ROUTES: [&str; 22] = [
+const ROUTES: [&str; 24] = [
     routes::JOBS,
     routes::JOBS_BATCH,
     routes::JOBS_BULK,
@@ -21,6 +21,8 @@ const ROUTES: [&str; 22] = [
     routes::FINISH,
     routes::QUEUES,
     routes::QUEUE,
+    routes::QUEUE_ENDPOINT_SECRET,
+    routes::QUEUE_ENDPOINT_SECRET_ROTATE,
     routes::SCHEDULES,
     routes::SCHEDULE,
     routes::WHOAMI,

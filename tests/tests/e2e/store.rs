@@ -570,7 +570,10 @@ async fn a_finish_and_the_claims_riding_its_transaction_commit_together_or_not_a
             run_lease: job_a.run_lease,
             worker_id: a.clone(),
         },
-        Outcome::Release { progress: None },
+        Outcome::Release {
+            progress: None,
+            delay_ms: None,
+        },
     )];
     let items: Vec<_> = release.iter().collect();
     let claims = [ClaimGroup {

@@ -40,8 +40,8 @@ WITH picked AS (
           AND state IN ('queued', 'enqueue_failed')
           AND run_at <= now()
           AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
-          -- A paused queue hands out nothing, and a limited one only on the
-          -- limited path. This names no column of jobs, so it is checked
+          -- A paused queue hands out nothing, and a limited one (an endpoint's
+          -- concurrency is a limit) only on the limited path. This names no column of jobs, so it is checked
           -- once per queue before the scan (no row of such a queue is even
           -- locked).
           AND NOT EXISTS (SELECT 1 FROM queue_settings s
@@ -50,7 +50,8 @@ WITH picked AS (
                                  OR (NOT $6::bool
                                      AND (s.max_running IS NOT NULL
                                           OR s.max_running_per_key IS NOT NULL
-                                          OR s.rate_per_s IS NOT NULL))))
+                                          OR s.rate_per_s IS NOT NULL
+                                          OR s.endpoint_concurrency IS NOT NULL))))
         ORDER BY priority, run_at, id
         LIMIT cardinality($2::text[])
         FOR UPDATE SKIP LOCKED
@@ -93,4 +94,5 @@ FROM numbered n
 WHERE j.id = n.id
 -- What a lease carries (ClaimedJob), not the whole row.
 RETURNING j.id, j.queue, j.run_lease, j.payload, j.attempt, j.progress, j.timeout_ms, j.traceparent,
+          j.max_attempts,
           n.ord AS slot

@@ -10,11 +10,12 @@
 --             (the worker's retry_after_ms, or exponential backoff with full
 --             jitter) with budget left and retryable; otherwise failed.
 --   release:  cancelled with a cancel requested; otherwise queued, claimable
---             at once, the attempt's charge given back, the worker's
+--             at once (or after its retry_after_ms: an endpoint's
+--             Retry-After), the attempt's charge given back, the worker's
 --             checkpoint (NULL keeps the saved one) kept for the next attempt.
 -- $1 uuid[] ids, $2 bigint[] run leases, $3 text[] actions ('complete',
 -- 'fail', 'release'), $4 jsonb[] results, $5 text[] errors, $6 bool[]
--- retryable, $7 bigint[] retry_after_ms (NULL: backoff), $8 jsonb[] progress
+-- retryable, $7 bigint[] retry_after_ms (a fail's delay, NULL: backoff; a release's, NULL: none), $8 jsonb[] progress
 -- (parallel arrays, one element per item; fields an action does not use are
 -- NULL), $9 bigint backoff base ms, $10 bigint backoff cap ms.
 -- The store sends the items sorted by (id, run_lease), each pair once (the
@@ -58,7 +59,8 @@ WITH input AS (
         attempt = CASE WHEN i.action = 'release' AND j.cancel_requested_at IS NULL
                        THEN j.attempt - 1 ELSE j.attempt END,
         run_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'complete' THEN j.run_at
-                      WHEN i.action = 'release' THEN now()
+                      WHEN i.action = 'release' THEN
+                          now() + coalesce(i.retry_after_ms, 0) * interval '1 millisecond'
                       WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN
                           now() + coalesce(i.retry_after_ms,
                                            floor(random() * least($10::bigint::float8,

@@ -1,6 +1,6 @@
 -- Due claimable jobs of a queue that its settings keep from starting now:
--- all of them while it is paused, at max_running or out of rate-limit
--- tokens; otherwise those whose concurrency key is at max_running_per_key.
+-- all of them while it is paused, at max_running (or its endpoint's
+-- concurrency, when lower) or out of rate-limit tokens; otherwise those whose concurrency key is at max_running_per_key.
 -- $1 text queue.
 -- Index: jobs_running_idx and jobs_running_key_idx for what runs, jobs_claim_idx
 -- for the due jobs
@@ -12,7 +12,7 @@ WITH s AS (
     SELECT count(*) AS n FROM jobs WHERE queue = $1 AND state = 'running'
 ), all_held AS (
     SELECT coalesce((SELECT paused FROM s), false)
-        OR coalesce((SELECT max_running FROM s) <= (SELECT n FROM running), false)
+        OR coalesce((SELECT least(max_running, endpoint_concurrency) FROM s) <= (SELECT n FROM running), false)
         OR coalesce((SELECT least(rate_burst::float8,
                                   coalesce(rate_tokens, rate_burst::float8)
                                   + rate_per_s * greatest(0, extract(epoch FROM now() - coalesce(rate_refilled_at, now()))))

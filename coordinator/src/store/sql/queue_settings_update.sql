@@ -6,17 +6,28 @@
 -- $5 bool set max_running_per_key, $6 int max_running_per_key,
 -- $7 bool set rate limit, $8 float8 rate per_s, $9 int rate burst,
 -- $10 bool set retention_done_ms, $11 bigint retention_done_ms,
--- $12 bool set retention_failed_ms, $13 bigint retention_failed_ms.
+-- $12 bool set retention_failed_ms, $13 bigint retention_failed_ms,
+-- $14 bool set the endpoint, $15 text endpoint url (NULL: removed),
+-- $16 int endpoint timeout_ms, $17 int endpoint concurrency,
+-- $18 text a new endpoint secret, kept only when the queue has none yet (a
+-- secret outlives the removal of its endpoint). Setting the endpoint
+-- resets its health.
 -- Index: queue_settings_pkey. Locking: the queue's settings row.
 INSERT INTO queue_settings AS s (queue, paused, max_running, max_running_per_key,
-                                 rate_per_s, rate_burst, retention_done_ms, retention_failed_ms)
+                                 rate_per_s, rate_burst, retention_done_ms, retention_failed_ms,
+                                 endpoint_url, endpoint_timeout_ms, endpoint_concurrency,
+                                 endpoint_secret)
 VALUES ($1, coalesce($2::bool, false),
         CASE WHEN $3::bool THEN $4::int END,
         CASE WHEN $5::bool THEN $6::int END,
         CASE WHEN $7::bool THEN $8::float8 END,
         CASE WHEN $7::bool THEN $9::int END,
         CASE WHEN $10::bool THEN $11::bigint END,
-        CASE WHEN $12::bool THEN $13::bigint END)
+        CASE WHEN $12::bool THEN $13::bigint END,
+        CASE WHEN $14::bool THEN $15::text END,
+        CASE WHEN $14::bool AND $15::text IS NOT NULL THEN $16::int END,
+        CASE WHEN $14::bool AND $15::text IS NOT NULL THEN $17::int END,
+        CASE WHEN $14::bool AND $15::text IS NOT NULL THEN $18::text END)
 ON CONFLICT (queue) DO UPDATE SET
     paused = coalesce($2::bool, s.paused),
     max_running = CASE WHEN $3::bool THEN $4::int ELSE s.max_running END,
@@ -25,6 +36,25 @@ ON CONFLICT (queue) DO UPDATE SET
     rate_burst = CASE WHEN $7::bool THEN $9::int ELSE s.rate_burst END,
     retention_done_ms = CASE WHEN $10::bool THEN $11::bigint ELSE s.retention_done_ms END,
     retention_failed_ms = CASE WHEN $12::bool THEN $13::bigint ELSE s.retention_failed_ms END,
+    endpoint_url = CASE WHEN $14::bool THEN $15::text ELSE s.endpoint_url END,
+    endpoint_timeout_ms = CASE WHEN $14::bool THEN
+                              CASE WHEN $15::text IS NOT NULL THEN $16::int END
+                          ELSE s.endpoint_timeout_ms END,
+    endpoint_concurrency = CASE WHEN $14::bool THEN
+                               CASE WHEN $15::text IS NOT NULL THEN $17::int END
+                           ELSE s.endpoint_concurrency END,
+    endpoint_secret = CASE WHEN $14::bool AND $15::text IS NOT NULL
+                           THEN coalesce(s.endpoint_secret, $18::text)
+                      ELSE s.endpoint_secret END,
+    endpoint_failures = CASE WHEN $14::bool THEN 0 ELSE s.endpoint_failures END,
+    endpoint_last_error = CASE WHEN $14::bool THEN NULL ELSE s.endpoint_last_error END,
+    endpoint_last_error_at = CASE WHEN $14::bool THEN NULL ELSE s.endpoint_last_error_at END,
     updated_at = now()
 RETURNING queue, paused, max_running, max_running_per_key, rate_per_s, rate_burst,
-          retention_done_ms, retention_failed_ms, updated_at
+          retention_done_ms, retention_failed_ms, updated_at,
+          endpoint_url, endpoint_timeout_ms, endpoint_concurrency, endpoint_secret,
+          CASE WHEN endpoint_secret_previous_until > now() THEN endpoint_secret_previous END
+              AS endpoint_secret_previous,
+          CASE WHEN endpoint_secret_previous_until > now() THEN endpoint_secret_previous_until END
+              AS endpoint_secret_previous_until,
+          endpoint_failures, endpoint_last_error, endpoint_last_error_at
