@@ -10,6 +10,7 @@ mod bulk;
 mod chaos;
 mod cli;
 mod cli_conventions;
+mod cli_endpoints;
 mod cli_operations;
 mod cli_schedules;
 mod dashboard;
