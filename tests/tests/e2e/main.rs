@@ -16,6 +16,7 @@ mod cli_schedules;
 mod dashboard;
 mod database_faults;
 mod dispatch;
+mod edge_runtimes;
 mod endpoints;
 mod fencing;
 mod final_attempt;
