@@ -12,7 +12,13 @@ pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempo
 /// Read jobs by id.
 pub const JOB_GET: &str = include_str!("sql/job_get.sql");
 /// Cancel jobs.
-pub const JOB_CANCEL: Changes = Changes::new(include_str!("sql/job_cancel.sql"), tally::entered);
+pub const JOB_CANCEL: Changes = Changes::new(
+    concat!(
+        include_str!("sql/jobs_locked_by_id.sql"),
+        include_str!("sql/job_cancel.sql")
+    ),
+    tally::entered,
+);
 /// Admin retry of failed or cancelled jobs.
 pub const JOB_RETRY: Changes = Changes::new(include_str!("sql/job_retry.sql"), tally::retried);
 /// Mark jobs whose wake-up was not delivered.
@@ -87,7 +93,13 @@ pub const JOB_LIST: &str = include_str!("sql/job_list.sql");
 /// Which of given jobs a bulk filter matches.
 pub const JOB_MATCH: &str = include_str!("sql/job_match.sql");
 /// Delete terminal jobs.
-pub const JOB_DELETE: Changes = Changes::new(include_str!("sql/job_delete.sql"), tally::deleted);
+pub const JOB_DELETE: Changes = Changes::new(
+    concat!(
+        include_str!("sql/jobs_locked_by_id.sql"),
+        include_str!("sql/job_delete.sql")
+    ),
+    tally::deleted,
+);
 /// Delete the attempts of jobs just deleted.
 pub const JOB_ATTEMPTS_DELETE: &str = include_str!("sql/job_attempts_delete.sql");
 /// One batch of a sweep of attempts whose job is gone.

@@ -6,15 +6,9 @@
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
 -- Tallies: the store counts the rows answered cancelled (tally::entered).
--- Index: jobs_pkey.
--- Locking: the rows in id order (the order every batch statement locks in).
-WITH locked AS MATERIALIZED (
-    SELECT id
-    FROM jobs
-    WHERE id = ANY($1::uuid[])
-    ORDER BY id
-    FOR UPDATE
-), cancelled AS (
+-- Follows jobs_locked_by_id.sql: `locked` is the rows of $1, locked in id
+-- order.
+, cancelled AS (
     UPDATE jobs j SET
         state = CASE WHEN j.state = 'running' THEN j.state ELSE 'cancelled'::job_state END,
         cancel_requested_at = CASE WHEN j.state = 'running' THEN now() END,

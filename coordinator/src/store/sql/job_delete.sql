@@ -6,15 +6,8 @@
 -- (tally::deleted), in a transaction opened with tally::Open::Deletes.
 -- $1 uuid[] ids, $2 text[] states the job must still be in (a bulk action's
 -- filter, re-checked on the locked row; NULL: any).
--- Index: jobs_pkey.
--- Locking: the rows in id order (the order every batch statement locks in).
-WITH locked AS MATERIALIZED (
-    SELECT id
-    FROM jobs
-    WHERE id = ANY($1::uuid[])
-    ORDER BY id
-    FOR UPDATE
-)
+-- Follows jobs_locked_by_id.sql: `locked` is the rows of $1, locked in id
+-- order.
 , gone AS (
     DELETE FROM jobs j
     USING locked l
