@@ -293,7 +293,7 @@ impl Config {
                 queues.join(", ")
             ));
         }
-        Ok(())
+        self.endpoints.validate()
     }
 }
 
@@ -336,6 +336,25 @@ mod tests {
         );
         // Unset (or blank) still means a generated key.
         assert_eq!(with_secret(" ").validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_public_url_is_an_http_url_or_empty() {
+        let long = "k".repeat(MIN_SECRET_BYTES);
+        let with_url = |url: &str| {
+            let mut config = with_secret(&long);
+            config.endpoints.public_url = Some(url.to_owned());
+            config.validate()
+        };
+        assert_eq!(with_url("https://runlease.example.com"), Ok(()));
+        assert_eq!(with_url("http://10.0.0.5:8080/"), Ok(()));
+        assert_eq!(with_url(" "), Ok(()));
+        for bad in ["runlease.example.com", "ftp://x/", "https://"] {
+            assert!(
+                with_url(bad).unwrap_err().contains("RUNLEASE_PUBLIC_URL"),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

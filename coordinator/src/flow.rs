@@ -1,7 +1,8 @@
 //! Flow control: [`admit`], the arithmetic of a limited queue's claim (how
 //! many jobs `max_running` and the rate limit's token bucket let start), and
 //! [`FlowControl`], this coordinator's view of which queues have limits
-//! (`max_running`, `max_running_per_key`, `rate_limit`), refreshed from
+//! (`max_running`, `max_running_per_key`, `rate_limit`, an endpoint's
+//! `concurrency`) and endpoints, refreshed from
 //! PostgreSQL every second. The view only picks the path a claim takes: the
 //! limits themselves are read and enforced in PostgreSQL, under the queue's
 //! settings row lock, so a view a moment old can delay a queue's claims by

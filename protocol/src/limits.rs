@@ -64,3 +64,15 @@ pub const MAX_RETENTION_MS: i64 = 10 * 365 * 86_400_000;
 /// The window of a queue's `throughput` figures: jobs that ended in the
 /// last minute.
 pub const THROUGHPUT_WINDOW_MS: i64 = 60_000;
+/// Longest endpoint URL, bytes.
+pub const MAX_ENDPOINT_URL_LEN: usize = 2048;
+/// Default `timeout_ms` of a queue's endpoint.
+pub const DEFAULT_ENDPOINT_TIMEOUT_MS: i64 = 60_000;
+/// Shortest `timeout_ms` of a queue's endpoint.
+pub const MIN_ENDPOINT_TIMEOUT_MS: i64 = 1_000;
+/// Longest `timeout_ms` of a queue's endpoint (15 minutes).
+pub const MAX_ENDPOINT_TIMEOUT_MS: i64 = 900_000;
+/// Default `concurrency` of a queue's endpoint.
+pub const DEFAULT_ENDPOINT_CONCURRENCY: i64 = 10;
+/// Most `concurrency` of a queue's endpoint.
+pub const MAX_ENDPOINT_CONCURRENCY: i64 = 1_000;

@@ -330,3 +330,23 @@ pub struct EndpointConfig {
     )]
     pub public_url: Option<String>,
 }
+
+impl EndpointConfig {
+    /// Checks `RUNLEASE_PUBLIC_URL` (an http or https URL, or empty).
+    pub fn validate(&self) -> Result<(), String> {
+        let Some(raw) = self
+            .public_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+        else {
+            return Ok(());
+        };
+        match url::Url::parse(raw) {
+            Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => Ok(()),
+            _ => Err(format!(
+                "RUNLEASE_PUBLIC_URL is {raw:?}: it must be the http(s) URL endpoints reach this coordinator at, e.g. https://runlease.example.com"
+            )),
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use url::{Host, Url};
 
 /// The longest endpoint URL.
-pub const MAX_URL_LEN: usize = 2048;
+pub use runlease_protocol::limits::MAX_ENDPOINT_URL_LEN as MAX_URL_LEN;
 
 /// The hosts an endpoint may reach although their addresses are internal.
 #[derive(Debug, Clone, Default)]

@@ -42,16 +42,11 @@ use crate::http::AppState;
 pub const ENDPOINT_WORKER: &str = "runlease-endpoint";
 /// Connection failures in a row after which an endpoint is shown unhealthy.
 pub const UNHEALTHY_AFTER: u32 = 5;
-/// Default `timeout_ms` of an endpoint.
-pub const DEFAULT_TIMEOUT_MS: i64 = 60_000;
-/// Shortest `timeout_ms`.
-pub const MIN_TIMEOUT_MS: i64 = 1_000;
-/// Longest `timeout_ms` (15 minutes).
-pub const MAX_TIMEOUT_MS: i64 = 900_000;
-/// Default `concurrency` of an endpoint.
-pub const DEFAULT_CONCURRENCY: i64 = 10;
-/// Most `concurrency`.
-pub const MAX_CONCURRENCY: i64 = 1_000;
+pub use runlease_protocol::limits::{
+    DEFAULT_ENDPOINT_CONCURRENCY as DEFAULT_CONCURRENCY, DEFAULT_ENDPOINT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS,
+    MAX_ENDPOINT_CONCURRENCY as MAX_CONCURRENCY, MAX_ENDPOINT_TIMEOUT_MS as MAX_TIMEOUT_MS,
+    MIN_ENDPOINT_TIMEOUT_MS as MIN_TIMEOUT_MS,
+};
 /// How often the dispatcher looks for endpoints set or removed (the
 /// flow-control view it reads is refreshed every second, and at once by a
 /// PATCH on this coordinator).

@@ -81,8 +81,10 @@ pub(super) async fn send(
             ended = hold(&queue, &lease) => Open::Aborted(ended),
             () = stop.cancelled() => Open::Stopped,
         };
-        drop(open);
         settle(&queue, &lease, opened).await;
+        // Room for another only once the outcome is written: until then the
+        // job still runs as far as the claim's limits can see.
+        drop(open);
     }
     .instrument(span)
     .await;
@@ -105,6 +107,12 @@ async fn exchange(
         ("webhook-signature", signature),
         ("traceparent", traceparent_of(job)),
     ];
+    // Never longer than the attempt may run: its lease cannot be renewed past it.
+    let terms = queue.endpoints.state.store.lease_settings();
+    let attempt = job.timeout_ms.map_or(terms.default_timeout, |t| {
+        Duration::from_millis(u64::try_from(t).unwrap_or(0))
+    });
+    let timeout = Duration::from_millis(u64::try_from(setting.timeout_ms).unwrap_or(60_000)).min(attempt);
     let started = Instant::now();
     let reply = queue
         .endpoints
@@ -113,7 +121,7 @@ async fn exchange(
             url: &setting.url,
             headers,
             body,
-            timeout: Duration::from_millis(u64::try_from(setting.timeout_ms).unwrap_or(60_000)),
+            timeout,
         })
         .await;
     Open::Replied(reply, started.elapsed())
@@ -240,7 +248,12 @@ async fn settle(queue: &QueueDispatcher, lease: &LeaseRef, opened: Open) {
             return;
         }
     };
-    tracing::info!(outcome = ended.as_str(), "endpoint request ended");
+    // A completion or hand-off is routine; anything else is worth a line.
+    job_event!(
+        !matches!(ended, Ended::Completed | Ended::HandedOff),
+        outcome = ended.as_str(),
+        "endpoint request ended"
+    );
     metrics.ended(queue.queue.as_str(), ended);
 }
 

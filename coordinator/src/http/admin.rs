@@ -416,8 +416,11 @@ pub async fn endpoint_secret(
     if !caller.may_use_queue(&queue) {
         return Err(ApiError::forbidden_queue(queue.as_str()));
     }
-    let settings = state.store.queue_figures(Some(&queue), false).await?;
-    let keys = settings.into_iter().next().and_then(|f| f.settings.endpoint_keys);
+    let keys = state
+        .store
+        .queue_settings_of(&queue)
+        .await?
+        .and_then(|s| s.endpoint_keys);
     keys.map(|k| Json(secret_response(k)))
         .ok_or_else(|| no_secret(&queue))
 }

@@ -408,6 +408,20 @@ impl Store {
         .await
     }
 
+    /// `queue`'s settings, if it has any.
+    pub async fn queue_settings_of(&self, queue: &QueueName) -> Result<Option<QueueSettings>, StoreError> {
+        self.timed("queue_settings", || async move {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+            let only = Some(vec![queue.as_str()]);
+            match client.query_opt(&stmt, &[&only]).await? {
+                Some(row) => Ok(Some(settings_from_row(&row)?.1)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
     /// Applies `change` to `queue`'s settings (creating them); answers the result.
     pub async fn update_queue_settings(
         &self,

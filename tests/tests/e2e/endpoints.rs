@@ -5,7 +5,8 @@
 //! endpoint by wake-up, key rotation, a late answer for a lost lease
 //! refused, `concurrency` across two coordinators, an endpoint down then
 //! back without an attempt charged, the SSRF guard at PATCH and at connect
-//! time, and bad PATCH bodies.
+//! time, bad PATCH bodies, and open requests given back when a coordinator
+//! stops.
 //!
 //! The test endpoint answers what the job's payload says: `answers` is a
 //! list of `{status, body?, headers?, delay_ms?}`, the n-th request for a
@@ -583,6 +584,9 @@ async fn concurrency_holds_across_two_coordinators() {
     let b = TestCoordinator::start_with(&db, allow_loopback).await;
     let ep = TestEndpoint::start().await;
     set_endpoint(&a.api, "edge", json!({"url": ep.url(), "concurrency": 5})).await;
+    // Both dispatchers waiting (b learns of the endpoint at its next view refresh).
+    a.api.until_claims_parked(1).await;
+    b.api.until_claims_parked(1).await;
     let slow = json!({"answers": [{"status": 200, "delay_ms": 60}]});
     let batch: Vec<Value> = (0..60)
         .map(|_| json!({"queue": "edge", "payload": slow}))
@@ -730,12 +734,17 @@ async fn internal_addresses_are_refused_when_set_and_when_connecting() {
         "{error}"
     );
     assert_eq!(accepted.load(Ordering::SeqCst), 0);
-    let job = c.api.job(job.id).await;
-    assert!(
-        matches!(job.state, JobState::Queued | JobState::Running),
-        "{job:?}"
-    );
-    assert_eq!(attempts_charged(&db, job.id).await.max(0), job.attempt as i64);
+    // Released each time, uncharged: queued with no attempt used, or in its
+    // next (refused) request.
+    let id = uuid::Uuid::parse_str(&job.id.to_string()).unwrap();
+    let uncharged = db
+        .scalar(
+            "SELECT count(*) FROM jobs WHERE id = $1
+               AND ((state = 'queued' AND attempt = 0) OR (state = 'running' AND attempt = 1))",
+            &[&id],
+        )
+        .await;
+    assert_eq!(uncharged, 1, "{:?}", c.api.job(job.id).await);
     acceptor.abort();
 }
 
@@ -774,4 +783,45 @@ async fn bad_endpoint_settings_get_the_json_error_and_change_nothing() {
     assert!(q.get("endpoint").is_none(), "{q}");
     // The secret outlives the endpoint.
     secret(&c.api, "edge").await;
+}
+
+#[tokio::test]
+async fn a_coordinator_that_stops_gives_its_open_requests_back_uncharged() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, allow_loopback).await;
+    let ep = TestEndpoint::start().await;
+    set_endpoint(&c.api, "edge", json!({"url": ep.url(), "timeout_ms": 60000})).await;
+    let job = enqueue(
+        &c.api,
+        "edge",
+        json!({"answers": [{"status": 200, "delay_ms": 30000}, {"status": 200, "body": {"again": true}}]}),
+        1,
+    )
+    .await;
+    let id = job.id.to_string();
+    ep.seen
+        .until("the request", |all| {
+            all.iter().any(|r| r.json["job"]["id"] == id.as_str())
+        })
+        .await;
+    let started = Instant::now();
+    c.stop().await.expect("a clean stop");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "stopping took {:?}",
+        started.elapsed()
+    );
+    let uuid = uuid::Uuid::parse_str(&id).unwrap();
+    let back = db
+        .scalar(
+            "SELECT count(*) FROM jobs WHERE id = $1 AND state = 'queued' AND attempt = 0",
+            &[&uuid],
+        )
+        .await;
+    assert_eq!(back, 1, "the open request's lease was not given back uncharged");
+    // Another coordinator sends it again; its one attempt is still there.
+    let again = TestCoordinator::start_with(&db, allow_loopback).await;
+    let done = terminal(&again.api, job.id).await;
+    assert_eq!((done.state, done.attempt), (JobState::Done, 1));
+    assert_eq!(done.result, Some(json!({"again": true})));
 }

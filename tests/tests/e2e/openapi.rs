@@ -104,6 +104,10 @@ async fn openapi_yaml_is_served_without_a_key_and_names_every_route() {
 #[test]
 fn openapi_yaml_states_the_limits_of_limits_rs() {
     use runlease_protocol::limits::{
+        DEFAULT_ENDPOINT_CONCURRENCY, DEFAULT_ENDPOINT_TIMEOUT_MS, MAX_ENDPOINT_CONCURRENCY,
+        MAX_ENDPOINT_TIMEOUT_MS, MAX_ENDPOINT_URL_LEN, MIN_ENDPOINT_TIMEOUT_MS,
+    };
+    use runlease_protocol::limits::{
         MAX_ATTEMPTS_LIMIT, MAX_BATCH_JOBS, MAX_BULK_IDS, MAX_CLAIM_JOBS, MAX_CLAIM_QUEUES,
         MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_ERROR_LEN, MAX_IDEMPOTENCY_KEY_LEN,
         MAX_LEASES_PER_REQUEST, MAX_LIST_LIMIT, MAX_QUEUE_NAME_LEN, MAX_RATE, MAX_RETENTION_MS,
@@ -129,6 +133,12 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         format!("maximum: {MAX_RUNNING_LIMIT}"),
         format!("maximum: {MAX_RATE}"),
         format!("maximum: {MAX_RETENTION_MS}"),
+        format!("maxLength: {MAX_ENDPOINT_URL_LEN}"),
+        format!("minimum: {MIN_ENDPOINT_TIMEOUT_MS}"),
+        format!("maximum: {MAX_ENDPOINT_TIMEOUT_MS}"),
+        format!("maximum: {MAX_ENDPOINT_CONCURRENCY}"),
+        format!("default {DEFAULT_ENDPOINT_TIMEOUT_MS}"),
+        format!("default {DEFAULT_ENDPOINT_CONCURRENCY}"),
     ];
     for limit in expected {
         assert!(SPEC.contains(&limit), "docs/openapi.yaml does not say {limit:?}");
