@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use runlease_client::protocol::JobState;
 use runlease_client::protocol::admin::RateLimit;
-use runlease_client::protocol::limits::{MAX_RATE, MAX_RUNNING_LIMIT};
+use runlease_client::protocol::limits::{
+    MAX_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_TIMEOUT_MS, MAX_RATE, MAX_RUNNING_LIMIT, MIN_ENDPOINT_TIMEOUT_MS,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "runlease", version, about = "Talk to a runlease coordinator")]
@@ -294,11 +296,11 @@ pub enum QueuesCommand {
         #[arg(value_name = "URL")]
         endpoint: String,
         /// How long a request may stay open, ms: 1000 to 900000 (default 60000).
-        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(i64).range(1_000..=900_000))]
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(i64).range(MIN_ENDPOINT_TIMEOUT_MS..=MAX_ENDPOINT_TIMEOUT_MS))]
         timeout_ms: Option<i64>,
         /// Most requests open at once across every coordinator: 1 to 1000
         /// (default 10); max_running, when lower, holds too.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=1_000))]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=MAX_ENDPOINT_CONCURRENCY))]
         concurrency: Option<i64>,
     },
     /// Stop pushing a queue's jobs to its endpoint (admin key).
