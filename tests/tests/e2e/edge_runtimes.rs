@@ -5,12 +5,14 @@
 //! - the Cloudflare Worker (`cloudflare/worker.ts`, bundled with esbuild)
 //!   in workerd, Cloudflare's own runtime, through miniflare; it verifies
 //!   every request with the npm `standardwebhooks` package;
+//! - the Deno Deploy handler (`deno/main.ts`) in Deno (from npm), with the
+//!   same npm package;
 //! - the Lambda function URL (`lambda/app.py`) behind `lambda/local.py`,
 //!   verifying with the PyPI `standardwebhooks` package.
 //!
 //! Each completes short jobs in its answer, fails a job it can never run
 //! without a retry, and hands a long one off with 202 (ctx.waitUntil in
-//! workerd, a thread for the Lambda), heartbeating its progress and
+//! workerd, a promise left running in Deno, a thread for the Lambda), heartbeating its progress and
 //! completing it over fetch/urllib. A request with a forged signature or a
 //! stale timestamp is refused by the library (401) and leaves the job as
 //! it was, while the same request signed now would run it; a replay of a
@@ -39,6 +41,7 @@ use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 
 const QUEUE: &str = "edge";
@@ -152,12 +155,30 @@ fn python() -> PathBuf {
         .clone()
 }
 
-/// An endpoint process: the Worker in workerd, or the Lambda function behind
-/// local.py. Killed when dropped.
+/// An endpoint process: the Worker in workerd, the Deno handler, or the
+/// Lambda function behind local.py. Stopped with SIGTERM (to its pid only)
+/// when dropped, and waited for: run-workerd.mjs then stops workerd, its
+/// child, which a SIGKILL of node would leave running.
 struct Endpoint {
     url: String,
-    _child: Child,
+    child: Child,
     _lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let Some(pid) = self.child.id().filter(|pid| *pid > 1) else {
+            return;
+        };
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline && !matches!(self.child.try_wait(), Ok(Some(_))) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 /// The first line of `child`'s standard output, as JSON (30 s at most).
@@ -194,7 +215,51 @@ impl Endpoint {
         assert_eq!(url, format!("http://127.0.0.1:{port}/"));
         Self {
             url,
-            _child: child,
+            child,
+            _lines: lines,
+        }
+    }
+
+    /// The Deno Deploy handler (deno/main.ts) in Deno on `port`; Deno comes
+    /// from npm (the `deno` package's binary), and resolves the example's
+    /// `npm:standardwebhooks` from node_modules.
+    async fn deno(secret: &str, port: u16) -> Self {
+        let dir = build_worker();
+        let deno = [
+            "node_modules/@deno/linux-x64-glibc/deno",
+            "node_modules/deno/deno",
+        ]
+        .iter()
+        .map(|p| dir.join(p))
+        .find(|p| p.exists())
+        .expect("Deno from npm (examples/edge: npm ci) must be installed");
+        let mut child = Command::new(&deno)
+            .args(["run", "--allow-net", "--allow-env", "deno/main.ts"])
+            .current_dir(&dir)
+            .env("RUNLEASE_ENDPOINT_SECRET", secret)
+            .env("PORT", port.to_string())
+            .env("DENO_NO_UPDATE_CHECK", "1")
+            .env_remove("RUNLEASE_KEY")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{}: {e}", deno.display()));
+        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "Deno did not listen on {port} within 30 s"
+            );
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("Deno exited before it listened: {status}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Self {
+            url: format!("http://127.0.0.1:{port}/"),
+            child,
             _lines: lines,
         }
     }
@@ -217,7 +282,7 @@ impl Endpoint {
         assert_eq!(said["listening"], port, "{said}");
         Self {
             url: format!("http://127.0.0.1:{port}/"),
-            _child: child,
+            child,
             _lines: lines,
         }
     }
@@ -439,6 +504,16 @@ async fn edge_cloudflare_worker_in_workerd_verifies_answers_and_hands_long_jobs_
     let worker = Endpoint::workerd(&secret, port).await;
     serves_the_answers(&c.api).await;
     refuses_forged_and_stale_and_fences_a_replay(&c.api, &worker.url, &secret).await;
+}
+
+#[tokio::test]
+async fn edge_deno_handler_in_deno_verifies_answers_and_hands_long_jobs_off() {
+    let db = TestDb::new().await;
+    let c = coordinator(&db, Duration::from_secs(3600)).await;
+    let (port, secret) = endpoint_on_a_free_port(&c.api).await;
+    let handler = Endpoint::deno(&secret, port).await;
+    serves_the_answers(&c.api).await;
+    refuses_forged_and_stale_and_fences_a_replay(&c.api, &handler.url, &secret).await;
 }
 
 #[tokio::test]
