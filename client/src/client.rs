@@ -8,7 +8,9 @@
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
-use runlease_protocol::admin::{BulkJobsRequest, BulkJobsResponse, ListJobsResponse, UpdateQueueRequest};
+use runlease_protocol::admin::{
+    BulkJobsRequest, BulkJobsResponse, EndpointSecretResponse, ListJobsResponse, UpdateQueueRequest,
+};
 use runlease_protocol::limits::MAX_SCHEDULE_NAME_LEN;
 use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, ListQueuesResponse, QueueSummary,
@@ -369,6 +371,34 @@ impl Client {
         .await
     }
 
+    /// The signing secret of the queue's endpoint (admin key), and during a
+    /// rotation the previous one, which still signs until it expires.
+    pub async fn endpoint_secret(&self, queue: &str) -> Result<EndpointSecretResponse> {
+        self.call::<(), _>(
+            Method::GET,
+            &endpoint_secret_path(queue, "")?,
+            None,
+            Repeat::Safe,
+            Duration::ZERO,
+        )
+        .await
+    }
+
+    /// Makes a new signing secret for the queue's endpoint (admin key); the
+    /// previous one keeps signing beside it for the coordinator's rotation
+    /// window. Not retried: a repeat would rotate again and cut the window
+    /// of the secret the endpoint still holds.
+    pub async fn rotate_endpoint_secret(&self, queue: &str) -> Result<EndpointSecretResponse> {
+        self.call(
+            Method::POST,
+            &endpoint_secret_path(queue, "/rotate")?,
+            Some(&serde_json::json!({})),
+            Repeat::Once,
+            Duration::ZERO,
+        )
+        .await
+    }
+
     /// Creates or replaces the schedule `name` (admin key); answers it as
     /// stored, with its next fire time (the first after now). Retried: a
     /// repeat sets the same values (its answer says 200 rather than 201,
@@ -496,6 +526,15 @@ fn checked_schedule_path(name: &str) -> Result<String> {
         )));
     }
     Ok(routes::schedule_path(name))
+}
+
+/// `/v1/queues/{queue}/endpoint-secret` and what follows it (`suffix`), for
+/// a checked queue name.
+fn endpoint_secret_path(queue: &str, suffix: &str) -> Result<String> {
+    let queue = QueueName::new(queue).map_err(|e| Error::Config(e.to_string()))?;
+    let queue = routes::queue_path(queue.as_str());
+    let route = routes::QUEUE_ENDPOINT_SECRET.replace("/v1/queues/{queue}", &queue);
+    Ok(format!("{route}{suffix}"))
 }
 
 /// `value` percent-encoded for a query string (all but RFC 3986's unreserved bytes).

@@ -104,6 +104,62 @@ function limits(s) {
   return parts.length ? parts.join(" · ") : "–";
 }
 
+/** A queue's endpoint health as a badge with a shape: ● healthy, ✕ unhealthy. */
+function healthBadge(e) {
+  return e.healthy
+    ? h("span", { class: "badge active", "data-endpoint-health": "healthy" }, h("span", { class: "icon", "aria-hidden": "true" }, "●"), " Healthy")
+    : h(
+        "span",
+        { class: "badge unhealthy", "data-endpoint-health": "unhealthy", title: `${e.consecutive_failures} connection failures in a row` },
+        h("span", { class: "icon", "aria-hidden": "true" }, "✕"),
+        " Unhealthy",
+      );
+}
+
+/** The queues table's endpoint cell: health and requests in flight, or a dash for pull only. */
+function endpointCell(q) {
+  const e = q.endpoint;
+  if (!e) return h("td", { class: "endpoint", "data-endpoint": "none" }, h("span", { class: "muted", title: "served by pull workers only" }, "–"));
+  const title = `${e.url}${e.last_error ? `\nlast error: ${e.last_error}` : ""}`;
+  return h(
+    "td",
+    { class: "endpoint", "data-endpoint": e.url, title },
+    healthBadge(e),
+    h("div", { class: "sub", "data-endpoint-in-flight": e.in_flight }, `${fmt.count(e.in_flight)}/${fmt.count(e.concurrency)} in flight`),
+  );
+}
+
+/**
+ * A queue's endpoint on its page: where, health, in flight, time-out, last
+ * error. A list of top-level nodes (none for a pull-only queue): the view's
+ * nodes are patched in one by one.
+ */
+function endpointFacts(q, now) {
+  const e = q.endpoint;
+  if (!e) return [];
+  const section = h(
+    "section",
+    { class: "endpoint-facts", "aria-label": "Endpoint", "data-endpoint": e.url },
+    h("h2", {}, "Endpoint"),
+    h(
+      "dl",
+      { class: "facts" },
+      fact("URL", h("span", { class: "mono selectable", "data-endpoint-url": "" }, e.url), true),
+      fact("Health", healthBadge(e)),
+      fact("In flight", h("span", { "data-endpoint-in-flight": e.in_flight }, `${fmt.count(e.in_flight)} of ${fmt.count(e.concurrency)}`)),
+      fact("Time-out", fmt.duration(e.timeout_ms)),
+      fact(
+        "Last error",
+        e.last_error
+          ? h("span", { class: "bad", "data-endpoint-last-error": "" }, e.last_error, e.last_error_at ? h("span", { class: "sub" }, " · ", time(e.last_error_at, now)) : null)
+          : h("span", { class: "muted", "data-endpoint-last-error": "" }, "–"),
+        true,
+      ),
+    ),
+  );
+  return [section];
+}
+
 function throughputOf(q) {
   const t = q.throughput || { window_ms: 60000, done: 0, failed: 0, cancelled: 0 };
   return t;
@@ -153,6 +209,7 @@ export function queuesView(data, now) {
                 h("th", { scope: "col", class: "n" }, "Oldest waiting"),
                 h("th", { scope: "col", class: "n" }, "Throughput"),
                 h("th", { scope: "col" }, "Limits"),
+                h("th", { scope: "col" }, "Endpoint"),
                 h("th", { scope: "col" }, h("span", { class: "sr-only" }, "Actions")),
               ),
             ),
@@ -182,6 +239,7 @@ export function queuesView(data, now) {
                     t.failed ? h("div", { class: "sub bad" }, `${fmt.rate(t.failed, t.window_ms)} failed`) : null,
                   ),
                   h("td", { class: "limits" }, limits(q.settings)),
+                  endpointCell(q),
                   h("td", { class: "act" }, pauseButton(q)),
                 );
               }),
@@ -237,6 +295,7 @@ export function queueView(data, route, now) {
       fact("Lease expiries", fmt.count(q.lease_expiries)),
       fact("Limits", limits(q.settings)),
     ),
+    ...endpointFacts(q, now),
     h("div", { class: "chips", role: "group", "aria-label": "Filter by state" }, chip("All", [], counted(STATES)), STATES.map((s) => chip(STATE_LABEL[s], [s], q.counts[s]))),
     h(
       "div",

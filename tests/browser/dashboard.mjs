@@ -5,7 +5,7 @@
 //   node dashboard.mjs '<json plan>'
 //
 // The plan names the coordinator (`base`), the scenario (`admin`,
-// `producer`, `open`), the keys, the figures the page must show and where
+// `producer`, `open`, `endpoint`), the keys, the figures the page must show and where
 // screenshots go. The script fails (exit 1, the reason on stderr) when a
 // step's condition is not met in time, when the page logs a console error
 // or throws, when it requests anything not served by the coordinator, or
@@ -369,9 +369,73 @@ async function open(browser) {
   await context.close();
 }
 
+/**
+ * Queues served by endpoints (no keys): the queues table shows each one's
+ * health and requests in flight, a pull-only queue a dash; a queue's page
+ * shows its endpoint's URL, health, in flight, time-out and last error.
+ * `plan.endpoints`: {queue: {url, healthy, in_flight, concurrency, last_error}}
+ * (last_error: a piece of it, or null), `plan.pull_queue`.
+ */
+async function endpoint(browser) {
+  const { context, page } = await openPage(browser, "light");
+  await page.goto(`${plan.base}/ui`);
+  await until(page, "the queues page", () => document.querySelector("#queues tbody tr"));
+  await until(page, "an Endpoint column", () => [...document.querySelectorAll("#queues thead th")].some((th) => th.textContent === "Endpoint"));
+  for (const [queue, e] of Object.entries(plan.endpoints)) {
+    await until(
+      page,
+      `queue ${queue}: endpoint ${e.healthy ? "healthy" : "unhealthy"}, ${e.in_flight}/${e.concurrency} in flight`,
+      ([q, e]) => {
+        const row = [...document.querySelectorAll("#queues tbody tr")].find((r) => r.getAttribute("data-queue") === q);
+        const cell = row && row.querySelector("td.endpoint");
+        if (!cell || cell.getAttribute("data-endpoint") !== e.url) return false;
+        const health = cell.querySelector("[data-endpoint-health]");
+        return (
+          health.getAttribute("data-endpoint-health") === (e.healthy ? "healthy" : "unhealthy") &&
+          health.textContent.includes(e.healthy ? "Healthy" : "Unhealthy") &&
+          cell.textContent.includes(`${e.in_flight}/${e.concurrency} in flight`) &&
+          (e.last_error === null || cell.title.includes(e.last_error))
+        );
+      },
+      [queue, e],
+    );
+  }
+  const pull = page.locator(`#queues tbody tr[data-queue="${plan.pull_queue}"] td.endpoint`);
+  check((await pull.getAttribute("data-endpoint")) === "none", "a pull-only queue has no endpoint");
+  await shot(page, "endpoints");
+
+  for (const [queue, e] of Object.entries(plan.endpoints)) {
+    await page.goto(`${plan.base}/ui#/queues/${encodeURIComponent(queue)}`);
+    await until(
+      page,
+      `the endpoint facts of ${queue}`,
+      ([q, e]) => {
+        const section = document.querySelector("#main[data-view=queue] section.endpoint-facts");
+        if (!section || document.querySelector("#main h1")?.textContent !== q) return false;
+        const text = section.innerText;
+        const error = section.querySelector("[data-endpoint-last-error]").textContent;
+        return (
+          section.querySelector("[data-endpoint-url]").textContent === e.url &&
+          section.querySelector("[data-endpoint-health]").getAttribute("data-endpoint-health") === (e.healthy ? "healthy" : "unhealthy") &&
+          text.includes(`${e.in_flight} of ${e.concurrency}`) &&
+          (e.last_error === null ? error === "–" : error.includes(e.last_error))
+        );
+      },
+      [queue, e],
+    );
+    if (!e.healthy) await shot(page, "endpoint-unhealthy");
+  }
+  await page.goto(`${plan.base}/ui#/queues/${encodeURIComponent(plan.pull_queue)}`);
+  await until(page, "the pull-only queue's page", ([q]) => document.querySelector("#main[data-view=queue] h1")?.textContent === q, [plan.pull_queue]);
+  check((await page.locator("section.endpoint-facts").count()) === 0, "a pull-only queue shows no endpoint");
+  measured.endpoints_checked = Object.keys(plan.endpoints).length;
+  checkProblems("endpoint");
+  await context.close();
+}
+
 const browser = await chromium.launch({ executablePath: CHROMIUM, args: FLAGS, headless: true });
 try {
-  const scenarios = { admin, producer, open };
+  const scenarios = { admin, producer, open, endpoint };
   const run = scenarios[plan.scenario];
   check(run, `unknown scenario ${plan.scenario}`);
   await run(browser);

@@ -8,7 +8,8 @@
 //! confirmed with that count and retries exactly those; a queue paused from
 //! the page hands out no claim, one resumed from it hands out work again; a
 //! producer key sees everything and can retry nothing; without keys the
-//! page just works. The script fails on any console error of the page or
+//! page just works; queues served by endpoints show each endpoint's
+//! health, requests in flight and last error. The script fails on any console error of the page or
 //! any request to anything but the coordinator.
 //!
 //! Screenshots go to a temporary directory, or to `RUNLEASE_SCREENSHOTS`
@@ -23,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use runlease_tests::{Api, CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
+
+use crate::cli_endpoints::HeldEndpoint;
 
 const ADMIN_KEY: &str = "dashboard-admin-key-0123";
 const PRODUCER_KEY: &str = "dashboard-producer-key-0123";
@@ -476,4 +479,87 @@ async fn dashboard_files_are_served_with_a_strict_policy_and_revalidated() {
     let (status, body) = c.api.with_key(PRODUCER_KEY).get("/v1/whoami").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["role"], "producer");
+}
+
+/// GET /v1/queues/{queue} until `pred` holds of it (20 s at most).
+async fn queue_until(api: &Api, queue: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    let started = Instant::now();
+    loop {
+        let q = counts(api, queue).await;
+        if pred(&q) {
+            return q;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{what}: not so after 20 s: {q}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn dashboard_shows_each_queues_endpoint_its_health_in_flight_and_last_error() {
+    let db = TestDb::new().await;
+    let held = HeldEndpoint::start().await;
+    // A port nobody listens on: every push is refused.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let c = CoordinatorProcess::start(
+        &db,
+        &[
+            ("RUNLEASE_ENDPOINT_ALLOW_HOSTS", "127.0.0.1".to_owned()),
+            ("RUNLEASE_ENDPOINT_BACKOFF_MS", "10".to_owned()),
+            ("RUNLEASE_ENDPOINT_BACKOFF_MAX_MS", "50".to_owned()),
+        ],
+    )
+    .await;
+    let api = &c.api;
+    let set = |queue: &'static str, url: String, concurrency: i64| async move {
+        let (status, body) = api
+            .patch(
+                &format!("/v1/queues/{queue}"),
+                &json!({"endpoint": {"url": url, "concurrency": concurrency}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    };
+    set("hooks", held.url(), 4).await;
+    set("down", format!("http://127.0.0.1:{closed}/"), 2).await;
+    api.enqueue("hooks", json!({"n": 1})).await;
+    api.enqueue("down", json!({"n": 1})).await;
+    api.enqueue("pulled", json!({"n": 1})).await;
+
+    queue_until(api, "hooks", "the push held open", |q| {
+        q["endpoint"]["in_flight"] == 1
+    })
+    .await;
+    let down = queue_until(api, "down", "the refused endpoint unhealthy", |q| {
+        q["endpoint"]["healthy"] == false && q["endpoint"]["last_error"].is_string()
+    })
+    .await;
+    let down_error: String = down["endpoint"]["last_error"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .take(24)
+        .collect();
+    assert_eq!(
+        down["counts"]["failed"], 0,
+        "a refused connection charges nothing: {down}"
+    );
+
+    let report = drive(json!({
+        "scenario": "endpoint",
+        "base": api.base(),
+        "screenshots": screenshots(&db),
+        "endpoints": {
+            "hooks": {"url": held.url(), "healthy": true, "in_flight": 1, "concurrency": 4, "last_error": null},
+            "down": {"url": format!("http://127.0.0.1:{closed}/"), "healthy": false, "in_flight": 0, "concurrency": 2, "last_error": down_error},
+        },
+        "pull_queue": "pulled",
+    }))
+    .await;
+    assert_eq!(report["endpoints_checked"], 2, "{report}");
 }

@@ -640,7 +640,7 @@ pub async fn report(
     concurrency: usize,
     rounds: usize,
     coordinators: &[usize],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Option<f64>> {
     let concurrency = u32::try_from(concurrency)?;
     for s in systems {
         match s {
@@ -763,7 +763,13 @@ pub async fn report(
         println!("{}", row.replace("NaN / NaN", "–").replace("NaN", "–"));
     }
     print_paired(systems, &runs);
-    Ok(())
+    // The first system's median at the most workers, one process: what a
+    // push drain is set beside.
+    let most = workers.iter().copied().max().unwrap_or(0);
+    Ok(runs
+        .iter()
+        .find(|((b, w, k), _)| *b == 0 && *w == most && *k == 1)
+        .map(|(_, v)| med(v, |(r, _)| r.jobs_per_s)))
 }
 
 /// Each build against the first one named, round by round: the drains of a

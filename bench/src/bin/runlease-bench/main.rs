@@ -38,7 +38,12 @@
 //!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
 //!   measured the same way. `--coordinators 1,3` runs each build as that
 //!   many processes over one database, the workers spread over them (the
-//!   scale-out figures). See `drain.rs` and `roofline.rs`.
+//!   scale-out figures). `--push` adds a push drain of the first build in
+//!   the same run: its queue served by an endpoint in this process, answering
+//!   200 at once, with as many requests in flight as the most workers; push
+//!   jobs/s (× the pull drain at those workers), PostgreSQL transactions per
+//!   job, and enqueue→request p50/p99 at 500 jobs/s offered. See `drain.rs`,
+//!   `push.rs` and `roofline.rs`.
 //! - `pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
 //!   backend's CPU) with the coordinator's claim and finish statements on one
 //!   connection, on the schema as migrated and on variants each without one
@@ -75,6 +80,7 @@ mod flow;
 mod history;
 mod parked;
 mod parts;
+mod push;
 mod raw;
 mod roofline;
 mod sdk;
@@ -226,6 +232,14 @@ struct DrainArgs {
     /// Processes per build over one database, the workers spread over them.
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = at_least_one())]
     coordinators: Vec<usize>,
+    /// Also a push drain of the first build: the queue served by an endpoint
+    /// in this process (as many requests in flight as the most workers),
+    /// then enqueue→request latency at 500 jobs/s offered (see `push.rs`).
+    #[arg(long)]
+    push: bool,
+    /// Seconds of the push latency phase (500 jobs/s offered).
+    #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<u64>::new().range(1..=600))]
+    push_latency_s: u64,
 }
 
 #[derive(Args)]
@@ -319,7 +333,7 @@ async fn main() -> anyhow::Result<()> {
             if let Some(dir) = a.graphile {
                 systems.push(drain::System::Graphile(dir));
             }
-            drain::report(
+            let pull = drain::report(
                 &systems,
                 &a.workers,
                 a.jobs,
@@ -327,7 +341,29 @@ async fn main() -> anyhow::Result<()> {
                 a.repeat,
                 &a.coordinators,
             )
-            .await
+            .await?;
+            if a.push {
+                let drain::System::Coordinator(build) = &systems[0] else {
+                    anyhow::bail!("--push drains a coordinator build: name one first");
+                };
+                let in_flight = a.workers.iter().copied().max().unwrap_or(256);
+                let p = push::run(&build.binary, a.jobs, in_flight, a.push_latency_s).await?;
+                println!(
+                    "\npush drain ({}, {} preloaded jobs, endpoint concurrency {in_flight}, an endpoint answering 200 at once): {:.0} jobs/s{}, {:.3} PG xacts/job; enqueue→request at 500 jobs/s offered ({} jobs): p50 {:.1} ms, p99 {:.1} ms",
+                    build.name,
+                    a.jobs,
+                    p.jobs_per_s,
+                    pull.map_or_else(String::new, |pull| format!(
+                        " (×{:.2} the pull drain at {in_flight} workers, {pull:.0} jobs/s)",
+                        p.jobs_per_s / pull
+                    )),
+                    p.xacts,
+                    p.offered,
+                    p.latency.0,
+                    p.latency.1
+                );
+            }
+            Ok(())
         }
         Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
         Command::History(a) => history::report(&a.sizes, a.jobs).await,

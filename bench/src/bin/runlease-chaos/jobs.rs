@@ -4,8 +4,19 @@
 
 use serde_json::{Value, json};
 
-/// The queue every soak job is on.
+/// The queue of the soak's pulled jobs.
 pub const QUEUE: &str = "chaos";
+
+/// The queue served by the soak's endpoint: the coordinators push its jobs.
+pub const PUSH_QUEUE: &str = "chaos-push";
+
+/// Both queues.
+pub const QUEUES: [&str; 2] = [QUEUE, PUSH_QUEUE];
+
+/// The queue of job number `n`: one job in four is pushed to the endpoint.
+pub fn queue(n: u64) -> &'static str {
+    if n % 4 == 3 { PUSH_QUEUE } else { QUEUE }
+}
 
 /// Attempts a soak job may be charged: faults (killed workers, partitions,
 /// stalls) charge attempts, and a job must never fail for their sake.

@@ -2,13 +2,17 @@
 //! its own — a PostgreSQL cluster (`initdb` in a temporary directory, a free
 //! port), a redis-server, two or three coordinator processes each reaching
 //! PostgreSQL through a TCP proxy, and worker processes speaking HTTP (the
-//! `worker` mode of this binary), one of them through a proxy too — then
+//! `worker` mode of this binary), one of them through a proxy too, and an
+//! HTTP endpoint (the `endpoint` mode) serving a second queue whose jobs the
+//! coordinators push — then
 //! enqueues jobs at a steady rate while it injects, on a schedule: workers
 //! SIGKILLed mid-job and replaced, a worker stopped (SIGSTOP) past its lease
 //! that then tries to finish, jobs whose handler stalls past its lease, a
 //! coordinator SIGKILLed and restarted, Redis stopped, PostgreSQL restarted
 //! (`pg_ctl restart -m fast`), a worker partitioned from its coordinator past
-//! the TTL, and the database connections of a coordinator frozen.
+//! the TTL, the database connections of a coordinator frozen, and the
+//! endpoint SIGKILLed mid-request and restarted (besides the answers it
+//! loses on purpose).
 //!
 //! At the end it checks every job against the database and the workers' own
 //! logs (see `verify`) and exits 1 when a target is missed: 0 jobs lost, 0
@@ -23,13 +27,15 @@
 //! ```
 //!
 //! Layout: `cluster` (the private PostgreSQL), `jobs` (payloads and the
-//! results they determine), `worker` (the worker mode), `process` (the
+//! results they determine), `worker` (the worker mode), `endpoint` (the
+//! endpoint mode), `process` (the
 //! coordinator processes, signals), `producer` (the enqueueing), `soak` (the
 //! world and the fault schedule), `verify` (the checks and the report).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cluster;
+mod endpoint;
 mod jobs;
 mod process;
 mod producer;
@@ -60,6 +66,29 @@ enum Command {
     Soak(SoakOptions),
     /// A worker process of the soak (the soak starts these itself).
     Worker(WorkerOptions),
+    /// The endpoint process of the soak's endpoint-served queue (the soak
+    /// starts it itself; the secret comes in RUNLEASE_ENDPOINT_SECRET).
+    Endpoint(EndpointOptions),
+}
+
+/// The endpoint mode's options.
+#[derive(Args)]
+struct EndpointOptions {
+    /// Where it listens, 127.0.0.1:PORT.
+    #[arg(long, value_name = "ADDR")]
+    listen: String,
+    /// Where the pushes it read go (appended).
+    #[arg(long, value_name = "FILE")]
+    log: PathBuf,
+    /// Its name in the results it answers.
+    #[arg(long)]
+    id: String,
+    /// The queue's endpoint secret.
+    #[arg(long, env = "RUNLEASE_ENDPOINT_SECRET", hide_env_values = true)]
+    secret: String,
+    /// The handler's run time, ms, drawn per push from `LO..HI`.
+    #[arg(long, value_name = "LO..HI", default_value = "5..40", value_parser = parse_range)]
+    work_ms: (u64, u64),
 }
 
 /// The soak's options: `--short` picks the short soak's values, and each
@@ -211,6 +240,16 @@ impl SoakOptions {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Worker(options) => worker::run(options.into_args()).await,
+        Command::Endpoint(o) => {
+            endpoint::run(endpoint::EndpointArgs {
+                listen: o.listen,
+                log: o.log,
+                id: o.id,
+                secret: o.secret,
+                work_ms: o.work_ms,
+            })
+            .await
+        }
         Command::Soak(options) => {
             let passed = soak::run(options.into_args()?).await?;
             if !passed {

@@ -52,6 +52,9 @@ impl Coordinator {
             .env("RUNLEASE_REAPER_INTERVAL_MS", "500")
             .env("RUNLEASE_DATABASE_POOL_SIZE", "10")
             .env("RUNLEASE_SHUTDOWN_GRACE_MS", "5000")
+            // The soak's endpoint listens on 127.0.0.1 over plain http.
+            .env("RUNLEASE_ENDPOINT_ALLOW_HOSTS", "127.0.0.1")
+            .env("RUNLEASE_ENDPOINT_BACKOFF_MAX_MS", "2000")
             .env("RUST_LOG", "info")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)

@@ -35,7 +35,7 @@ pub async fn produce(
         let body = json!({
             "jobs": (n..end)
                 .map(|i| json!({
-                    "queue": jobs::QUEUE,
+                    "queue": jobs::queue(i),
                     "payload": jobs::payload(i, stall_every),
                     "max_attempts": jobs::MAX_ATTEMPTS,
                     "idempotency_key": jobs::idempotency_key(i),

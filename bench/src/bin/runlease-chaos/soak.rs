@@ -1,7 +1,7 @@
 //! The soak's world and its fault schedule: PostgreSQL, Redis, coordinator
-//! processes behind database proxies, worker processes, a producer, and one
-//! fault after another until every job is enqueued; then the drain and the
-//! verification.
+//! processes behind database proxies, worker processes, the endpoint that
+//! serves the pushed queue, a producer, and one fault after another until
+//! every job is enqueued; then the drain and the verification.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -100,6 +100,15 @@ struct WorkerProc {
     partitionable: bool,
 }
 
+/// The endpoint process: one port for its life, restarted after a kill.
+struct EndpointProc {
+    port: u16,
+    secret: String,
+    log: PathBuf,
+    child: Option<Child>,
+    starts: usize,
+}
+
 /// What the schedule did, for the report.
 #[derive(Default)]
 pub struct Faults {
@@ -119,6 +128,8 @@ pub struct Faults {
     pub partitions: usize,
     /// Database-connection freezes.
     pub freezes: usize,
+    /// Endpoint processes SIGKILLed (and restarted).
+    pub endpoint_kills: usize,
     /// Workers stopped past their lease (ids).
     pub stopped: Vec<String>,
     /// Workers partitioned past their lease (ids).
@@ -136,6 +147,8 @@ struct World {
     /// Between the partitionable worker and its coordinator.
     worker_proxy: Proxy,
     workers: Vec<WorkerProc>,
+    /// The endpoint serving [`jobs::PUSH_QUEUE`].
+    endpoint: EndpointProc,
     /// Every worker log ever written (killed workers' too).
     logs: Vec<PathBuf>,
     worker_serial: usize,
@@ -220,6 +233,8 @@ impl World {
             coordinators[coordinators.len() - 1].port,
         )))
         .await;
+        let endpoint =
+            EndpointProc::set_up(&dir, &format!("http://127.0.0.1:{}", coordinators[0].port)).await?;
         let rng = Rng::new(args.seed);
         let mut world = Self {
             dir,
@@ -229,6 +244,7 @@ impl World {
             coordinators,
             worker_proxy,
             workers: Vec::new(),
+            endpoint,
             logs: Vec::new(),
             worker_serial: 0,
             rng,
@@ -247,6 +263,15 @@ impl World {
             world.workers.push(w);
         }
         say(t0, &format!("{} workers started", world.workers.len()));
+        world.endpoint.start(world.args.work_ms)?;
+        say(
+            t0,
+            &format!(
+                "endpoint serving {} on port {}",
+                jobs::PUSH_QUEUE,
+                world.endpoint.port
+            ),
+        );
         Ok(world)
     }
 
@@ -312,7 +337,10 @@ impl World {
         // coordinators themselves; nothing else is left in a faulty state.
         self.drain().await?;
         let client = self.pg.connect(DATABASE).await?;
+        // Pushed stall jobs lose their answer at the endpoint instead: only
+        // the pulled ones finish late in a worker's log.
         let stalls = (0..self.args.jobs)
+            .filter(|n| jobs::queue(*n) == jobs::QUEUE)
             .filter(|n| jobs::Kind::of(*n, self.args.stall_every) == jobs::Kind::Stall)
             .count();
         // The stalled first leases finish late; wait (bounded) for their
@@ -324,6 +352,7 @@ impl World {
             tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         self.stop_workers().await;
+        self.endpoint.stop().await;
         let counters = self.coordinator_counters().await;
         self.stop_coordinators().await;
         let expect = Expect {
@@ -352,7 +381,15 @@ impl World {
         for (name, value) in &counters {
             println!("  {name:<42} {value}");
         }
+        let pushes = endpoint_answers(&self.endpoint.log);
+        println!(
+            "endpoint answers: {} ok, {} failed (500), {} busy (503), {} lost (no answer), {} bad signatures, {} torn log lines",
+            pushes.ok, pushes.failed, pushes.busy, pushes.lost, pushes.bad_signature, pushes.torn
+        );
         let mut missing_faults = self.missing_faults();
+        if pushes.lost == 0 {
+            missing_faults.push("an endpoint answer lost");
+        }
         if by_stopped == 0 {
             missing_faults.push("a stale finish from a stopped worker");
         }
@@ -366,8 +403,17 @@ impl World {
         if !missing_faults.is_empty() {
             println!("faults that did not happen: {}", missing_faults.join(", "));
         }
-        let passed =
-            report.passed() && missing_faults.is_empty() && self.faults.producer_server_errors.is_empty();
+        if pushes.bad_signature > 0 {
+            println!(
+                "  the endpoint refused {} pushes as badly signed",
+                pushes.bad_signature
+            );
+        }
+        let passed = report.passed()
+            && missing_faults.is_empty()
+            && self.faults.producer_server_errors.is_empty()
+            && pushes.bad_signature == 0
+            && pushes.ok > 0;
         println!("verdict: {}", if passed { "PASS" } else { "FAIL" });
         Ok(passed)
     }
@@ -382,6 +428,7 @@ impl World {
             (f.pg_restarts, "PostgreSQL restart"),
             (f.partitions, "worker partition"),
             (f.freezes, "database connection freeze"),
+            (f.endpoint_kills, "endpoint SIGKILL"),
         ]
         .into_iter()
         .filter(|(n, _)| *n == 0)
@@ -419,6 +466,36 @@ impl World {
         self.partition_worker().await?;
         self.gap().await;
         self.freeze_database(round);
+        self.gap().await;
+        self.kill_endpoint().await?;
+        Ok(())
+    }
+
+    /// SIGKILLs the endpoint while it holds requests (when it does within
+    /// 10 s), restarts it on the same port a second later.
+    async fn kill_endpoint(&mut self) -> anyhow::Result<()> {
+        let client = self.pg.connect(DATABASE).await?;
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'running'",
+                    &[&jobs::PUSH_QUEUE],
+                )
+                .await?;
+            if row.get::<_, i64>(0) > 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.endpoint.stop().await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.endpoint.start(self.args.work_ms)?;
+        self.note(format!(
+            "endpoint SIGKILLed mid-request and restarted on port {}",
+            self.endpoint.port
+        ));
+        self.faults.endpoint_kills += 1;
         Ok(())
     }
 
@@ -570,8 +647,8 @@ impl World {
         loop {
             let row = client
                 .query_one(
-                    "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed', 'cancelled')) FROM jobs WHERE queue = $1",
-                    &[&jobs::QUEUE],
+                    "SELECT count(*), count(*) FILTER (WHERE state IN ('done', 'failed', 'cancelled')) FROM jobs WHERE queue = ANY($1)",
+                    &[&&jobs::QUEUES[..]],
                 )
                 .await?;
             let (total, terminal): (i64, i64) = (row.get(0), row.get(1));
@@ -652,6 +729,111 @@ impl World {
     /// Leaves nothing running: called whether the soak passed or not.
     async fn shutdown(&mut self) {
         self.stop_workers().await;
+        self.endpoint.stop().await;
         self.stop_coordinators().await;
     }
+}
+
+impl EndpointProc {
+    /// Serves [`jobs::PUSH_QUEUE`] by an endpoint on a free port (through
+    /// the coordinator at `coordinator`) and reads the queue's secret.
+    async fn set_up(dir: &std::path::Path, coordinator: &str) -> anyhow::Result<Self> {
+        let port = runlease_tests::process::free_port();
+        let http = reqwest::Client::new();
+        let queue = format!("{coordinator}/v1/queues/{}", jobs::PUSH_QUEUE);
+        let set = http
+            .patch(&queue)
+            .json(&serde_json::json!({"endpoint": {"url": format!("http://127.0.0.1:{port}/"), "timeout_ms": 10_000, "concurrency": 16}}))
+            .send()
+            .await?;
+        if !set.status().is_success() {
+            bail!(
+                "setting the endpoint answered {}: {}",
+                set.status(),
+                set.text().await.unwrap_or_default()
+            );
+        }
+        let secret: serde_json::Value = http
+            .get(format!("{queue}/endpoint-secret"))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let secret = secret["secret"]
+            .as_str()
+            .context("no endpoint secret")?
+            .to_owned();
+        Ok(Self {
+            port,
+            secret,
+            log: dir.join("endpoint.jsonl"),
+            child: None,
+            starts: 0,
+        })
+    }
+
+    fn start(&mut self, work_ms: (u64, u64)) -> anyhow::Result<()> {
+        let stderr = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log.with_extension("stderr"))?;
+        let child = Command::new(std::env::current_exe()?)
+            .args([
+                "endpoint",
+                "--listen",
+                &format!("127.0.0.1:{}", self.port),
+                "--log",
+            ])
+            .arg(&self.log)
+            .args(["--id", &format!("chaos-e{}", self.starts)])
+            .args(["--work-ms", &format!("{}..{}", work_ms.0, work_ms.1)])
+            .env("RUNLEASE_ENDPOINT_SECRET", &self.secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(true)
+            .spawn()
+            .context("cannot start the endpoint process")?;
+        self.child = Some(child);
+        self.starts += 1;
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}
+
+/// What the endpoint answered, from its log.
+#[derive(Default)]
+struct EndpointAnswers {
+    ok: usize,
+    failed: usize,
+    busy: usize,
+    lost: usize,
+    bad_signature: usize,
+    torn: usize,
+}
+
+fn endpoint_answers(log: &std::path::Path) -> EndpointAnswers {
+    let mut a = EndpointAnswers::default();
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    for line in text.lines() {
+        let Ok(record) = serde_json::from_str::<serde_json::Value>(line) else {
+            a.torn += 1;
+            continue;
+        };
+        match &record["answer"] {
+            v if v == 200 => a.ok += 1,
+            v if v == 500 => a.failed += 1,
+            v if v == 503 => a.busy += 1,
+            v if v == "dropped" => a.lost += 1,
+            v if v == "bad_signature" => a.bad_signature += 1,
+            _ => a.torn += 1,
+        }
+    }
+    a
 }

@@ -289,8 +289,8 @@ pub async fn check(
         .query(
             "SELECT id, (payload->>'n')::bigint, state::text, run_lease, result,
                     (extract(epoch FROM finished_at - created_at) * 1000)::float8
-             FROM jobs WHERE queue = $1",
-            &[&jobs::QUEUE],
+             FROM jobs WHERE queue = ANY($1)",
+            &[&&jobs::QUEUES[..]],
         )
         .await?;
     let mut by_id: HashMap<Uuid, JobRow> = HashMap::with_capacity(rows.len());
@@ -320,8 +320,8 @@ pub async fn check(
                     (extract(epoch FROM a.claimed_at) * 1000)::float8,
                     (extract(epoch FROM a.finished_at) * 1000)::float8
              FROM job_attempts a JOIN jobs j ON j.id = a.job_id
-             WHERE j.queue = $1 ORDER BY a.job_id, a.run_lease",
-            &[&jobs::QUEUE],
+             WHERE j.queue = ANY($1) ORDER BY a.job_id, a.run_lease",
+            &[&&jobs::QUEUES[..]],
         )
         .await?;
     r.attempts = attempts.len();

@@ -41,10 +41,21 @@ const FINISH_PERSISTENCE: Duration = Duration::from_secs(90);
 /// A line-per-write log: each record is one `write` on an append-only file,
 /// so a SIGKILL loses at most the record being written, never a neighbour.
 #[derive(Clone)]
-struct Log(Arc<Mutex<File>>);
+pub struct Log(Arc<Mutex<File>>);
 
 impl Log {
-    fn write(&self, record: &Value) {
+    /// `path`, opened for appending (created when missing).
+    pub fn open(path: &std::path::Path) -> anyhow::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        Ok(Self(Arc::new(Mutex::new(file))))
+    }
+
+    /// Appends `record` as one line.
+    pub fn write(&self, record: &Value) {
         let mut line = record.to_string();
         line.push('\n');
         if let Ok(mut f) = self.0.lock() {
@@ -67,11 +78,7 @@ struct Worker {
 
 /// Runs until killed.
 pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&args.log)
-        .with_context(|| format!("cannot open {}", args.log.display()))?;
+    let log = Log::open(&args.log)?;
     let worker = Arc::new(Worker {
         http: reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
@@ -79,7 +86,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<()> {
             .build()?,
         base: args.coordinator.trim_end_matches('/').to_owned(),
         id: args.id.clone(),
-        log: Log(Arc::new(Mutex::new(file))),
+        log,
     });
     let seed = jobs::splitmix64(args.id.bytes().fold(0u64, |h, b| h.rotate_left(5) ^ u64::from(b)));
     let mut slots = tokio::task::JoinSet::new();

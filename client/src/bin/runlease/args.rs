@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 use runlease_client::protocol::JobState;
 use runlease_client::protocol::admin::RateLimit;
-use runlease_client::protocol::limits::{MAX_RATE, MAX_RUNNING_LIMIT};
+use runlease_client::protocol::limits::{
+    MAX_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_TIMEOUT_MS, MAX_RATE, MAX_RUNNING_LIMIT, MIN_ENDPOINT_TIMEOUT_MS,
+};
 
 #[derive(Debug, Parser)]
 #[command(name = "runlease", version, about = "Talk to a runlease coordinator")]
@@ -98,12 +100,12 @@ pub enum Command {
         /// Job id.
         id: String,
     },
-    /// Show per-queue figures, or show, pause, resume, limit or set the
-    /// retention of one queue.
+    /// Show per-queue figures, or show, pause, resume, limit, set the
+    /// retention or the endpoint of one queue.
     ///
     /// With no sub-verb, `runlease queues` lists every queue, as `queues list`.
     #[command(
-        after_help = "Examples:\n  runlease queues\n  runlease queues show emails\n  runlease queues pause emails\n  runlease queues resume emails\n  runlease queues limit emails --max-running 10 --rate 5/20\n  runlease queues limit emails --max-running none\n  runlease queues retention emails --done-ms 86400000 --failed-ms default"
+        after_help = "Examples:\n  runlease queues\n  runlease queues show emails\n  runlease queues pause emails\n  runlease queues resume emails\n  runlease queues limit emails --max-running 10 --rate 5/20\n  runlease queues limit emails --max-running none\n  runlease queues retention emails --done-ms 86400000 --failed-ms default\n  runlease queues set-endpoint emails https://mail.example.com/runlease --timeout-ms 30000\n  runlease queues endpoint-secret emails\n  runlease queues remove-endpoint emails"
     )]
     Queues {
         #[command(subcommand)]
@@ -212,7 +214,9 @@ pub enum QueuesCommand {
     ///
     /// Jobs per state, the oldest queued job's age, lease expiries, retries,
     /// and its settings: paused, max_running, max_running_per_key,
-    /// rate_limit, and retention ("default": the coordinator's setting).
+    /// rate_limit, and retention ("default": the coordinator's setting);
+    /// for a queue served by an endpoint, its URL, time-out, concurrency,
+    /// health, requests in flight and last error.
     Show {
         /// Queue name.
         queue: String,
@@ -271,6 +275,64 @@ pub enum QueuesCommand {
         /// How long failed and cancelled jobs are kept, ms (0: forever), or default.
         #[arg(long, value_name = "MS|default", value_parser = parse_retention, allow_negative_numbers = true)]
         failed_ms: Option<OrDefault<i64>>,
+    },
+    /// Serve a queue by an HTTP endpoint (admin key): the coordinators push
+    /// each of its jobs to URL as a signed request.
+    ///
+    /// The URL must be https, to a public address (a host the coordinator's
+    /// RUNLEASE_ENDPOINT_ALLOW_HOSTS lists may be plain http or local). The
+    /// first endpoint of a queue makes its signing secret: read it with
+    /// `runlease queues endpoint-secret`. Setting it again replaces the
+    /// whole endpoint: a flag left out takes its default. Pull claims on the
+    /// queue keep working.
+    #[command(
+        after_help = "Examples:\n  runlease queues set-endpoint reports https://reports.example.workers.dev\n  runlease queues set-endpoint reports https://example.com/runlease --timeout-ms 300000 --concurrency 50\n  runlease queues endpoint-secret reports          (the secret, for the endpoint's settings)"
+    )]
+    SetEndpoint {
+        /// Queue name.
+        queue: String,
+        /// Where the jobs are pushed (https://...).
+        // Not named `url`: that id is the global flag naming the coordinator.
+        #[arg(value_name = "URL")]
+        endpoint: String,
+        /// How long a request may stay open, ms: 1000 to 900000 (default 60000).
+        #[arg(long, value_name = "MS", value_parser = clap::value_parser!(i64).range(MIN_ENDPOINT_TIMEOUT_MS..=MAX_ENDPOINT_TIMEOUT_MS))]
+        timeout_ms: Option<i64>,
+        /// Most requests open at once across every coordinator: 1 to 1000
+        /// (default 10); max_running, when lower, holds too.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(i64).range(1..=MAX_ENDPOINT_CONCURRENCY))]
+        concurrency: Option<i64>,
+    },
+    /// Stop pushing a queue's jobs to its endpoint (admin key).
+    ///
+    /// The coordinators send it no new request; its jobs wait for a pull
+    /// claim or a new endpoint. The signing secret is kept, so setting an
+    /// endpoint again needs no new secret at the endpoint.
+    RemoveEndpoint {
+        /// Queue name.
+        queue: String,
+    },
+    /// Print the signing secret of a queue's endpoint (admin key).
+    ///
+    /// Standard output holds the secret alone (whsec_...), to pipe into the
+    /// endpoint's settings; during a rotation, standard error also tells
+    /// until when the previous one signs. --json prints both.
+    #[command(
+        after_help = "Examples:\n  runlease queues endpoint-secret reports\n  runlease queues endpoint-secret reports | npx wrangler secret put RUNLEASE_ENDPOINT_SECRET"
+    )]
+    EndpointSecret {
+        /// Queue name.
+        queue: String,
+    },
+    /// Make a new signing secret for a queue's endpoint (admin key).
+    ///
+    /// Both secrets sign every request for the coordinator's rotation window
+    /// (RUNLEASE_ENDPOINT_ROTATION_MS, default 24 h): give the endpoint the
+    /// new one (printed on standard output) before the window ends. Sent
+    /// once, never retried: each call rotates again.
+    RotateEndpointSecret {
+        /// Queue name.
+        queue: String,
     },
 }
 

@@ -2,7 +2,7 @@
 //! the coordinator's answers as JSON.
 
 use chrono::{DateTime, Utc};
-use runlease_client::protocol::admin::{ListedJob, RateLimit};
+use runlease_client::protocol::admin::{EndpointFigures, ListedJob, RateLimit};
 use runlease_client::protocol::producer::QueueSummary;
 use runlease_client::protocol::schedules::Schedule;
 use runlease_client::protocol::{Job, JobState};
@@ -131,9 +131,39 @@ pub fn print_queue(q: &QueueSummary) {
         ("rate_limit".into(), rate_text(set.rate_limit)),
         ("retention_done".into(), retention_text(set.retention_done_ms)),
         ("retention_failed".into(), retention_text(set.retention_failed_ms)),
+        ("endpoint".into(), endpoint_text(q.endpoint.as_ref())),
     ]);
+    if let Some(e) = &q.endpoint {
+        rows.extend([
+            ("endpoint_timeout".into(), format!("{} ms", e.timeout_ms)),
+            ("endpoint_concurrency".into(), e.concurrency.to_string()),
+            ("endpoint_health".into(), health_text(e)),
+            ("endpoint_in_flight".into(), e.in_flight.to_string()),
+            (
+                "endpoint_last_error".into(),
+                e.last_error.as_ref().map_or_else(
+                    || "-".to_owned(),
+                    |err| format!("{} ({})", err, when(e.last_error_at)),
+                ),
+            ),
+        ]);
+    }
     for (k, v) in rows {
         println!("{k:<20} {v}");
+    }
+}
+
+/// A queue's endpoint in words: its URL, or that it has none.
+pub fn endpoint_text(e: Option<&EndpointFigures>) -> String {
+    e.map_or_else(|| "none (pull workers only)".to_owned(), |e| e.url.clone())
+}
+
+/// `healthy`, or `unhealthy` with the connection failures in a row.
+pub fn health_text(e: &EndpointFigures) -> String {
+    match (e.healthy, e.consecutive_failures) {
+        (true, 0) => "healthy".to_owned(),
+        (true, n) => format!("healthy ({n} connection failures in a row)"),
+        (false, n) => format!("unhealthy ({n} connection failures in a row)"),
     }
 }
 
@@ -233,13 +263,28 @@ pub fn print_queues(queues: &[QueueSummary]) {
     for s in states {
         print!(" {:>14}", s.as_str());
     }
-    println!(" {:>16} {:>9} {:>8}", "oldest_queued_ms", "expiries", "retries");
+    println!(
+        " {:>16} {:>9} {:>8}  {:<9} {:>9}  endpoint",
+        "oldest_queued_ms", "expiries", "retries", "health", "in_flight"
+    );
     for q in queues {
         print!("{:<24}", q.queue.as_str());
         for s in states {
             print!(" {:>14}", q.counts.get(s.as_str()).copied().unwrap_or(0));
         }
         let age = q.oldest_queued_age_ms.map_or("-".into(), |a| a.to_string());
-        println!(" {:>16} {:>9} {:>8}", age, q.lease_expiries, q.retries);
+        print!(" {:>16} {:>9} {:>8}", age, q.lease_expiries, q.retries);
+        match &q.endpoint {
+            None => println!("  {:<9} {:>9}  -", "-", "-"),
+            Some(e) => {
+                let health = if e.healthy { "healthy" } else { "unhealthy" };
+                let in_flight = format!("{}/{}", e.in_flight, e.concurrency);
+                let error = e
+                    .last_error
+                    .as_deref()
+                    .map_or_else(String::new, |err| format!("  last error: {}", snippet(err, 60)));
+                println!("  {health:<9} {in_flight:>9}  {}{error}", e.url);
+            }
+        }
     }
 }

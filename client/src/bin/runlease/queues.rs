@@ -1,12 +1,15 @@
 //! `queues`: every queue's figures, or one queue's figures and settings, and
-//! the admin's changes to them (pause, resume, limits, retention).
+//! the admin's changes to them (pause, resume, limits, retention, endpoint
+//! and its signing secret).
 
 use runlease_client::Client;
-use runlease_client::protocol::admin::UpdateQueueRequest;
+use runlease_client::protocol::admin::{EndpointSecretResponse, SetEndpoint, UpdateQueueRequest};
 
 use crate::args::QueuesCommand;
 use crate::failure::Failure;
-use crate::output::{limit_text, print_json, print_queue, print_queues, rate_text, retention_text};
+use crate::output::{
+    endpoint_text, limit_text, print_json, print_queue, print_queues, rate_text, retention_text, when,
+};
 
 /// `queues` and its sub-verbs (`list` when none is given).
 pub async fn run_queues(client: &Client, command: Option<QueuesCommand>, json: bool) -> Result<(), Failure> {
@@ -87,6 +90,73 @@ pub async fn run_queues(client: &Client, command: Option<QueuesCommand>, json: b
                     retention_text(set.retention_failed_ms)
                 );
             }
+        }
+        Some(QueuesCommand::SetEndpoint {
+            queue,
+            endpoint,
+            timeout_ms,
+            concurrency,
+        }) => {
+            let endpoint = SetEndpoint {
+                url: endpoint,
+                timeout_ms,
+                concurrency,
+            };
+            set_endpoint(client, &queue, Some(endpoint), json).await?
+        }
+        Some(QueuesCommand::RemoveEndpoint { queue }) => set_endpoint(client, &queue, None, json).await?,
+        Some(QueuesCommand::EndpointSecret { queue }) => {
+            let secret = client.endpoint_secret(&queue).await?;
+            print_secret(&secret, json, false)?
+        }
+        Some(QueuesCommand::RotateEndpointSecret { queue }) => {
+            let secret = client.rotate_endpoint_secret(&queue).await?;
+            print_secret(&secret, json, true)?
+        }
+    }
+    Ok(())
+}
+
+/// Sets (`Some`) or removes (`None`) a queue's endpoint.
+async fn set_endpoint(
+    client: &Client,
+    queue: &str,
+    endpoint: Option<SetEndpoint>,
+    json: bool,
+) -> Result<(), Failure> {
+    let change = UpdateQueueRequest {
+        endpoint: Some(endpoint),
+        ..UpdateQueueRequest::default()
+    };
+    let summary = client.update_queue(queue, &change).await?;
+    if json {
+        return print_json(&summary);
+    }
+    match &summary.endpoint {
+        Some(e) => println!(
+            "queue {}: served by {} (timeout {} ms, concurrency {}); `runlease queues endpoint-secret {}` prints its signing secret",
+            summary.queue, e.url, e.timeout_ms, e.concurrency, summary.queue
+        ),
+        None => println!("queue {}: {}", summary.queue, endpoint_text(None)),
+    }
+    Ok(())
+}
+
+/// The secret alone on standard output (to pipe into the endpoint's
+/// settings), what else to know on standard error; or the whole answer.
+fn print_secret(secret: &EndpointSecretResponse, json: bool, rotated: bool) -> Result<(), Failure> {
+    if json {
+        return print_json(secret);
+    }
+    println!("{}", secret.secret);
+    if secret.previous_secret.is_some() {
+        let until = when(secret.previous_expires_at);
+        if rotated {
+            eprintln!(
+                "a new secret: the previous one signs beside it until {until}; give the endpoint the new one before then"
+            );
+        } else {
+            eprintln!("in rotation: the previous secret also signs until {until} (--json shows it)");
         }
     }
     Ok(())
