@@ -134,3 +134,43 @@ async fn wakeups_that_could_not_be_sent_are_sent_once_sqs_is_back() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn a_job_due_later_is_woken_while_other_queues_are_busy() {
+    let db = TestDb::new().await;
+    let sqs = TestSqs::start().await;
+    let url = sqs.create_queue("busy-neighbours").await;
+    let c = CoordinatorProcess::start(&db, &coordinator_env(&sqs, &format!("lambda={url}"))).await;
+
+    // Enqueues to another queue, far more often than the dispatch interval
+    // (200 ms): each is a wake-up the dispatcher sees and skips.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let api = c.api.clone();
+    let flag = stop.clone();
+    let neighbour = tokio::spawn(async move {
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            api.enqueue("elsewhere", json!(1)).await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let (status, _) = c
+        .api
+        .post(
+            "/v1/jobs",
+            &json!({"queue": "lambda", "payload": 1, "delay_ms": 1000}),
+        )
+        .await;
+    assert_eq!(status, 201);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let mut bodies = Vec::new();
+    while bodies.is_empty() && std::time::Instant::now() < deadline {
+        bodies.extend(sqs.receive(&url, 1).await);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    neighbour.await.unwrap();
+    assert_eq!(
+        bodies_total(&bodies),
+        1,
+        "the due job is woken despite the busy neighbour queue"
+    );
+}
