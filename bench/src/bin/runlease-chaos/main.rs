@@ -1,7 +1,8 @@
 //! `runlease-chaos`: a chaos soak of the whole system. It builds a world of
-//! its own — a PostgreSQL cluster (`initdb` in a temporary directory, a free
-//! port), a redis-server, two or three coordinator processes each reaching
-//! PostgreSQL through a TCP proxy, and worker processes speaking HTTP (the
+//! its own — a PostgreSQL primary with a synchronous streaming standby
+//! (`initdb` and `pg_basebackup` in a temporary directory, free ports), a
+//! redis-server, two or three coordinator processes each reaching both
+//! PostgreSQL servers through TCP proxies, and worker processes speaking HTTP (the
 //! `worker` mode of this binary), one of them through a proxy too, and an
 //! HTTP endpoint (the `endpoint` mode) serving a second queue whose jobs the
 //! coordinators push — then
@@ -9,7 +10,8 @@
 //! SIGKILLed mid-job and replaced, a worker stopped (SIGSTOP) past its lease
 //! that then tries to finish, jobs whose handler stalls past its lease, a
 //! coordinator SIGKILLed and restarted, Redis stopped, PostgreSQL restarted
-//! (`pg_ctl restart -m fast`), a worker partitioned from its coordinator past
+//! (`pg_ctl restart -m fast`), the PostgreSQL primary crashed and its standby
+//! promoted (then a new standby made), a worker partitioned from its coordinator past
 //! the TTL, the database connections of a coordinator frozen, and the
 //! endpoint SIGKILLed mid-request and restarted (besides the answers it
 //! loses on purpose).
@@ -26,7 +28,7 @@
 //! target/release/runlease-chaos soak --jobs 100000  # the long soak
 //! ```
 //!
-//! Layout: `cluster` (the private PostgreSQL), `jobs` (payloads and the
+//! Layout: the private PostgreSQL is the test crate's `PgCluster`; `jobs` (payloads and the
 //! results they determine), `worker` (the worker mode), `endpoint` (the
 //! endpoint mode), `process` (the
 //! coordinator processes, signals), `producer` (the enqueueing), `soak` (the
@@ -34,7 +36,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod cluster;
 mod endpoint;
 mod jobs;
 mod process;

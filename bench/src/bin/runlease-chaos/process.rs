@@ -1,4 +1,4 @@
-//! The soak's coordinator processes: started over the database proxy with
+//! The soak's coordinator processes: started over the database proxies with
 //! the soak's settings, killed, restarted on the same port, stopped; and
 //! signals to any process.
 
@@ -18,8 +18,9 @@ pub struct Coordinator {
     pub index: usize,
     /// Its HTTP port, the same across restarts.
     pub port: u16,
-    /// Between it and PostgreSQL.
-    pub db_proxy: Proxy,
+    /// Between it and each PostgreSQL server (the first primary, then the
+    /// first standby): its database URL names both proxies.
+    pub db_proxies: Vec<Proxy>,
     /// The running process, if any.
     pub child: Option<Child>,
     /// Its stdout and stderr, appended across restarts.
@@ -35,9 +36,12 @@ impl Coordinator {
             .create(true)
             .append(true)
             .open(&self.log)?;
+        // Both servers, through their proxies: libpq-style failover, the
+        // coordinator keeps to the one that takes writes.
+        let hosts: Vec<String> = self.db_proxies.iter().map(|p| p.addr.to_string()).collect();
         let database_url = format!(
-            "postgres://postgres@{}/{DATABASE}?sslmode=disable",
-            self.db_proxy.addr
+            "postgres://postgres@{}/{DATABASE}?sslmode=disable&target_session_attrs=read-write",
+            hosts.join(",")
         );
         let child = Command::new(&args.coordinator_binary)
             .env_clear()

@@ -1,5 +1,6 @@
 //! The producer: jobs enqueued at a steady rate while the faults happen.
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
@@ -11,9 +12,10 @@ use crate::soak::say;
 /// Enqueues `jobs` jobs at `rate` per second in small batches, each through
 /// the next coordinator; a batch that gets no answer is sent again (to the
 /// next one) with the same idempotency keys until one accepts it. Answers
-/// how long it took.
+/// how long it took. The time of every acknowledged batch goes to `acks`.
 pub async fn produce(
     urls: Vec<String>,
+    acks: Arc<Mutex<Vec<Instant>>>,
     jobs: u64,
     rate: f64,
     stall_every: u64,
@@ -53,7 +55,10 @@ pub async fn produce(
                 .send()
                 .await;
             match sent {
-                Ok(r) if r.status().as_u16() == 201 => break,
+                Ok(r) if r.status().as_u16() == 201 => {
+                    acks.lock().unwrap().push(Instant::now());
+                    break;
+                }
                 Ok(r) if r.status().is_server_error() && r.status().as_u16() != 503 => {
                     let status = r.status();
                     let text = r.text().await.unwrap_or_default();

@@ -1,17 +1,17 @@
-//! The soak's world and its fault schedule: PostgreSQL, Redis, coordinator
-//! processes behind database proxies, worker processes, the endpoint that
+//! The soak's world and its fault schedule: PostgreSQL (a primary with a
+//! synchronous standby), Redis, coordinator processes behind database proxies, worker processes, the endpoint that
 //! serves the pushed queue, a producer, and one fault after another until
 //! every job is enqueued; then the drain and the verification.
 
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{Context, bail};
-use runlease_tests::{Proxy, TestRedis};
+use runlease_tests::{PgCluster, Proxy, Replication, TestRedis};
 use tokio::process::{Child, Command};
 
-use crate::cluster::PgCluster;
 use crate::jobs::{self, Rng};
 use crate::process::{Coordinator, signal};
 use crate::producer::produce;
@@ -124,6 +124,11 @@ pub struct Faults {
     pub redis_outages: usize,
     /// PostgreSQL restarts that completed.
     pub pg_restarts: usize,
+    /// PostgreSQL failovers (primary crashed, standby promoted).
+    pub failovers: usize,
+    /// Failovers under load after which no enqueue was acknowledged within
+    /// 10 s of the promotion (the coordinators must serve again by then).
+    pub slow_failovers: Vec<String>,
     /// Worker partitions past the TTL.
     pub partitions: usize,
     /// Database-connection freezes.
@@ -154,6 +159,8 @@ struct World {
     worker_serial: usize,
     rng: Rng,
     faults: Faults,
+    /// When each enqueue batch was acknowledged (the producer's record).
+    acks: Arc<Mutex<Vec<Instant>>>,
     t0: Instant,
 }
 
@@ -206,10 +213,22 @@ pub async fn run(args: SoakArgs) -> anyhow::Result<bool> {
 
 impl World {
     async fn build(dir: PathBuf, args: SoakArgs, t0: Instant) -> anyhow::Result<Self> {
-        let pg = PgCluster::start(&dir.join("pg")).await?;
+        // fsync is off (the soak tests the protocol, not the disk); commits
+        // still wait for the standby, so a failover loses nothing acknowledged.
+        let pg = PgCluster::start_in(
+            &dir.join("pg"),
+            Replication::Synchronous,
+            "max_connections = 200\nshared_buffers = 128MB",
+        )
+        .await;
         say(
             t0,
-            &format!("PostgreSQL up on port {} (log {})", pg.port, pg.log().display()),
+            &format!(
+                "PostgreSQL up: primary on port {}, synchronous standby on port {} (logs in {})",
+                pg.primary.port,
+                pg.standby.port,
+                dir.join("pg").display()
+            ),
         );
         let redis = TestRedis::start().await;
         say(t0, &format!("Redis up on port {}", redis.port));
@@ -218,7 +237,10 @@ impl World {
             let mut c = Coordinator {
                 index,
                 port: runlease_tests::process::free_port(),
-                db_proxy: Proxy::start(pg.addr()).await,
+                db_proxies: vec![
+                    Proxy::start(addr(pg.primary.port)).await,
+                    Proxy::start(addr(pg.standby.port)).await,
+                ],
                 child: None,
                 log: dir.join(format!("coordinator-{index}.log")),
                 starts: 0,
@@ -249,6 +271,7 @@ impl World {
             worker_serial: 0,
             rng,
             faults: Faults::default(),
+            acks: Arc::default(),
             t0,
         };
         for i in 0..world.args.workers {
@@ -273,6 +296,16 @@ impl World {
             ),
         );
         Ok(world)
+    }
+
+    /// A plain connection to the soak's database on the current primary.
+    async fn db(&self) -> anyhow::Result<tokio_postgres::Client> {
+        let port = self.pg.primary().port;
+        self.pg
+            .primary()
+            .connect(DATABASE)
+            .await
+            .with_context(|| format!("cannot connect to the soak's PostgreSQL on port {port}"))
     }
 
     fn coordinator_url(&self, i: usize) -> String {
@@ -313,6 +346,7 @@ impl World {
             .collect();
         let producer = tokio::spawn(produce(
             urls,
+            self.acks.clone(),
             self.args.jobs,
             self.args.rate,
             self.args.stall_every,
@@ -336,7 +370,7 @@ impl World {
         // The last freeze's frozen connections are given up by the
         // coordinators themselves; nothing else is left in a faulty state.
         self.drain().await?;
-        let client = self.pg.connect(DATABASE).await?;
+        let client = self.db().await?;
         // Pushed stall jobs lose their answer at the endpoint instead: only
         // the pulled ones finish late in a worker's log.
         let stalls = (0..self.args.jobs)
@@ -400,6 +434,9 @@ impl World {
         for e in &self.faults.producer_server_errors {
             println!("  the producer got a server error: {e}");
         }
+        for slow in &self.faults.slow_failovers {
+            println!("  not serving again within 10 s of a promotion: {slow}");
+        }
         if !missing_faults.is_empty() {
             println!("faults that did not happen: {}", missing_faults.join(", "));
         }
@@ -412,6 +449,7 @@ impl World {
         let passed = report.passed()
             && missing_faults.is_empty()
             && self.faults.producer_server_errors.is_empty()
+            && self.faults.slow_failovers.is_empty()
             && pushes.bad_signature == 0
             && pushes.ok > 0;
         println!("verdict: {}", if passed { "PASS" } else { "FAIL" });
@@ -426,6 +464,7 @@ impl World {
             (f.coordinators_killed, "coordinator SIGKILL"),
             (f.redis_outages, "Redis outage"),
             (f.pg_restarts, "PostgreSQL restart"),
+            (f.failovers, "PostgreSQL failover"),
             (f.partitions, "worker partition"),
             (f.freezes, "database connection freeze"),
             (f.endpoint_kills, "endpoint SIGKILL"),
@@ -463,6 +502,8 @@ impl World {
         self.gap().await;
         self.restart_postgres().await?;
         self.gap().await;
+        self.fail_over().await?;
+        self.gap().await;
         self.partition_worker().await?;
         self.gap().await;
         self.freeze_database(round);
@@ -474,7 +515,7 @@ impl World {
     /// SIGKILLs the endpoint while it holds requests (when it does within
     /// 10 s), restarts it on the same port a second later.
     async fn kill_endpoint(&mut self) -> anyhow::Result<()> {
-        let client = self.pg.connect(DATABASE).await?;
+        let client = self.db().await?;
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(10) {
             let row = client
@@ -524,15 +565,20 @@ impl World {
 
     /// Waits (up to 30 s) until worker `id` holds a lease: at 25 jobs/s a
     /// worker is often idle in a long-poll, and a fault meant to outlast its
-    /// leases needs one to outlast.
+    /// leases needs one to outlast. Only a lease with more than half its TTL
+    /// ahead counts: one the worker has just taken or is heartbeating, not
+    /// one left behind by a claim whose answer it never got (a claim
+    /// committed as the failover broke the coordinator's connection).
     async fn until_holding(&self, id: &str) -> anyhow::Result<()> {
-        let client = self.pg.connect(DATABASE).await?;
+        let client = self.db().await?;
         let bound = Instant::now() + Duration::from_secs(30);
+        let half_ttl = (self.args.ttl_ms / 2) as i64;
         while Instant::now() < bound {
             let running: i64 = client
                 .query_one(
-                    "SELECT count(*) FROM jobs WHERE state = 'running' AND owned_by = $1",
-                    &[&id],
+                    "SELECT count(*) FROM jobs WHERE state = 'running' AND owned_by = $1 \
+                     AND lease_expires_at > now() + $2::bigint * interval '1 millisecond'",
+                    &[&id, &half_ttl],
                 )
                 .await?
                 .get(0);
@@ -589,10 +635,24 @@ impl World {
         self.faults.redis_outages += 1;
     }
 
+    /// When the current primary started (`pg_postmaster_start_time()`), as text.
+    async fn started_at(&self) -> anyhow::Result<String> {
+        let row = self
+            .db()
+            .await?
+            .query_one("SELECT pg_postmaster_start_time()::text", &[])
+            .await?;
+        Ok(row.get(0))
+    }
+
     async fn restart_postgres(&mut self) -> anyhow::Result<()> {
-        let before = self.pg.started_at().await?;
-        let took = self.pg.restart().await?;
-        let after = self.pg.started_at().await?;
+        let before = self.started_at().await?;
+        // The cluster's commands block: keep the runtime's other tasks (the
+        // producer, the proxies) running meanwhile.
+        let pg = &self.pg;
+        let took =
+            tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(pg.restart_primary()));
+        let after = self.started_at().await?;
         if before == after {
             bail!("PostgreSQL did not restart (start time {before} unchanged)");
         }
@@ -628,9 +688,77 @@ impl World {
         Ok(())
     }
 
+    /// Crashes the primary mid-load (`pg_ctl -m immediate`), promotes the
+    /// standby a second later, notes how long after the promotion the first
+    /// enqueue was acknowledged and the first job completed, then makes a
+    /// new synchronous standby from the new primary (on the old primary's
+    /// port, so the coordinators' URLs and proxies still name both).
+    async fn fail_over(&mut self) -> anyhow::Result<()> {
+        let (old, new) = (self.pg.primary.port, self.pg.standby.port);
+        let crashed = Instant::now();
+        // Under load: an enqueue was acknowledged in the 5 s before.
+        let loaded = self
+            .acks
+            .lock()
+            .unwrap()
+            .last()
+            .is_some_and(|t| crashed.duration_since(*t) < Duration::from_secs(5));
+        let pg = &self.pg;
+        tokio::task::block_in_place(|| pg.crash_primary());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        tokio::task::block_in_place(|| pg.promote_standby());
+        let (promoted, promoted_wall) = (Instant::now(), SystemTime::now());
+        let client = self.db().await?;
+        let bound = promoted + Duration::from_secs(60);
+        let (mut enqueue, mut completion) = (None, None);
+        while (enqueue.is_none() || completion.is_none()) && Instant::now() < bound {
+            if enqueue.is_none() {
+                let acks = self.acks.lock().unwrap();
+                enqueue = acks.iter().find(|t| **t > promoted).map(|t| *t - promoted);
+            }
+            if completion.is_none() {
+                let first: Option<SystemTime> = client
+                    .query_one(
+                        "SELECT min(finished_at) FROM jobs WHERE state = 'done' AND finished_at > $1",
+                        &[&promoted_wall],
+                    )
+                    .await?
+                    .get(0);
+                completion = first.and_then(|t| t.duration_since(promoted_wall).ok());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let rebuilt = Instant::now();
+        let pg = &mut self.pg;
+        tokio::task::block_in_place(|| tokio::runtime::Handle::current().block_on(pg.rebuild_standby()));
+        let rebuilt = rebuilt.elapsed();
+        let after = |d: Option<Duration>| match d {
+            Some(d) => format!("{d:.1?}"),
+            None => "none within 60 s".to_owned(),
+        };
+        self.note(format!(
+            "PostgreSQL failover: primary (port {old}) crashed (pg_ctl -m immediate), standby (port {new}) promoted 1 s later; \
+             first enqueue acknowledged {} after the promotion, first job completed {} after; \
+             new synchronous standby made from the new primary on port {old} in {rebuilt:.1?}",
+            after(enqueue),
+            after(completion)
+        ));
+        if loaded && enqueue.is_none_or(|d| d > Duration::from_secs(10)) {
+            self.faults.slow_failovers.push(format!(
+                "the failover at {:.1} s: first enqueue acknowledged {} after the promotion",
+                (crashed - self.t0).as_secs_f64(),
+                after(enqueue)
+            ));
+        }
+        self.faults.failovers += 1;
+        Ok(())
+    }
+
     fn freeze_database(&mut self, round: usize) {
         let i = (round + 1) % self.coordinators.len();
-        self.coordinators[i].db_proxy.freeze();
+        for proxy in &self.coordinators[i].db_proxies {
+            proxy.freeze();
+        }
         self.note(format!(
             "coordinator {i}'s open PostgreSQL connections frozen (bytes held, nothing closed)"
         ));
@@ -640,7 +768,7 @@ impl World {
     /// Waits until every job is terminal (or a bound passes), saying how
     /// far it got every 10 s.
     async fn drain(&mut self) -> anyhow::Result<()> {
-        let client = self.pg.connect(DATABASE).await?;
+        let client = self.db().await?;
         let bound = Duration::from_secs(180);
         let started = Instant::now();
         let mut said = Instant::now();
@@ -836,4 +964,8 @@ fn endpoint_answers(log: &std::path::Path) -> EndpointAnswers {
         }
     }
     a
+}
+
+fn addr(port: u16) -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], port))
 }
