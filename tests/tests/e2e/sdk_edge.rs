@@ -19,8 +19,9 @@
 //! hands a long job off with 202 and completes it through /v1/*, its
 //! checkpoints riding the library's heartbeats (the Worker under
 //! ctx.waitUntil, Deno in a promise left running; the Lambda, frozen once it answers, before its 202); and
-//! sees a cancel on a heartbeat: the handler stops and the job ends
-//! cancelled. What they need is installed as `scripts/test` does
+//! sees a cancel on a heartbeat (the handler stops, the job ends
+//! cancelled) and a lost lease (the handler stops and sends nothing; the
+//! job's next attempt resumes from its checkpoint). What they need is installed as `scripts/test` does
 //! beforehand (`edge_runtimes::build_worker`, `sdk_python::venv_bin`).
 
 use std::process::Stdio;
@@ -161,11 +162,36 @@ async fn stops_on_a_cancel(api: &Api) {
     assert!((6..100).contains(&page), "stopped part way: {cancelled:?}");
 }
 
-async fn serves_an_endpoint_queue(api: &Api) {
+/// A handed-off job whose lease runs out (made expired here, as if the
+/// function had been unheard for a TTL): the reaper takes it back and it is
+/// pushed again; the first attempt's next heartbeat is refused
+/// (`lease_lost`), so that handler stops and sends nothing, and the second
+/// attempt resumes from the checkpoint and completes the job.
+async fn stops_when_its_lease_is_lost(api: &Api, db: &TestDb) {
+    let lost = "runlease_lease_lost_total{action=\"heartbeat\"}";
+    let before = api.metric(lost).await;
+    let job = api.enqueue(QUEUE, json!({"pages": 20, "page_ms": 250})).await;
+    until(api, job.id, "running, heartbeated after the hand-off", |j| {
+        j.state == JobState::Running && j.progress.as_ref().is_some_and(|p| p["page"].as_i64() >= Some(5))
+    })
+    .await;
+    crate::expire_leases(db, &[job.id.0]).await;
+    api.until_metric(lost, "the first attempt's heartbeat refused", |v| v > before)
+        .await;
+    let done = terminal(api, job.id).await;
+    assert_eq!(done.state, JobState::Done, "{done:?}");
+    assert_eq!(done.result, Some(json!({"pages": 20})));
+    assert_eq!((done.attempt, done.attempts.len()), (2, 2), "{done:?}");
+    assert_eq!(crate::attempts_with(db, job.id.0, "lease_expired").await, 1);
+    assert_eq!(crate::attempts_with(db, job.id.0, "completed").await, 1);
+}
+
+async fn serves_an_endpoint_queue(api: &Api, db: &TestDb) {
     completes_short_jobs(api).await;
     fails_throws_as_the_table_says(api).await;
     hands_a_long_job_off(api).await;
     stops_on_a_cancel(api).await;
+    stops_when_its_lease_is_lost(api, db).await;
 }
 
 #[tokio::test]
@@ -174,7 +200,7 @@ async fn sdk_edge_cloudflare_worker_on_the_library_serves_a_real_coordinators_pu
     let c = coordinator(&db).await;
     let (port, secret) = endpoint_on_a_free_port(&c.api).await;
     let _worker = cloudflare(&secret, port).await;
-    serves_an_endpoint_queue(&c.api).await;
+    serves_an_endpoint_queue(&c.api, &db).await;
 }
 
 #[tokio::test]
@@ -183,7 +209,7 @@ async fn sdk_edge_deno_handler_on_the_library_serves_a_real_coordinators_pushes_
     let c = coordinator(&db).await;
     let (port, secret) = endpoint_on_a_free_port(&c.api).await;
     let _handler = deno(&secret, port).await;
-    serves_an_endpoint_queue(&c.api).await;
+    serves_an_endpoint_queue(&c.api, &db).await;
 }
 
 #[tokio::test]
@@ -192,5 +218,5 @@ async fn sdk_edge_lambda_function_url_on_the_python_library_serves_a_real_coordi
     let c = coordinator(&db).await;
     let (port, secret) = endpoint_on_a_free_port(&c.api).await;
     let _function = lambda(&secret, port).await;
-    serves_an_endpoint_queue(&c.api).await;
+    serves_an_endpoint_queue(&c.api, &db).await;
 }
