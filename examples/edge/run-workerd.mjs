@@ -1,11 +1,14 @@
 // Serves the Cloudflare Worker example (dist/cloudflare-worker.mjs, built by
-// `npm run build`) in Cloudflare's own runtime, workerd, through miniflare:
-// for local development, and for runlease's tests.
+// `npm run build`; or another bundle given as the argument, such as
+// dist/sdk-cloudflare-worker.mjs, the Worker on the runlease library) in
+// Cloudflare's own runtime, workerd, through miniflare: for local
+// development, and for runlease's tests.
 //
-//   RUNLEASE_ENDPOINT_SECRET=whsec_... [RUNLEASE_KEY=...] [PORT=8787] node run-workerd.mjs
+//   RUNLEASE_ENDPOINT_SECRET=whsec_... [RUNLEASE_KEY=...] [PORT=8787] node run-workerd.mjs [BUNDLE]
 //
 // Prints {"listening": URL} on a line once it serves, then runs until
 // SIGTERM or SIGINT. The Worker's fetch() reaches the coordinator directly.
+import { resolve } from "node:path";
 import { Miniflare } from "miniflare";
 
 const secret = process.env.RUNLEASE_ENDPOINT_SECRET;
@@ -17,7 +20,7 @@ const bindings = { RUNLEASE_ENDPOINT_SECRET: secret };
 if (process.env.RUNLEASE_KEY) bindings.RUNLEASE_KEY = process.env.RUNLEASE_KEY;
 const mf = new Miniflare({
   modules: true,
-  scriptPath: new URL("./dist/cloudflare-worker.mjs", import.meta.url).pathname,
+  scriptPath: process.argv[2] ? resolve(process.argv[2]) : new URL("./dist/cloudflare-worker.mjs", import.meta.url).pathname,
   compatibilityDate: "2025-01-01",
   bindings,
   host: "127.0.0.1",

@@ -44,12 +44,12 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
 
-const QUEUE: &str = "edge";
+pub(crate) const QUEUE: &str = "edge";
 /// A queue nobody serves: its jobs are claimed by the test itself, to
 /// craft requests around a real lease.
 const PULLED: &str = "pulled";
 
-fn edge_dir() -> PathBuf {
+pub(crate) fn edge_dir() -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/edge");
     assert!(dir.join("package.json").exists(), "{} is missing", dir.display());
     dir
@@ -88,12 +88,14 @@ fn modified(path: &Path) -> Option<SystemTime> {
 }
 
 /// `npm ci` unless node_modules was installed from this package-lock.json,
-/// then the Worker's bundle unless it is newer than its source (once per
-/// test process).
-fn build_worker() -> PathBuf {
+/// then the Workers' bundles (the example's, and the one on the runlease
+/// library, which is built first: `sdk_typescript::built`) unless they are
+/// newer than their sources (once per test process).
+pub(crate) fn build_worker() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
+            let library = crate::sdk_typescript::built();
             let dir = edge_dir();
             let _lock = install_lock("edge-examples");
             let lock = std::fs::read(dir.join("package-lock.json")).unwrap();
@@ -102,11 +104,21 @@ fn build_worker() -> PathBuf {
                 run(&dir, "npm", &["ci", "--no-audit", "--no-fund"]);
                 std::fs::write(&stamp, &lock).unwrap();
             }
-            let bundle = modified(&dir.join("dist/cloudflare-worker.mjs"));
-            let inputs = [dir.join("cloudflare/worker.ts"), stamp]
+            let bundle = ["dist/cloudflare-worker.mjs", "dist/sdk-cloudflare-worker.mjs"]
                 .iter()
-                .filter_map(|p| modified(p))
-                .max();
+                .map(|p| modified(&dir.join(p)))
+                .min()
+                .flatten();
+            let inputs = [
+                dir.join("cloudflare/worker.ts"),
+                dir.join("sdk/cloudflare.ts"),
+                dir.join("sdk/jobs.ts"),
+                library.join("dist/index.js"),
+                stamp,
+            ]
+            .iter()
+            .filter_map(|p| modified(p))
+            .max();
             if bundle.is_none() || bundle <= inputs {
                 run(&dir, "npm", &["run", "--silent", "build"]);
             }
@@ -159,10 +171,10 @@ fn python() -> PathBuf {
 /// Lambda function behind local.py. Stopped with SIGTERM (to its pid only)
 /// when dropped, and waited for: run-workerd.mjs then stops workerd, its
 /// child, which a SIGKILL of node would leave running.
-struct Endpoint {
-    url: String,
-    child: Child,
-    _lines: Lines<BufReader<ChildStdout>>,
+pub(crate) struct Endpoint {
+    pub(crate) url: String,
+    pub(crate) child: Child,
+    pub(crate) _lines: Lines<BufReader<ChildStdout>>,
 }
 
 impl Drop for Endpoint {
@@ -182,7 +194,7 @@ impl Drop for Endpoint {
 }
 
 /// The first line of `child`'s standard output, as JSON (30 s at most).
-async fn first_line(child: &mut Child, what: &str) -> (Value, Lines<BufReader<ChildStdout>>) {
+pub(crate) async fn first_line(child: &mut Child, what: &str) -> (Value, Lines<BufReader<ChildStdout>>) {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
         .await
@@ -198,9 +210,15 @@ async fn first_line(child: &mut Child, what: &str) -> (Value, Lines<BufReader<Ch
 impl Endpoint {
     /// The Cloudflare Worker in workerd on `port`, with `secret`.
     async fn workerd(secret: &str, port: u16) -> Self {
+        Self::workerd_bundle("dist/cloudflare-worker.mjs", secret, port).await
+    }
+
+    /// The Worker of `bundle` (under examples/edge) in workerd on `port`.
+    pub(crate) async fn workerd_bundle(bundle: &str, secret: &str, port: u16) -> Self {
         let dir = build_worker();
         let mut child = Command::new("node")
             .arg("run-workerd.mjs")
+            .arg(bundle)
             .current_dir(&dir)
             .env("RUNLEASE_ENDPOINT_SECRET", secret)
             .env("PORT", port.to_string())
@@ -224,6 +242,11 @@ impl Endpoint {
     /// from npm (the `deno` package's binary), and resolves the example's
     /// `npm:standardwebhooks` from node_modules.
     async fn deno(secret: &str, port: u16) -> Self {
+        Self::deno_script("deno/main.ts", secret, port).await
+    }
+
+    /// The Deno handler of `script` (under examples/edge) in Deno on `port`.
+    pub(crate) async fn deno_script(script: &str, secret: &str, port: u16) -> Self {
         let dir = build_worker();
         let deno = [
             "node_modules/@deno/linux-x64-glibc/deno",
@@ -234,7 +257,7 @@ impl Endpoint {
         .find(|p| p.exists())
         .expect("Deno from npm (examples/edge: npm ci) must be installed");
         let mut child = Command::new(&deno)
-            .args(["run", "--allow-net", "--allow-env", "deno/main.ts"])
+            .args(["run", "--allow-net", "--allow-env", script])
             .current_dir(&dir)
             .env("RUNLEASE_ENDPOINT_SECRET", secret)
             .env("PORT", port.to_string())
@@ -298,7 +321,7 @@ async fn coordinator(db: &TestDb, rotation: Duration) -> TestCoordinator {
     .await
 }
 
-async fn set_endpoint(api: &Api, url: &str) {
+pub(crate) async fn set_endpoint(api: &Api, url: &str) {
     let (status, body) = api
         .patch(
             &format!("/v1/queues/{QUEUE}"),
@@ -308,7 +331,7 @@ async fn set_endpoint(api: &Api, url: &str) {
     assert_eq!(status, 200, "{body}");
 }
 
-async fn secret(api: &Api) -> Value {
+pub(crate) async fn secret(api: &Api) -> Value {
     let (status, body) = api.get(&format!("/v1/queues/{QUEUE}/endpoint-secret")).await;
     assert_eq!(status, 200, "{body}");
     body
@@ -316,7 +339,7 @@ async fn secret(api: &Api) -> Value {
 
 /// Sets the queue's endpoint to 127.0.0.1:`port` (making its secret), and
 /// answers the port and the secret.
-async fn endpoint_on_a_free_port(api: &Api) -> (u16, String) {
+pub(crate) async fn endpoint_on_a_free_port(api: &Api) -> (u16, String) {
     let port = free_port();
     set_endpoint(api, &format!("http://127.0.0.1:{port}/")).await;
     let secret = secret(api).await["secret"].as_str().unwrap().to_owned();

@@ -42,6 +42,7 @@ mod restart;
 mod retention;
 mod schedules;
 mod schema_snapshot;
+mod sdk_edge;
 mod sdk_python;
 mod sdk_typescript;
 mod secrets;
