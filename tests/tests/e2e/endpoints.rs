@@ -619,11 +619,11 @@ async fn an_endpoint_down_then_back_burns_no_attempt_and_shows_unhealthy_then_he
     let db = TestDb::new().await;
     let c = TestCoordinator::start_with(&db, |cfg| {
         allow_loopback(cfg);
-        cfg.endpoints.backoff = Duration::from_millis(50);
-        cfg.endpoints.backoff_max = Duration::from_millis(400);
+        cfg.endpoints.backoff = Duration::from_millis(200);
+        cfg.endpoints.backoff_max = Duration::from_secs(4);
     })
     .await;
-    // A port nothing listens on: connections are refused.
+    // A port nothing listens on: connections are refused, for 30 s.
     let port = TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap()
@@ -632,6 +632,7 @@ async fn an_endpoint_down_then_back_burns_no_attempt_and_shows_unhealthy_then_he
         .port();
     let url = format!("http://127.0.0.1:{port}/hook");
     set_endpoint(&c.api, "edge", json!({"url": url})).await;
+    let down_since = Instant::now();
     let mut jobs = Vec::new();
     for n in 0..10 {
         // One attempt each: a charged attempt would fail the job.
@@ -657,8 +658,9 @@ async fn an_endpoint_down_then_back_burns_no_attempt_and_shows_unhealthy_then_he
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Down a while longer (backing off), then back on the same port.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Down for 30 s in all (backing off, up to 4 s between tries), then
+    // back on the same port.
+    tokio::time::sleep_until((down_since + Duration::from_secs(30)).into()).await;
     let ep = TestEndpoint::serve(TcpListener::bind(("127.0.0.1", port)).await.unwrap());
     for job in &jobs {
         let done = terminal(&c.api, job.id).await;
