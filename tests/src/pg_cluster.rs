@@ -298,6 +298,47 @@ impl PgCluster {
         )
     }
 
+    /// Cuts the standby off the primary's WAL (its `primary_conninfo`
+    /// emptied and reloaded), as a network fault or a standby far behind
+    /// would: with asynchronous replication the primary goes on
+    /// acknowledging commits the standby will never have. Answers once the
+    /// primary no longer streams to it.
+    pub async fn cut_standby_off(&self) {
+        let standby = self
+            .standby
+            .connect("postgres")
+            .await
+            .expect("the standby answers");
+        // Two statements: ALTER SYSTEM may not share a transaction.
+        for sql in [
+            "ALTER SYSTEM SET primary_conninfo = ''",
+            "SELECT pg_reload_conf()",
+        ] {
+            standby.batch_execute(sql).await.unwrap();
+        }
+        let primary = self
+            .primary
+            .connect("postgres")
+            .await
+            .expect("the primary answers");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let streaming: i64 = primary
+                .query_one("SELECT count(*) FROM pg_stat_replication", &[])
+                .await
+                .unwrap()
+                .get(0);
+            if streaming == 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the standby still streams 10 s after it was cut off"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Stops the primary at once, as a crash would (`pg_ctl -m immediate`):
     /// its connections break, nothing is flushed to the standby afterwards.
     pub fn crash_primary(&self) {

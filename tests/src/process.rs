@@ -95,13 +95,16 @@ impl CoordinatorProcess {
         }
         let child = cmd.spawn().unwrap();
         let api = Api::new(format!("http://127.0.0.1:{port}"));
-        for _ in 0..400 {
+        // Creating the database and migrating it can take a while on a
+        // fresh cluster of a busy machine.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
             if let Ok((200, _)) = api.try_get("/readyz").await {
                 return Self { api, child };
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        panic!("the coordinator binary did not become ready on port {port}");
+        panic!("the coordinator binary did not become ready on port {port} within 30 s");
     }
 
     /// Sends SIGTERM.
