@@ -5,19 +5,19 @@
 
 use std::sync::Arc;
 
-use runlease_protocol::WorkerId;
 use runlease_protocol::worker::HeartbeatStatus;
+use runlease_protocol::{QueueName, WorkerId};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::claims::{self, ClaimAsk};
 use crate::batch::plan::{ClaimPlan, Placement};
-use crate::batch::{BatchSettings, Batcher, OrphanFn, Pass};
-use crate::metrics::Metrics;
-use crate::store::leases::{Ending, LeaseRef, Outcome, Renewal};
+use crate::batch::{BatchSettings, Batcher, OrphanFn, Parts, Pass};
+use crate::flow::FlowControl;
+use crate::metrics::{LimitLabels, Metrics};
+use crate::store::leases::{ClaimGroup, Ending, FinishedAndClaimed, LeaseRef, Outcome, Renewal};
 use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
-use crate::wake::Wake;
 
 /// The batcher of finishing outcomes: each request's items, written with
 /// other requests' items in one statement; a request's claim (a finish that
@@ -88,19 +88,23 @@ fn split<T>(sizes: &[usize], answers: Vec<T>) -> Vec<Vec<T>> {
 
 impl Finisher {
     /// Writes finishing outcomes, and the claims riding on them, with
-    /// [`Store::finish_then_claim`]: a batch writes its new requests' items
+    /// [`Store::finish_then_claim_limited`]: a batch writes its new requests' items
     /// and makes the claims of requests whose items an earlier batch
     /// committed. Claims go by (queues, time left), each one statement of
     /// at most `settings.max_size` slots; claimers left over wait for the
     /// next batch. Leases claimed for a requester that left are released.
     pub fn finisher(
-        store: &Store,
-        wake: &Wake,
+        parts: &Parts,
         settings: BatchSettings,
-        metrics: Arc<Metrics>,
         tracker: &TaskTracker,
         cancel: CancellationToken,
     ) -> Self {
+        let Parts {
+            store,
+            wake,
+            flow,
+            metrics,
+        } = parts;
         let max_slots = settings.max_size.max(1);
         let orphaned: Arc<OrphanFn<FinishDone>> = {
             let (store, wake, tracker) = (store.clone(), wake.clone(), tracker.clone());
@@ -115,19 +119,24 @@ impl Finisher {
                 tracker.spawn(async move { claims::release_unwanted(&store, &wake, &worker, rows).await });
             })
         };
-        let store = store.clone();
+        let (store, flow) = (store.clone(), flow.clone());
         let stopping = cancel.clone();
         let batch_metrics = metrics.clone();
         Batcher::spawn(
             "finish",
             settings,
-            metrics,
+            metrics.clone(),
             tracker,
             cancel,
             Some(orphaned),
             move |works: Arc<Vec<FinishWork>>| {
-                let (store, stopping, metrics) = (store.clone(), stopping.clone(), batch_metrics.clone());
-                async move { flush_finishes(&store, &metrics, &stopping, max_slots, &works).await }
+                let (store, flow, stopping, metrics) = (
+                    store.clone(),
+                    flow.clone(),
+                    stopping.clone(),
+                    batch_metrics.clone(),
+                );
+                async move { flush_finishes(&store, &flow, &metrics, &stopping, max_slots, &works).await }
             },
         )
     }
@@ -135,10 +144,12 @@ impl Finisher {
 
 /// One batch of the [`Finisher`] (see [`Finisher::finisher`]): the items
 /// of its `Write` passes and the claims of its `Claim` passes, in one
-/// transaction. At shutdown no claim is made (as parked claims are
-/// answered then: empty).
+/// transaction; a claim of a queue with flow-control limits (an endpoint's
+/// queue among them) takes the limited path in it. At shutdown no claim is
+/// made (as parked claims are answered then: empty).
 async fn flush_finishes(
     store: &Store,
+    flow: &FlowControl,
     metrics: &Metrics,
     stopping: &CancellationToken,
     max_slots: usize,
@@ -163,12 +174,15 @@ async fn flush_finishes(
     for claim in &claims {
         metrics.batch("claim", claim.slots.len());
     }
-    // One transaction for the items and the claims riding them.
-    let (endings, claimed) = if items.is_empty() && claims.is_empty() {
-        (Vec::new(), Vec::new())
-    } else {
-        store.finish_then_claim(&items, &claims).await?
-    };
+    let limited: Vec<Vec<QueueName>> = claims.iter().map(|c| flow.limited(c.queues)).collect();
+    let (endings, claimed, held_back) = write_batch(store, &items, &claims, &limited).await?;
+    for (queue, kind, _) in &held_back {
+        let labels = LimitLabels {
+            queue: queue.to_string(),
+            limit: kind.as_str().to_owned(),
+        };
+        metrics.claims_held_back.get_or_create(&labels).inc();
+    }
     let mut endings = endings.into_iter();
     let mut dealt = plan.deal(claimed);
     Ok(works
@@ -205,6 +219,33 @@ async fn flush_finishes(
             },
         })
         .collect())
+}
+
+/// One transaction for a batch's items and the claims riding them. Should
+/// a claim's limited path fail, the items are written alone and every
+/// claim answered empty (its claimer parks or asks again): a limit's
+/// trouble never leaves outcomes unwritten.
+async fn write_batch(
+    store: &Store,
+    items: &[&(LeaseRef, Outcome)],
+    claims: &[ClaimGroup<'_>],
+    limited: &[Vec<QueueName>],
+) -> Result<FinishedAndClaimed, StoreError> {
+    if items.is_empty() && claims.is_empty() {
+        return Ok((Vec::new(), Vec::new(), Vec::new()));
+    }
+    match store.finish_then_claim_limited(items, claims, limited).await {
+        Err(e) if limited.iter().any(|l| !l.is_empty()) => {
+            tracing::warn!(error = %e, "a limited claim riding a finish failed: writing the finish alone");
+            let endings = if items.is_empty() {
+                Vec::new()
+            } else {
+                store.finish(items).await?
+            };
+            Ok((endings, vec![Vec::new(); claims.len()], Vec::new()))
+        }
+        written => written,
+    }
 }
 
 impl Renewer {

@@ -1,7 +1,11 @@
 //! The dispatcher of one queue: claims as many jobs as its endpoint has
 //! room for, through the claim batcher (parked like a worker's claim, so
 //! the same local and Redis wake-ups bring it a job enqueued elsewhere in
-//! milliseconds, and the same flow control holds), and sends each.
+//! milliseconds, and the same flow control holds), and sends each. While
+//! its claims find jobs, the next one rides the finisher instead: made in
+//! the transaction that writes the outcomes of its other requests (through
+//! the same limited path), as a pull worker's finish-and-claim is, so a busy
+//! queue costs no claim transaction of its own.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,10 +16,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::FinishWork;
 use crate::batch::claims::ClaimAsk;
 use crate::endpoint::Endpoints;
 use crate::endpoint::health::Health;
 use crate::endpoint::metrics::EndpointMetrics;
+use crate::store::StoreError;
+use crate::store::rows::ClaimedJob;
 
 /// How long a claim of the dispatcher stays parked before it asks again
 /// (a wake-up ends it sooner).
@@ -85,6 +92,8 @@ impl QueueDispatcher {
             .get_or_create(&EndpointMetrics::queue(self.queue.as_str()))
             .set(1);
         let requests = TaskTracker::new();
+        // Whether the last claim found jobs (the next then rides the finisher).
+        let mut busy = false;
         while !stop.is_cancelled() {
             let Some(room) = self.room(&stop).await else {
                 continue;
@@ -97,9 +106,10 @@ impl QueueDispatcher {
                 wait: CLAIM_WAIT,
             };
             let claimed = tokio::select! {
-                claimed = self.endpoints.state.claims.claim(ask) => claimed,
+                claimed = self.claim(ask, busy) => claimed,
                 () = stop.cancelled() => break,
             };
+            busy = claimed.as_ref().is_ok_and(|jobs| !jobs.is_empty());
             match claimed {
                 Ok(jobs) => {
                     for job in jobs {
@@ -118,6 +128,23 @@ impl QueueDispatcher {
         }
         requests.close();
         requests.wait().await;
+    }
+
+    /// Claims `ask`: while the queue is `busy`, riding the finisher's next
+    /// transaction (no wait: nothing claimable answers empty at once);
+    /// otherwise parked in the claim batcher until a job is claimable or the
+    /// wait runs out. Leases of a claim given up (the dispatcher stopping)
+    /// are given back uncharged by either.
+    async fn claim(&self, ask: ClaimAsk, busy: bool) -> Result<Vec<ClaimedJob>, StoreError> {
+        let state = &self.endpoints.state;
+        if busy {
+            let done = state
+                .finisher
+                .submit(FinishWork::new(Vec::new(), Some(ask)))
+                .await?;
+            return Ok(done.leases.unwrap_or_default());
+        }
+        state.claims.claim(ask).await
     }
 
     /// Waits until a request may be sent (the endpoint not paused, room

@@ -114,7 +114,7 @@ impl Shared {
         } = parts;
         Self {
             claims: ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone()),
-            finisher: Finisher::finisher(store, wake, settings, metrics.clone(), tracker, shutdown.clone()),
+            finisher: Finisher::finisher(parts, settings, tracker, shutdown.clone()),
             renewer: Renewer::renewer(store, settings, metrics.clone(), tracker, shutdown.clone()),
             store: store.clone(),
             tokens,

@@ -187,6 +187,15 @@ pub struct Renewal {
 /// and each claim's leases.
 type Sent = (Vec<tokio_postgres::Row>, Vec<Vec<(usize, ClaimedJob)>>);
 
+/// What [`Store::finish_then_claim_limited`] answers: the items' endings,
+/// each claim's leases (with the slot, 0-based, each filled), and the slots
+/// a queue's limits held back (by queue and kind of limit).
+pub type FinishedAndClaimed = (
+    Vec<Ending>,
+    Vec<Vec<(usize, ClaimedJob)>>,
+    Vec<(QueueName, LimitKind, usize)>,
+);
+
 /// A lease's identity as read from a verified token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseRef {
@@ -439,10 +448,16 @@ impl Store {
             slots: slots.to_vec(),
             time_left_ms,
         };
-        let (_, mut groups) = self
-            .write_leases("claim", &[], std::slice::from_ref(&group))
-            .await?;
-        let mut claimed = groups.pop().unwrap_or_default();
+        // Queues that all take the limited path have nothing for the shared
+        // statement (it skips them): no transaction of its own for it.
+        let mut claimed = if !limited.is_empty() && queues.iter().all(|q| limited.contains(q)) {
+            Vec::new()
+        } else {
+            let (_, mut groups, _) = self
+                .write_leases("claim", &[], std::slice::from_ref(&group), &[])
+                .await?;
+            groups.pop().unwrap_or_default()
+        };
         let mut answer = Claimed::default();
         for queue in limited.iter().filter(|q| queues.contains(q)) {
             let taken: Vec<usize> = claimed.iter().map(|(slot, _)| *slot).collect();
@@ -662,7 +677,7 @@ impl Store {
     /// table's size (ADR 022); the tallies of what it ended are written
     /// with its commit.
     pub async fn finish(&self, items: &[&(LeaseRef, Outcome)]) -> Result<Vec<Ending>, StoreError> {
-        Ok(self.write_leases("finish", items, &[]).await?.0)
+        Ok(self.write_leases("finish", items, &[], &[]).await?.0)
     }
 
     /// [`Store::finish`] of `items` and, in the same transaction, after
@@ -677,7 +692,22 @@ impl Store {
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
     ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
-        self.write_leases("finish", items, claims).await
+        let (endings, claimed, _) = self.write_leases("finish", items, claims, &[]).await?;
+        Ok((endings, claimed))
+    }
+
+    /// [`Store::finish_then_claim`] where `limited[i]` names the queues of
+    /// `claims[i]` that take the limited path: after the shared statement,
+    /// each of them is claimed on the slots still free as
+    /// [`Store::claim`] does (its settings row locked, its limits admitted),
+    /// in the same transaction. Also answers what the limits held back.
+    pub async fn finish_then_claim_limited(
+        &self,
+        items: &[&(LeaseRef, Outcome)],
+        claims: &[ClaimGroup<'_>],
+        limited: &[Vec<QueueName>],
+    ) -> Result<FinishedAndClaimed, StoreError> {
+        self.write_leases("finish", items, claims, limited).await
     }
 
     /// The one transaction that ends attempts and claims leases: the items
@@ -693,19 +723,27 @@ impl Store {
         operation: &'static str,
         items: &[&(LeaseRef, Outcome)],
         claims: &[ClaimGroup<'_>],
-    ) -> Result<(Vec<Ending>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
+        limited: &[Vec<QueueName>],
+    ) -> Result<FinishedAndClaimed, StoreError> {
         self.timed(operation, || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
-            let sent = self.send_leases_transaction(&tx, items, claims).await;
+            let sent = async {
+                let (finished, mut claimed) = self.send_leases_transaction(&tx, items, claims).await?;
+                let held_back = self
+                    .claim_limited_groups(&tx, claims, limited, &mut claimed)
+                    .await?;
+                Ok::<_, StoreError>((finished, claimed, held_back))
+            }
+            .await;
             // Any part refused rolls the whole transaction back.
-            let (finished, claimed) = tx.end(sent).await?;
+            let (finished, claimed, held_back) = tx.end(sent).await?;
             let answered = async {
                 let applied = applied_rows(&finished)?;
                 endings(&client, items, applied).await
             };
             match answered.await {
-                Ok(endings) => Ok((endings, claimed)),
+                Ok(endings) => Ok((endings, claimed, held_back)),
                 Err(e) => {
                     // The claims committed, but the finish cannot be
                     // answered: their leases, never handed out, are given
@@ -756,6 +794,49 @@ impl Store {
         let finished = finished?;
         let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>()?;
         Ok((finished, claimed))
+    }
+
+    /// The limited path of each claim whose queues `limited` names (the
+    /// limited ones of `claims[i]` in `limited[i]`), in `tx` after the
+    /// shared statement: queue by queue, on the slots still free, as
+    /// [`Store::claim`] does in transactions of their own. Each claim's
+    /// leases stay in slot order. Answers what the limits held back.
+    async fn claim_limited_groups(
+        &self,
+        tx: &Tallied<'_>,
+        claims: &[ClaimGroup<'_>],
+        limited: &[Vec<QueueName>],
+        claimed: &mut [Vec<(usize, ClaimedJob)>],
+    ) -> Result<Vec<(QueueName, LimitKind, usize)>, StoreError> {
+        let mut held_back = Vec::new();
+        if limited.iter().all(Vec::is_empty) {
+            return Ok(held_back);
+        }
+        // Planned as in a transaction of its own (the keyed claim with the
+        // server's settings; the plain one sets the claim's again).
+        tx.client().batch_execute(sql::CLAIM_PLANNING_RESET).await?;
+        for ((group, queues), rows) in claims.iter().zip(limited).zip(claimed.iter_mut()) {
+            for queue in queues.iter().filter(|q| group.queues.contains(q)) {
+                let free: Vec<usize> = (0..group.slots.len())
+                    .filter(|i| !rows.iter().any(|(slot, _)| slot == i))
+                    .collect();
+                if free.is_empty() {
+                    break;
+                }
+                let free_slots: Vec<&WorkerId> = free.iter().map(|&i| group.slots[i]).collect();
+                let got = self
+                    .claim_limited_in(tx, queue, &free_slots, group.time_left_ms)
+                    .await?;
+                rows.extend(got.rows.into_iter().map(|(slot, row)| (free[slot], row)));
+                held_back.extend(
+                    got.held_back
+                        .into_iter()
+                        .map(|(kind, n)| (queue.clone(), kind, n)),
+                );
+            }
+            rows.sort_by_key(|(slot, _)| *slot);
+        }
+        Ok(held_back)
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but

@@ -52,6 +52,9 @@ macro_rules! claim_planning {
 }
 /// [`claim_planning`], for a transaction already open.
 pub const CLAIM_PLANNING: &str = claim_planning!();
+/// [`claim_planning`] undone in a transaction opened with it (for the
+/// limited path, which plans as in a transaction of its own).
+pub const CLAIM_PLANNING_RESET: &str = "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin";
 /// Claim leases of a queue limited per concurrency key.
 pub const LEASE_CLAIM_KEYED: Changes =
     Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);

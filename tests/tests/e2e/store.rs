@@ -643,3 +643,89 @@ async fn a_finish_and_the_claims_riding_its_transaction_commit_together_or_not_a
         expected.map(|(p, s)| (p.to_owned(), s.to_owned())).to_vec()
     );
 }
+
+#[tokio::test]
+async fn a_limited_claim_riding_a_finish_takes_only_what_the_limits_allow() {
+    use runlease_coordinator::store::leases::{ClaimGroup, Ending, LeaseRef, LimitKind, Outcome};
+    use runlease_protocol::{QueueName, WorkerId};
+
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO queue_settings (queue, max_running) VALUES ('lim', 2);
+             INSERT INTO jobs (id, queue, payload, max_attempts)
+             SELECT gen_random_uuid(), 'lim', to_jsonb(i), 4 FROM generate_series(1, 5) AS i",
+        )
+        .await
+        .unwrap();
+    let queues = [QueueName::new("lim").unwrap()];
+    let (a, b) = (WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap());
+    // A claim of the limited queue alone (no shared statement): two of three.
+    let first = store.claim(&queues, &[&a, &a, &a], None, &queues).await.unwrap();
+    assert_eq!(first.rows.len(), 2, "{:?}", first.rows);
+    assert!(
+        first
+            .held_back
+            .iter()
+            .any(|(_, kind, _)| *kind == LimitKind::MaxRunning)
+    );
+    let running = |rows: &[(usize, runlease_coordinator::store::rows::ClaimedJob)], i: usize| LeaseRef {
+        job_id: rows[i].1.id,
+        run_lease: rows[i].1.run_lease,
+        worker_id: a.clone(),
+    };
+    let complete = |lease| {
+        (
+            lease,
+            Outcome::Complete {
+                result: serde_json::json!(1),
+            },
+        )
+    };
+
+    // Riding a finish without the limited path, the claim takes nothing:
+    // the shared statement skips a limited queue.
+    let done = [complete(running(&first.rows, 0))];
+    let items: Vec<_> = done.iter().collect();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&b, &b, &b],
+        time_left_ms: None,
+    }];
+    let (endings, claimed) = store.finish_then_claim(&items, &claims).await.unwrap();
+    assert!(matches!(&endings[..], [Ending::Applied(_)]), "{endings:?}");
+    assert!(claimed[0].is_empty(), "{claimed:?}");
+
+    // With it, the slots the two finishes freed and no more: two of three.
+    let done = [complete(running(&first.rows, 1))];
+    let items: Vec<_> = done.iter().collect();
+    let (endings, claimed, held_back) = store
+        .finish_then_claim_limited(&items, &claims, &[queues.to_vec()])
+        .await
+        .unwrap();
+    assert!(matches!(&endings[..], [Ending::Applied(_)]), "{endings:?}");
+    assert_eq!(claimed[0].len(), 2, "{claimed:?}");
+    assert!(
+        held_back
+            .iter()
+            .any(|(q, kind, _)| *q == queues[0] && *kind == LimitKind::MaxRunning)
+    );
+    let (_, more, _) = store
+        .finish_then_claim_limited(&[], &claims, &[queues.to_vec()])
+        .await
+        .unwrap();
+    assert!(more[0].is_empty(), "past max_running: {more:?}");
+    let running: i64 = client
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE queue = 'lim' AND state = 'running'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(running, 2);
+}

@@ -38,11 +38,12 @@
 //!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
 //!   measured the same way. `--coordinators 1,3` runs each build as that
 //!   many processes over one database, the workers spread over them (the
-//!   scale-out figures). `--push` adds a push drain of the first build in
-//!   the same run: its queue served by an endpoint in this process, answering
+//!   scale-out figures). `--push` adds a push drain of each build in the
+//!   same run: its queue served by an endpoint in this process, answering
 //!   200 at once, with as many requests in flight as the most workers; push
-//!   jobs/s (× the pull drain at those workers), PostgreSQL transactions per
-//!   job, and enqueue→request p50/p99 at 500 jobs/s offered. See `drain.rs`,
+//!   jobs/s (× the first build's pull drain at those workers), PostgreSQL
+//!   transactions per job, and enqueue→request p50/p99 at 500 jobs/s
+//!   offered. See `drain.rs`,
 //!   `push.rs` and `roofline.rs`.
 //! - `pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
 //!   backend's CPU) with the coordinator's claim and finish statements on one
@@ -232,8 +233,8 @@ struct DrainArgs {
     /// Processes per build over one database, the workers spread over them.
     #[arg(long, value_delimiter = ',', default_value = "1", value_parser = at_least_one())]
     coordinators: Vec<usize>,
-    /// Also a push drain of the first build: the queue served by an endpoint
-    /// in this process (as many requests in flight as the most workers),
+    /// Also a push drain of each build: the queue served by an endpoint in
+    /// this process (as many requests in flight as the most workers),
     /// then enqueue→request latency at 500 jobs/s offered (see `push.rs`).
     #[arg(long)]
     push: bool,
@@ -343,25 +344,32 @@ async fn main() -> anyhow::Result<()> {
             )
             .await?;
             if a.push {
-                let drain::System::Coordinator(build) = &systems[0] else {
-                    anyhow::bail!("--push drains a coordinator build: name one first");
-                };
+                let builds: Vec<&drain::Build> = systems
+                    .iter()
+                    .filter_map(|s| match s {
+                        drain::System::Coordinator(b) => Some(b),
+                        drain::System::Graphile(_) => None,
+                    })
+                    .collect();
+                anyhow::ensure!(!builds.is_empty(), "--push drains a coordinator build: name one");
                 let in_flight = a.workers.iter().copied().max().unwrap_or(256);
-                let p = push::run(&build.binary, a.jobs, in_flight, a.push_latency_s).await?;
-                println!(
-                    "\npush drain ({}, {} preloaded jobs, endpoint concurrency {in_flight}, an endpoint answering 200 at once): {:.0} jobs/s{}, {:.3} PG xacts/job; enqueue→request at 500 jobs/s offered ({} jobs): p50 {:.1} ms, p99 {:.1} ms",
-                    build.name,
-                    a.jobs,
-                    p.jobs_per_s,
-                    pull.map_or_else(String::new, |pull| format!(
-                        " (×{:.2} the pull drain at {in_flight} workers, {pull:.0} jobs/s)",
-                        p.jobs_per_s / pull
-                    )),
-                    p.xacts,
-                    p.offered,
-                    p.latency.0,
-                    p.latency.1
-                );
+                for build in builds {
+                    let p = push::run(&build.binary, a.jobs, in_flight, a.push_latency_s).await?;
+                    println!(
+                        "\npush drain ({}, {} preloaded jobs, endpoint concurrency {in_flight}, an endpoint answering 200 at once): {:.0} jobs/s{}, {:.3} PG xacts/job; enqueue→request at 500 jobs/s offered ({} jobs): p50 {:.1} ms, p99 {:.1} ms",
+                        build.name,
+                        a.jobs,
+                        p.jobs_per_s,
+                        pull.map_or_else(String::new, |pull| format!(
+                            " (×{:.2} the first build's pull drain at {in_flight} workers, {pull:.0} jobs/s)",
+                            p.jobs_per_s / pull
+                        )),
+                        p.xacts,
+                        p.offered,
+                        p.latency.0,
+                        p.latency.1
+                    );
+                }
             }
             Ok(())
         }
