@@ -30,6 +30,7 @@ pub mod process;
 pub mod proxy;
 pub mod redis;
 pub mod sqs;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::time::Duration;

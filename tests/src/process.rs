@@ -117,3 +117,24 @@ impl CoordinatorProcess {
         assert!(status.success());
     }
 }
+
+/// Runs `program args` in `dir` to completion, failing the test with its
+/// output if it fails; `needed_for` says what the program is needed for
+/// when it cannot be started at all.
+pub fn run_tool(dir: &std::path::Path, program: &str, args: &[&str], needed_for: &str) {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{program} must be on PATH {needed_for}: {e}"));
+    assert!(
+        out.status.success(),
+        "`{program} {}` in {} failed ({}):\n{}\n{}",
+        args.join(" "),
+        dir.display(),
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

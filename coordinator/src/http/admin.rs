@@ -20,7 +20,7 @@ use crate::endpoint::{
     DEFAULT_CONCURRENCY, DEFAULT_TIMEOUT_MS, MAX_CONCURRENCY, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, UNHEALTHY_AFTER,
 };
 use crate::http::error::ApiError;
-use crate::http::extract::{JsonBody, QueryParams, QueuePath, require};
+use crate::http::extract::{JsonBody, QueryParams, QueuePath, require, require_for_queue};
 use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels, Via};
 use crate::store::listing::{BulkAction, JobChange, JobFilter};
@@ -247,10 +247,7 @@ pub async fn get_queue(
     caller: Caller,
     QueuePath(queue): QueuePath,
 ) -> Result<Json<QueueSummary>, ApiError> {
-    require(&caller, Action::Read)?;
-    if !caller.may_use_queue(&queue) {
-        return Err(ApiError::forbidden_queue(queue.as_str()));
-    }
+    require_for_queue(&caller, Action::Read, &queue)?;
     figures_of(&state, &queue).await.map(Json)
 }
 
@@ -360,10 +357,7 @@ pub async fn update_queue(
     QueuePath(queue): QueuePath,
     JsonBody(req): JsonBody<UpdateQueueRequest>,
 ) -> Result<Json<QueueSummary>, ApiError> {
-    require(&caller, Action::Configure)?;
-    if !caller.may_use_queue(&queue) {
-        return Err(ApiError::forbidden_queue(queue.as_str()));
-    }
+    require_for_queue(&caller, Action::Configure, &queue)?;
     let change = settings_change(&state, req)?;
     if change == SettingsChange::default() {
         // Nothing to change: answer as GET would, and create no settings.
@@ -412,10 +406,7 @@ pub async fn endpoint_secret(
     caller: Caller,
     QueuePath(queue): QueuePath,
 ) -> Result<Json<EndpointSecretResponse>, ApiError> {
-    require(&caller, Action::Configure)?;
-    if !caller.may_use_queue(&queue) {
-        return Err(ApiError::forbidden_queue(queue.as_str()));
-    }
+    require_for_queue(&caller, Action::Configure, &queue)?;
     let keys = state
         .store
         .queue_settings_of(&queue)
@@ -433,10 +424,7 @@ pub async fn rotate_endpoint_secret(
     caller: Caller,
     QueuePath(queue): QueuePath,
 ) -> Result<Json<EndpointSecretResponse>, ApiError> {
-    require(&caller, Action::Configure)?;
-    if !caller.may_use_queue(&queue) {
-        return Err(ApiError::forbidden_queue(queue.as_str()));
-    }
+    require_for_queue(&caller, Action::Configure, &queue)?;
     let new = crate::endpoint::sign::new_secret();
     let keys = state
         .store

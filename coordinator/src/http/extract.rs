@@ -197,6 +197,16 @@ pub fn require(caller: &Caller, action: Action) -> Result<(), ApiError> {
     }
 }
 
+/// [`require`], and the caller's key may use `queue` (403 otherwise).
+pub fn require_for_queue(caller: &Caller, action: Action, queue: &QueueName) -> Result<(), ApiError> {
+    require(caller, action)?;
+    if caller.may_use_queue(queue) {
+        Ok(())
+    } else {
+        Err(ApiError::forbidden_queue(queue.as_str()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use runlease_protocol::admin::BulkJobsRequest;

@@ -39,7 +39,6 @@ use runlease_tests::api::{terminal, until};
 use runlease_tests::process::free_port;
 use runlease_tests::{Api, TestCoordinator, TestDb};
 use serde_json::{Value, json};
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdout, Command};
@@ -57,21 +56,7 @@ pub(crate) fn edge_dir() -> PathBuf {
 
 /// Runs `program args` in `dir`, failing the test with its output if it fails.
 fn run(dir: &Path, program: &str, args: &[&str]) {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("{program} must be on PATH for the edge runtime tests: {e}"));
-    assert!(
-        out.status.success(),
-        "`{program} {}` in {} failed ({}):\n{}\n{}",
-        args.join(" "),
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    runlease_tests::process::run_tool(dir, program, args, "for the edge runtime tests");
 }
 
 /// A file lock beside the test binaries: test processes install one at a
@@ -347,31 +332,12 @@ pub(crate) async fn endpoint_on_a_free_port(api: &Api) -> (u16, String) {
     (port, secret)
 }
 
-fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
-    let mut block = [0u8; 64];
-    if key.len() > 64 {
-        block[..32].copy_from_slice(&Sha256::digest(key));
-    } else {
-        block[..key.len()].copy_from_slice(key);
-    }
-    let pad = |byte: u8| block.map(|b| b ^ byte);
-    let inner = Sha256::new()
-        .chain_update(pad(0x36))
-        .chain_update(message)
-        .finalize();
-    Sha256::new()
-        .chain_update(pad(0x5c))
-        .chain_update(inner)
-        .finalize()
-        .into()
-}
-
 /// Standard Webhooks headers for `body` as `id`, at `timestamp`, with `secret`.
 fn signed(secret: &str, id: &str, timestamp: u64, body: &[u8]) -> Vec<(&'static str, String)> {
     let key = BASE64.decode(secret.trim_start_matches("whsec_")).unwrap();
     let mut message = format!("{id}.{timestamp}.").into_bytes();
     message.extend_from_slice(body);
-    let signature = BASE64.encode(hmac_sha256(&key, &message));
+    let signature = BASE64.encode(runlease_tests::webhooks::hmac_sha256(&key, &message));
     vec![
         ("webhook-id", id.to_owned()),
         ("webhook-timestamp", timestamp.to_string()),

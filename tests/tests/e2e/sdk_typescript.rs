@@ -34,22 +34,11 @@ fn sdk_dir() -> PathBuf {
 
 /// Runs `program args` in `dir`, failing the test with its output if it fails.
 fn run(dir: &Path, program: &str, args: &[&str]) {
-    let out = std::process::Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| {
-            panic!("{program} must be on PATH (Node.js 20 or later and npm) to build sdk/typescript: {e}")
-        });
-    assert!(
-        out.status.success(),
-        "`{program} {}` in {} failed ({}):\n{}\n{}",
-        args.join(" "),
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    runlease_tests::process::run_tool(
+        dir,
+        program,
+        args,
+        "(Node.js 20 or later and npm) to build sdk/typescript",
     );
 }
 
