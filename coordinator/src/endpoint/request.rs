@@ -222,29 +222,13 @@ async fn settle(queue: &QueueDispatcher, lease: &LeaseRef, opened: Open) {
         }
         Open::Aborted(Ended::Cancelled) => {
             // Released with a cancel requested: the job is cancelled.
-            let _ = finish(
-                queue,
-                lease,
-                Outcome::Release {
-                    progress: None,
-                    delay_ms: None,
-                },
-            )
-            .await;
+            give_back(queue, lease).await;
             Ended::Cancelled
         }
         Open::Aborted(ended) => ended,
         Open::Stopped => {
             // Given back uncharged: another coordinator (or this one, later) sends it again.
-            let _ = finish(
-                queue,
-                lease,
-                Outcome::Release {
-                    progress: None,
-                    delay_ms: None,
-                },
-            )
-            .await;
+            give_back(queue, lease).await;
             return;
         }
     };
@@ -314,6 +298,16 @@ async fn note_health(queue: &QueueDispatcher, decision: &Decision, no_connection
             tracing::warn!(error = %e, "cannot record the endpoint's health");
         }
     }
+}
+
+/// Releases the job without charging its attempt (a cancel or a stopping
+/// coordinator); what the finish answers is not needed.
+async fn give_back(queue: &QueueDispatcher, lease: &LeaseRef) {
+    let release = Outcome::Release {
+        progress: None,
+        delay_ms: None,
+    };
+    let _ = finish(queue, lease, release).await;
 }
 
 /// Writes `outcome` with the lease's guard: `Some(true)` applied,

@@ -459,6 +459,9 @@ impl Store {
                     ],
                 )
                 .await?;
+            let changed: Option<Vec<String>> = Some(vec![row.get("queue")]);
+            let list = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+            let row = client.query_one(&list, &[&changed]).await?;
             Ok(settings_from_row(&row)?.1)
         })
         .await

@@ -1,4 +1,5 @@
--- Change a queue's settings, creating its row if it has none. For each
+-- Change a queue's settings, creating its row if it has none (the store
+-- then reads them back with queue_settings_list.sql). For each
 -- nullable setting a flag says whether to set it (the value may be NULL:
 -- cleared); an unflagged setting keeps its value.
 -- $1 text queue, $2 bool paused (NULL: unchanged),
@@ -50,11 +51,4 @@ ON CONFLICT (queue) DO UPDATE SET
     endpoint_last_error = CASE WHEN $14::bool THEN NULL ELSE s.endpoint_last_error END,
     endpoint_last_error_at = CASE WHEN $14::bool THEN NULL ELSE s.endpoint_last_error_at END,
     updated_at = now()
-RETURNING queue, paused, max_running, max_running_per_key, rate_per_s, rate_burst,
-          retention_done_ms, retention_failed_ms, updated_at,
-          endpoint_url, endpoint_timeout_ms, endpoint_concurrency, endpoint_secret,
-          CASE WHEN endpoint_secret_previous_until > now() THEN endpoint_secret_previous END
-              AS endpoint_secret_previous,
-          CASE WHEN endpoint_secret_previous_until > now() THEN endpoint_secret_previous_until END
-              AS endpoint_secret_previous_until,
-          endpoint_failures, endpoint_last_error, endpoint_last_error_at
+RETURNING queue
