@@ -7,13 +7,16 @@
 //!
 //! - [`Batcher`]: the gather-and-flush loop, generic over what it writes.
 //! - [`claims`]: the claim batcher.
+//! - [`enqueue`]: the batcher of single-job enqueues.
 //! - [`finish`]: the batchers of finishing outcomes (with the claims riding them) and of heartbeats.
 //! - [`plan`]: [`plan::ClaimPlan`], where the slots of claims go, for every way a claim is made.
 
 pub mod claims;
+pub mod enqueue;
 pub mod finish;
 pub mod plan;
 
+pub use enqueue::Enqueuer;
 pub use finish::{FinishDone, FinishWork, Finisher, Renewer};
 
 use std::future::Future;

@@ -13,7 +13,7 @@ use runlease_protocol::producer::{
     EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
     ListAttemptsResponse,
 };
-use runlease_protocol::{ErrorCode, Job, JobId, RunLease, TraceParent};
+use runlease_protocol::{Job, JobId, RunLease, TraceParent};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
@@ -60,6 +60,9 @@ fn new_job(
 fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<NewJob, String> {
     if req.run_at.is_some() && req.delay_ms.is_some() {
         return Err("give run_at or delay_ms, not both".into());
+    }
+    if !runlease_protocol::limits::storable_json(&req.payload) {
+        return Err("payload must not contain a NUL character (\\u0000)".into());
     }
     if let Some(delay) = req.delay_ms
         && !(0..=MAX_DELAY_MS).contains(&delay)
@@ -169,11 +172,9 @@ pub async fn enqueue(
 ) -> Result<(StatusCode, Json<Job>), ApiError> {
     require(&caller, Action::Enqueue)?;
     let job = new_job(&state, &caller, req, traceparent.as_ref())?;
-    let mut enqueued = state.store.enqueue(vec![job]).await?;
+    let mut enqueued = [state.enqueuer.submit(job).await??];
     announce(&state, &mut enqueued).await?;
-    let Some(first) = enqueued.into_iter().next() else {
-        return Err(ApiError::new(ErrorCode::Internal, "enqueue answered no job"));
-    };
+    let [first] = enqueued;
     record_job(&first.job);
     let status = if first.created {
         StatusCode::CREATED
@@ -207,7 +208,7 @@ pub async fn enqueue_batch(
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut enqueued = state.store.enqueue(jobs).await?;
+    let mut enqueued = state.store.enqueue(&jobs).await?;
     announce(&state, &mut enqueued).await?;
     Ok((
         StatusCode::CREATED,

@@ -75,6 +75,8 @@ pub struct Shared {
     pub flow: Arc<crate::flow::FlowControl>,
     /// Serves claims (one statement for a queue's parked claimers).
     pub claims: ClaimBatcher,
+    /// Writes single-job enqueues in shared statements.
+    pub enqueuer: crate::batch::Enqueuer,
     /// Writes complete, fail and release outcomes in shared statements.
     pub finisher: Finisher,
     /// Writes lease renewals in shared statements.
@@ -114,6 +116,7 @@ impl Shared {
         } = parts;
         Self {
             claims: ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone()),
+            enqueuer: crate::batch::enqueue::enqueuer(parts, settings, tracker, shutdown.clone()),
             finisher: Finisher::finisher(parts, settings, tracker, shutdown.clone()),
             renewer: Renewer::renewer(store, settings, metrics.clone(), tracker, shutdown.clone()),
             store: store.clone(),

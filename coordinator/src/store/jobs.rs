@@ -103,8 +103,7 @@ async fn originals_of(
 impl Store {
     /// Enqueues jobs in one transaction (one statement), answering them in
     /// request order. Jobs whose idempotency key exists answer the original.
-    pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
-        let jobs = &jobs;
+    pub async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>, StoreError> {
         self.timed("enqueue", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;

@@ -211,7 +211,7 @@ impl Store {
                 };
                 // Committed before the schedule moves on: a crash in between
                 // repeats this fire time, and its key answers the same job.
-                let enqueued = self.enqueue(vec![job]).await?;
+                let enqueued = self.enqueue(&[job]).await?;
                 tx.execute(&fired_stmt, &[&schedule.name, &fire, &next]).await?;
                 for job in enqueued {
                     fired.push(Fired {

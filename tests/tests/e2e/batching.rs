@@ -277,3 +277,111 @@ async fn a_value_postgres_refuses_fails_only_its_own_request() {
         "{states:?}"
     );
 }
+
+#[tokio::test]
+async fn concurrent_single_enqueues_share_a_transaction_and_a_repeated_key_answers_the_original() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+
+    // 40 single enqueues at once: 30 distinct jobs, and 10 with one shared
+    // idempotency key (one is created, the other nine answer it).
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let api = c.api.clone();
+        sends.spawn(async move {
+            let body = if i < 30 {
+                json!({"queue": "q", "payload": i})
+            } else {
+                json!({"queue": "q", "payload": i, "idempotency_key": "same"})
+            };
+            (i, api.post("/v1/jobs", &body).await)
+        });
+    }
+    let mut answers = sends.join_all().await;
+    answers.sort_by_key(|(i, _)| *i);
+
+    let mut created = 0;
+    let mut keyed_ids = std::collections::HashSet::new();
+    for (i, (status, body)) in &answers {
+        let i = *i;
+        assert!(*status == 201 || *status == 200, "enqueue {i}: {status} {body}");
+        if i < 30 {
+            assert_eq!(*status, 201, "{body}");
+            assert_eq!(body["payload"], json!(i), "each request answers its own job");
+        } else {
+            keyed_ids.insert(body["id"].as_str().unwrap().to_owned());
+        }
+        if *status == 201 {
+            created += 1;
+        }
+    }
+    assert_eq!(created, 31, "30 distinct jobs and one for the shared key");
+    assert_eq!(
+        keyed_ids.len(),
+        1,
+        "every request with the key answers the same job"
+    );
+    let jobs: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 31);
+
+    // Written in fewer statements than requests (group commit: while one
+    // batch commits, the next gathers), counted as enqueue batches.
+    let (_, metrics) = c.api.get_text("/metrics").await;
+    let batches = metric(&metrics, "runlease_batch_size_count{kind=\"enqueue\"}");
+    assert!(
+        (1.0..40.0).contains(&batches),
+        "enqueue batches: {batches}\n{metrics}"
+    );
+
+    // And every one is claimable.
+    let leases = c.api.claim("q", "w", 50).await;
+    assert_eq!(leases.len(), 31);
+}
+
+#[tokio::test]
+async fn a_value_postgres_refuses_in_an_enqueue_batch_fails_only_its_own_request() {
+    let db = TestDb::new().await;
+    // PostgreSQL refuses (SQLSTATE class 22) the job whose payload is "bad".
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_bad() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+               IF NEW.payload = '\"bad\"'::jsonb THEN
+                 RAISE EXCEPTION 'bad refused' USING ERRCODE = '22023';
+               END IF;
+               RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_bad BEFORE INSERT ON jobs FOR EACH ROW EXECUTE FUNCTION refuse_bad();",
+        )
+        .await
+        .unwrap();
+    let c = TestCoordinator::start(&db).await;
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let api = c.api.clone();
+        let payload = if i == 7 { json!("bad") } else { json!(i) };
+        sends.spawn(async move {
+            (
+                i,
+                api.post("/v1/jobs", &json!({"queue": "q", "payload": payload}))
+                    .await,
+            )
+        });
+    }
+    for (i, (status, body)) in sends.join_all().await {
+        if i == 7 {
+            assert_eq!(status, 422, "{body}");
+        } else {
+            assert_eq!(status, 201, "enqueue {i}: {body}");
+        }
+    }
+    let leases = c.api.claim("q", "w", 50).await;
+    assert_eq!(leases.len(), 29);
+}
