@@ -4,6 +4,7 @@
 //! so the checker need explore only one of them: the least (by `Ord`) of
 //! all renumberings, which is the same for every member of the class.
 
+use super::deps::{bit, members};
 use super::state::{Stage, World};
 
 /// Every ordering of `0..n` (n! of them; n is 3 at most here).
@@ -22,6 +23,11 @@ fn permutations(n: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// A set of jobs (one bit each) with job `j` renamed `jobs[j]`.
+fn remap(mask: u8, jobs: &[u8]) -> u8 {
+    members(mask).fold(0, |m, j| m | bit(usize::from(jobs[j])))
+}
+
 /// `s` with job `j` renamed `jobs[j]`, worker `w` renamed `workers[w]` and
 /// coordinator `c` renamed `coords[c]`.
 fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
@@ -29,6 +35,8 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
     for (j, job) in s.jobs.iter().enumerate() {
         let mut job = job.clone();
         job.owner = job.owner.map(|w| workers[w as usize]);
+        job.deps = remap(job.deps, jobs);
+        job.resolved = remap(job.resolved, jobs);
         for a in &mut job.attempts {
             if a.worker != u8::MAX {
                 a.worker = workers[a.worker as usize];
@@ -56,6 +64,11 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
         }
         coordinator.batch.sort();
         coordinator.reaping = coordinator.reaping.map(|(j, l)| (jobs[j as usize], l));
+        for d in &mut coordinator.promoting {
+            *d = jobs[*d as usize];
+        }
+        coordinator.promoting.sort();
+        coordinator.promote = coordinator.promote.map(|d| jobs[d as usize]);
         n.coordinators[coords[c] as usize] = coordinator;
     }
     for a in &mut n.acks {
