@@ -100,7 +100,7 @@ pub fn representative(s: &World) -> World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::state::Kind;
+    use crate::model::state::{JobState, Kind};
     use crate::model::{Action, Bounds, ProtocolModel, Variant};
     use stateright::Model;
 
@@ -146,6 +146,27 @@ mod tests {
         // And it is a renumbering of the world, not another world.
         assert_eq!(rep.workers.iter().filter(|w| w.held.is_some()).count(), 2);
         assert_eq!(rep.coordinators.iter().map(|c| c.batch.len()).sum::<usize>(), 1);
+    }
+
+    #[test]
+    fn renumbering_jobs_renumbers_the_dependency_graph() {
+        let model = ProtocolModel::new(Variant::Correct, Bounds::fan_in());
+        let s = model
+            .next_state(
+                &model.initial(),
+                Action::Claim {
+                    worker: 0,
+                    job: 0,
+                    lost: false,
+                },
+            )
+            .expect("job 0 is queued");
+        // Job 2 (blocked on 0 and 1) renamed 0: it now depends on 1 and 2.
+        let r = renamed(&s, &[1, 2, 0], &[0, 1], &[0, 1]);
+        assert_eq!(r.jobs[0].deps, 0b110);
+        assert_eq!(r.jobs[0].state, JobState::Blocked);
+        assert_eq!(r.jobs[1].state, JobState::Running);
+        assert_eq!(representative(&r), representative(&s));
     }
 
     #[test]
