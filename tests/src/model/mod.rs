@@ -1,7 +1,8 @@
 //! A model of the lease protocol, checked exhaustively with `stateright` for
 //! small bounds: every interleaving of claims, heartbeats, finishing calls,
 //! batch commits, reaper passes, cancels, admin retries, time passing, lost
-//! answers and crashes, over a few jobs, workers and two coordinators.
+//! answers and crashes, over a few jobs, workers and two coordinators; and,
+//! for jobs that depend on others, their promotion and cancel cascade.
 //!
 //! Each action is one step the real system takes atomically: one SQL
 //! statement (or one finish transaction) from `coordinator/src/store/sql/`,

@@ -1,5 +1,7 @@
 //! Symmetry reduction: jobs are interchangeable (same settings, none
-//! enqueued at the start), and so are workers and coordinators. A world and
+//! enqueued at the start; a job's dependencies and bound on claims are in
+//! its row and are renumbered with it), and so are workers and
+//! coordinators. A world and
 //! the world with its jobs, workers or coordinators renumbered behave alike,
 //! so the checker need explore only one of them: the least (by `Ord`) of
 //! all renumberings, which is the same for every member of the class.
