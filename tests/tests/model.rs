@@ -240,3 +240,12 @@ fn counter_without_the_edge_mark_promotes_early() {
         "{actions:?}"
     );
 }
+
+#[test]
+fn counter_without_the_guard_promotes_a_cancelled_job() {
+    let actions = counterexample_in(Variant::CounterWithoutGuard, Bounds::fan_in(), PROMOTED_ONCE);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Cancel { .. })),
+        "{actions:?}"
+    );
+}

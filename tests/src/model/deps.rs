@@ -54,13 +54,18 @@ impl ProtocolModel {
         }
         for d in 0..n.jobs.len() {
             let dependent = &n.jobs[d];
-            if dependent.deps & bit(job) == 0 || dependent.state != JobState::Blocked {
+            let met = ended == JobState::Done || dependent.run_on_failure;
+            // The guard on state = 'blocked' (without it, in the variant, a
+            // dependency met still counts down any existing row).
+            let unguarded = self.variant == Variant::CounterWithoutGuard && met;
+            let guarded =
+                dependent.state == JobState::Blocked || (unguarded && dependent.state != JobState::Absent);
+            if dependent.deps & bit(job) == 0 || !guarded {
                 continue;
             }
             if self.variant != Variant::CounterWithoutEdge && dependent.resolved & bit(job) != 0 {
                 continue;
             }
-            let met = ended == JobState::Done || dependent.run_on_failure;
             if met && ended == JobState::Done && self.variant == Variant::PromoteAfterCommit {
                 // Not in this statement: the coordinator notes the
                 // dependent and checks it after the commit.

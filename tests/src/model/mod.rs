@@ -70,6 +70,10 @@ pub enum Variant {
     /// without the edge's own mark: a dependency that ends twice (failed
     /// under `run`, retried by an admin, then done) is counted twice.
     CounterWithoutEdge,
+    /// The counter's decrement (and the promotion at 0) is not guarded on
+    /// `state = 'blocked'`: a dependency ending `done` counts down a job
+    /// that is no longer blocked, and promotes it.
+    CounterWithoutGuard,
 }
 
 /// The dependency graph: which jobs each job depends on (one bit per job,
