@@ -233,6 +233,21 @@ fn promotion_after_the_commit_loses_a_promotion() {
 }
 
 #[test]
+fn promotion_after_the_commit_strands_a_dependent() {
+    // The liveness property covers dependents: a lost promotion leaves a job
+    // blocked that nothing ends.
+    let actions = counterexample_in(
+        Variant::PromoteAfterCommit,
+        Bounds::fan_in_crash(),
+        EVERY_JOB_TERMINATES,
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Crash { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
 fn counter_without_the_edge_mark_promotes_early() {
     let actions = counterexample_in(Variant::CounterWithoutEdge, Bounds::fan_in_run(), DEPS_MET);
     assert!(
