@@ -257,6 +257,16 @@ fn counter_without_the_edge_mark_promotes_early() {
 }
 
 #[test]
+fn counter_without_the_row_lock_loses_a_promotion() {
+    let actions = counterexample_in(Variant::CounterWithoutLock, Bounds::fan_in(), NONE_STUCK_BLOCKED);
+    let begins = actions
+        .iter()
+        .filter(|a| matches!(a, Action::CommitBegin { .. }))
+        .count();
+    assert_eq!(begins, 2, "{actions:?}");
+}
+
+#[test]
 fn counter_without_the_guard_promotes_a_cancelled_job() {
     let actions = counterexample_in(Variant::CounterWithoutGuard, Bounds::fan_in(), PROMOTED_ONCE);
     assert!(

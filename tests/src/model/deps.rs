@@ -83,7 +83,13 @@ impl ProtocolModel {
             }
             if met {
                 dependent.pending = dependent.pending.saturating_sub(1);
-                if dependent.pending == 0 {
+                if let Some(read) = via.and_then(|c| n.coordinators[usize::from(c)].counters_read.as_mut()) {
+                    // Written from what the transaction read (and its own
+                    // writes since), not from the row as it is now.
+                    read[d] = read[d].saturating_sub(1);
+                    n.jobs[d].pending = read[d];
+                }
+                if n.jobs[d].pending == 0 {
                     promote(n, d);
                 }
             } else {

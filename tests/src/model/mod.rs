@@ -74,6 +74,11 @@ pub enum Variant {
     /// `state = 'blocked'`: a dependency ending `done` counts down a job
     /// that is no longer blocked, and promotes it.
     CounterWithoutGuard,
+    /// The finish transaction reads the dependents' counters when it begins,
+    /// without locking their rows, and writes the value it read less one:
+    /// two transactions ending the two last dependencies at once both write
+    /// 1, and the job is never promoted.
+    CounterWithoutLock,
 }
 
 /// The dependency graph: which jobs each job depends on (one bit per job,
@@ -333,6 +338,12 @@ pub enum Action {
     AdminRetry {
         /// The job.
         job: u8,
+    },
+    /// Only in [`Variant::CounterWithoutLock`]: coordinator `c`'s finish
+    /// transaction begins and reads the dependents' counters.
+    CommitBegin {
+        /// The coordinator.
+        c: u8,
     },
     /// Only in [`Variant::PromoteAfterCommit`]: coordinator `c` reads the
     /// first dependent its commits noted, and its dependencies' states.

@@ -300,7 +300,7 @@ pub fn can_terminate(model: &ProtocolModel, s: &World) -> bool {
 /// for steps it never takes.
 fn rank(action: Action) -> Option<u8> {
     Some(match action {
-        Action::Commit { .. } => 1,
+        Action::Commit { .. } | Action::CommitBegin { .. } => 1,
         Action::ReapWrite { .. } => 2,
         Action::PromoteWrite { .. } | Action::PromoteRead { .. } => 2,
         // `enabled` lists a working worker's complete first, through the

@@ -243,6 +243,10 @@ pub struct Coordinator {
     /// check read as ready (blocked, every dependency done), to be written
     /// `queued` in the next transaction.
     pub promote: Option<u8>,
+    /// Only in [`super::Variant::CounterWithoutLock`]: the dependents'
+    /// counters (by job) its finish transaction read when it began, without
+    /// a lock; its commit writes them less what it ends.
+    pub counters_read: Option<Vec<u8>>,
 }
 
 /// An outcome a worker was told took effect (200).

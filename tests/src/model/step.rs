@@ -84,7 +84,11 @@ impl ProtocolModel {
         for (c, coordinator) in s.coordinators.iter().enumerate() {
             let c = c as u8;
             if !coordinator.batch.is_empty() {
-                out.push(Action::Commit { c });
+                if self.variant == Variant::CounterWithoutLock && coordinator.counters_read.is_none() {
+                    out.push(Action::CommitBegin { c });
+                } else {
+                    out.push(Action::Commit { c });
+                }
             }
             if coordinator.promote.is_some() {
                 out.push(Action::PromoteWrite { c });
@@ -137,6 +141,7 @@ impl ProtocolModel {
             || coordinator.reaping.is_some()
             || !coordinator.promoting.is_empty()
             || coordinator.promote.is_some()
+            || coordinator.counters_read.is_some()
     }
 
     /// Whether a finishing call or heartbeat carrying `held` matches the job
@@ -265,12 +270,29 @@ impl ProtocolModel {
                     });
                 }
             }
+            Action::CommitBegin { c } => {
+                // The finish transaction begins and reads the counters.
+                let counters = n.jobs.iter().map(|j| j.pending).collect();
+                let coordinator = &mut n.coordinators[c as usize];
+                if self.variant != Variant::CounterWithoutLock
+                    || coordinator.batch.is_empty()
+                    || coordinator.counters_read.is_some()
+                {
+                    return None;
+                }
+                coordinator.counters_read = Some(counters);
+            }
             Action::Commit { c } => {
+                let unread = n.coordinators[c as usize].counters_read.is_none();
+                if self.variant == Variant::CounterWithoutLock && unread {
+                    return None;
+                }
                 let batch = std::mem::take(&mut n.coordinators[c as usize].batch);
                 if batch.is_empty() {
                     return None;
                 }
                 self.commit(&mut n, c, &batch);
+                n.coordinators[c as usize].counters_read = None;
             }
             Action::LoseAnswer { worker } => {
                 let h = n.workers[worker as usize].held.as_mut()?;
@@ -293,6 +315,7 @@ impl ProtocolModel {
                 coordinator.reaping = None;
                 coordinator.promoting.clear();
                 coordinator.promote = None;
+                coordinator.counters_read = None;
                 for w in &mut n.workers {
                     if let Some(f) = w.held.as_mut().and_then(|h| h.finish.as_mut())
                         && f.stage == Stage::Sent(c)

@@ -71,6 +71,12 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
         }
         coordinator.promoting.sort();
         coordinator.promote = coordinator.promote.map(|d| jobs[d as usize]);
+        if let Some(read) = coordinator.counters_read.as_mut() {
+            let old = read.clone();
+            for (j, &v) in old.iter().enumerate() {
+                read[jobs[j] as usize] = v;
+            }
+        }
         n.coordinators[coords[c] as usize] = coordinator;
     }
     for a in &mut n.acks {
