@@ -9,8 +9,9 @@
 use std::time::Instant;
 
 use runlease_tests::model::{
-    ACK_NEVER_LOST, Action, Bounds, CURRENT_LEASE_ONLY, EVERY_JOB_TERMINATES, ONE_LIVE_LEASE, ProtocolModel,
-    SAFETY, SOMETIMES, Variant, representative,
+    ACK_NEVER_LOST, Action, Bounds, CURRENT_LEASE_ONLY, DEPENDENCY_SOMETIMES, DEPS_MET, EVERY_JOB_TERMINATES,
+    NONE_STUCK_BLOCKED, ONE_LIVE_LEASE, PROMOTED_ONCE, ProtocolModel, SAFETY, SOMETIMES, Variant,
+    representative,
 };
 use stateright::{Checker, Model};
 
@@ -144,4 +145,132 @@ fn acknowledgement_before_commit_loses_an_outcome() {
 #[test]
 fn without_a_reaper_a_vanished_holder_strands_its_job() {
     counterexample(Variant::NoReaper, EVERY_JOB_TERMINATES);
+}
+
+/// The safety properties and liveness, every scenario of `SOMETIMES` in
+/// `plain`, and the dependency scenarios in `deps`.
+fn names_with(plain: &[usize], deps: &[usize]) -> Vec<&'static str> {
+    let mut names = SAFETY.to_vec();
+    names.push(EVERY_JOB_TERMINATES);
+    names.extend(plain.iter().map(|&i| SOMETIMES[i]));
+    names.extend(deps.iter().map(|&i| DEPENDENCY_SOMETIMES[i]));
+    names
+}
+
+#[test]
+fn correct_protocol_keeps_every_property_with_a_fan_in() {
+    // Two coordinators ending the two dependencies at once; a cancel of one
+    // racing the finish of the other.
+    keeps_every_property(Bounds::fan_in(), &names_with(&[0], &[0, 1, 3]), 5_000);
+}
+
+#[test]
+fn correct_protocol_keeps_every_property_with_a_fan_in_and_a_stale_lease() {
+    // A dependency finished under a stale lease is refused and promotes
+    // nothing.
+    keeps_every_property(Bounds::fan_in_stale(), &names_with(&[0, 1], &[0, 1, 2]), 20_000);
+}
+
+#[test]
+fn correct_protocol_keeps_every_property_with_a_fan_in_and_a_crash() {
+    keeps_every_property(Bounds::fan_in_crash(), &names_with(&[0], &[0, 1]), 5_000);
+}
+
+#[test]
+fn correct_protocol_keeps_every_property_with_a_fan_in_under_run() {
+    keeps_every_property(Bounds::fan_in_run(), &names_with(&[0], &[0, 5, 6]), 10_000);
+}
+
+#[test]
+fn correct_protocol_keeps_every_property_with_a_chain() {
+    keeps_every_property(Bounds::chain(), &names_with(&[0], &[0, 4]), 2_000);
+}
+
+/// Checks `variant` under `bounds` for `property` alone and expects a
+/// counterexample; answers its path's actions.
+fn counterexample_in(variant: Variant, bounds: Bounds, property: &'static str) -> Vec<Action> {
+    let model = ProtocolModel::new(variant, bounds).checking(&[property]);
+    let checker = check_bfs(&format!("{variant:?} {property}"), model);
+    let path = checker.discovery(property).unwrap_or_else(|| {
+        panic!("{variant:?} must break \"{property}\", but the checker found no counterexample")
+    });
+    eprintln!("{variant:?} breaks \"{property}\":\n{path}");
+    path.into_actions()
+}
+
+#[test]
+fn promotion_after_the_commit_promotes_twice() {
+    // Both coordinators' checks read the dependent ready; both write it.
+    let actions = counterexample_in(Variant::PromoteAfterCommit, Bounds::fan_in_stale(), PROMOTED_ONCE);
+    let writes = actions
+        .iter()
+        .filter(|a| matches!(a, Action::PromoteWrite { .. }))
+        .count();
+    assert_eq!(writes, 2, "{actions:?}");
+}
+
+#[test]
+fn promotion_after_the_commit_revives_a_cancelled_job() {
+    // The dependent is cancelled between the check's read and its write.
+    let actions = counterexample_in(Variant::PromoteAfterCommit, Bounds::fan_in(), PROMOTED_ONCE);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Cancel { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn promotion_after_the_commit_loses_a_promotion() {
+    let actions = counterexample_in(
+        Variant::PromoteAfterCommit,
+        Bounds::fan_in_crash(),
+        NONE_STUCK_BLOCKED,
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Crash { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn promotion_after_the_commit_strands_a_dependent() {
+    // The liveness property covers dependents: a lost promotion leaves a job
+    // blocked that nothing ends.
+    let actions = counterexample_in(
+        Variant::PromoteAfterCommit,
+        Bounds::fan_in_crash(),
+        EVERY_JOB_TERMINATES,
+    );
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Crash { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn counter_without_the_edge_mark_promotes_early() {
+    let actions = counterexample_in(Variant::CounterWithoutEdge, Bounds::fan_in_run(), DEPS_MET);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::AdminRetry { .. })),
+        "{actions:?}"
+    );
+}
+
+#[test]
+fn counter_without_the_row_lock_loses_a_promotion() {
+    let actions = counterexample_in(Variant::CounterWithoutLock, Bounds::fan_in(), NONE_STUCK_BLOCKED);
+    let begins = actions
+        .iter()
+        .filter(|a| matches!(a, Action::CommitBegin { .. }))
+        .count();
+    assert_eq!(begins, 2, "{actions:?}");
+}
+
+#[test]
+fn counter_without_the_guard_promotes_a_cancelled_job() {
+    let actions = counterexample_in(Variant::CounterWithoutGuard, Bounds::fan_in(), PROMOTED_ONCE);
+    assert!(
+        actions.iter().any(|a| matches!(a, Action::Cancel { .. })),
+        "{actions:?}"
+    );
 }

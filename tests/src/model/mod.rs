@@ -1,7 +1,8 @@
 //! A model of the lease protocol, checked exhaustively with `stateright` for
 //! small bounds: every interleaving of claims, heartbeats, finishing calls,
 //! batch commits, reaper passes, cancels, admin retries, time passing, lost
-//! answers and crashes, over a few jobs, workers and two coordinators.
+//! answers and crashes, over a few jobs, workers and two coordinators; and,
+//! for jobs that depend on others, their promotion and cancel cascade.
 //!
 //! Each action is one step the real system takes atomically: one SQL
 //! statement (or one finish transaction) from `coordinator/src/store/sql/`,
@@ -10,6 +11,8 @@
 //!
 //! - [`state`]: the world (rows, worker views, coordinator memory, answers).
 //! - `step`: the transitions, one per action.
+//! - `deps`: what ending a job does to the jobs that depend on it
+//!   (promotion, cancel cascade), and the enqueue of a dependent.
 //! - `properties`: the properties and the liveness witness.
 //! - `symmetry`: [`representative`], for symmetry reduction (jobs, workers
 //!   and coordinators are interchangeable).
@@ -19,6 +22,7 @@
 
 pub mod state;
 
+mod deps;
 mod properties;
 mod step;
 mod symmetry;
@@ -26,8 +30,9 @@ mod symmetry;
 use stateright::{Model, Property};
 
 pub use properties::{
-    ACK_NEVER_LOST, CURRENT_LEASE_ONLY, EVERY_JOB_TERMINATES, ONE_LIVE_LEASE, ONE_ROW_PER_ENDED_LEASE,
-    SAFETY, SOMETIMES, can_terminate,
+    ACK_NEVER_LOST, CURRENT_LEASE_ONLY, DEPENDENCY_SOMETIMES, DEPS_MET, EVERY_JOB_TERMINATES,
+    NONE_STUCK_BLOCKED, ONE_LIVE_LEASE, ONE_ROW_PER_ENDED_LEASE, PROMOTED_ONCE, SAFETY, SOMETIMES,
+    can_terminate,
 };
 use state::{Coordinator, Job, Kind, Used, Worker, World};
 pub use symmetry::representative;
@@ -56,6 +61,38 @@ pub enum Variant {
     /// No reaper at all: a lease whose holder vanished is never taken back.
     /// Breaks only liveness; it shows the liveness check is not vacuous.
     NoReaper,
+    /// Dependents are promoted outside the statement that ends their last
+    /// dependency `done`: the commit notes them in the coordinator's memory,
+    /// and after it a check reads the dependencies' states and, in another
+    /// transaction, writes the job `queued` (read, then write by id).
+    PromoteAfterCommit,
+    /// The dependent's counter is decremented each time a dependency ends,
+    /// without the edge's own mark: a dependency that ends twice (failed
+    /// under `run`, retried by an admin, then done) is counted twice.
+    CounterWithoutEdge,
+    /// The counter's decrement (and the promotion at 0) is not guarded on
+    /// `state = 'blocked'`: a dependency ending `done` counts down a job
+    /// that is no longer blocked, and promotes it.
+    CounterWithoutGuard,
+    /// The finish transaction reads the dependents' counters when it begins,
+    /// without locking their rows, and writes the value it read less one:
+    /// two transactions ending the two last dependencies at once both write
+    /// 1, and the job is never promoted.
+    CounterWithoutLock,
+}
+
+/// The dependency graph: which jobs each job depends on (one bit per job,
+/// an earlier job only) and which jobs have `on_dependency_failure = 'run'`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Graph {
+    /// `deps[j]`: the jobs `j` depends on, one bit each.
+    pub deps: [u8; 4],
+    /// The jobs that run anyway when a dependency fails, one bit each.
+    pub run_on_failure: u8,
+    /// `leases[j]`: claims of job `j` (0: the bounds' `max_leases`). A
+    /// dependent, once promoted, runs as any job does, which the checks
+    /// without dependencies explore; one lease of it is enough here.
+    pub leases: [u8; 4],
 }
 
 /// The bounds that keep the state space finite.
@@ -82,6 +119,12 @@ pub struct Bounds {
     /// Faults and admin actions (lost answers, crashes, cancels, admin
     /// retries) in all, on top of the bound of each kind.
     pub disruptions: u8,
+    /// The dependencies between the jobs (none by default).
+    pub graph: Graph,
+    /// Whether every job is enqueued by one batch before anything else
+    /// happens (one transaction: jobs without dependencies `queued`, the
+    /// others `blocked`), rather than each by its own enqueue at any time.
+    pub batch_enqueue: bool,
 }
 
 impl Default for Bounds {
@@ -101,6 +144,8 @@ impl Default for Bounds {
             cancels: 1,
             admin_retries: 1,
             disruptions: 2,
+            graph: Graph::default(),
+            batch_enqueue: false,
         }
     }
 }
@@ -117,6 +162,92 @@ impl Bounds {
             max_leases: 2,
             disruptions: 0,
             ..Bounds::default()
+        }
+    }
+
+    /// Fan-in: job 2 depends on jobs 0 and 1 (`cancel` on failure), all
+    /// three enqueued by one batch; one lease each, `max_attempts` 2, one
+    /// cancel and no other fault: two coordinators ending the two
+    /// dependencies at once, a cancel of one racing the finish of the other.
+    pub fn fan_in() -> Self {
+        Bounds {
+            jobs: 3,
+            max_leases: 1,
+            lost_answers: 0,
+            crashes: 0,
+            cancels: 1,
+            admin_retries: 0,
+            disruptions: 1,
+            graph: Graph {
+                deps: [0, 0, 0b011, 0],
+                run_on_failure: 0,
+                leases: [0; 4],
+            },
+            batch_enqueue: true,
+            ..Bounds::default()
+        }
+    }
+
+    /// The fan-in with up to 2 leases of job 0 and no fault: a
+    /// dependency reaped and claimed again while its first worker still
+    /// finishes under the stale lease.
+    pub fn fan_in_stale() -> Self {
+        Bounds {
+            cancels: 0,
+            disruptions: 0,
+            graph: Graph {
+                leases: [2, 1, 1, 0],
+                ..Bounds::fan_in().graph
+            },
+            ..Bounds::fan_in()
+        }
+    }
+
+    /// The fan-in with one coordinator crash instead of the cancel: what
+    /// a coordinator holds in memory (a batch, a read) is lost.
+    pub fn fan_in_crash() -> Self {
+        Bounds {
+            crashes: 1,
+            cancels: 0,
+            ..Bounds::fan_in()
+        }
+    }
+
+    /// The fan-in under `on_dependency_failure = 'run'`, one worker,
+    /// `max_attempts` 1, one admin retry: a dependency that fails counts as
+    /// met, and the admin may retry it so that it ends again, `done`, while
+    /// the dependent still waits on the other.
+    pub fn fan_in_run() -> Self {
+        Bounds {
+            workers: 1,
+            max_attempts: 1,
+            cancels: 0,
+            admin_retries: 1,
+            graph: Graph {
+                deps: [0, 0, 0b011, 0],
+                run_on_failure: 0b100,
+                leases: [2, 1, 1, 0],
+            },
+            ..Bounds::fan_in()
+        }
+    }
+
+    /// A chain of depth 2 (job 2 depends on job 1, which depends on job 0),
+    /// `cancel` on failure, `max_attempts` 1, one lease each, one cancel:
+    /// a failure or cancel of job 0 cancels both jobs below it in the same
+    /// statement. Each job is enqueued on its own, at any time after its
+    /// dependency: also after the dependency has already ended.
+    pub fn chain() -> Self {
+        Bounds {
+            max_attempts: 1,
+            max_leases: 1,
+            graph: Graph {
+                deps: [0, 0b001, 0b010, 0],
+                run_on_failure: 0,
+                leases: [0; 4],
+            },
+            batch_enqueue: false,
+            ..Bounds::fan_in()
         }
     }
 }
@@ -208,6 +339,24 @@ pub enum Action {
         /// The job.
         job: u8,
     },
+    /// Only in [`Variant::CounterWithoutLock`]: coordinator `c`'s finish
+    /// transaction begins and reads the dependents' counters.
+    CommitBegin {
+        /// The coordinator.
+        c: u8,
+    },
+    /// Only in [`Variant::PromoteAfterCommit`]: coordinator `c` reads the
+    /// first dependent its commits noted, and its dependencies' states.
+    PromoteRead {
+        /// The coordinator.
+        c: u8,
+    },
+    /// Only in [`Variant::PromoteAfterCommit`]: coordinator `c` writes the
+    /// dependent it read as ready `queued` (`WHERE id = $1`).
+    PromoteWrite {
+        /// The coordinator.
+        c: u8,
+    },
 }
 
 /// The protocol model under `bounds`, running `variant`.
@@ -242,10 +391,32 @@ impl ProtocolModel {
         self
     }
 
-    /// The world before anything happened: no job enqueued, every worker idle.
+    /// The world before anything happened: no job enqueued (or, with
+    /// `batch_enqueue`, all of them by one batch), every worker idle.
     pub fn initial(&self) -> World {
+        let world = self.empty();
+        if !self.bounds.batch_enqueue {
+            return world;
+        }
+        (0..self.bounds.jobs).fold(world, |w, job| {
+            self.step(&w, Action::Enqueue { job }).unwrap_or(w)
+        })
+    }
+
+    /// No job enqueued, every worker idle.
+    fn empty(&self) -> World {
         World {
-            jobs: (0..self.bounds.jobs).map(|_| Job::absent()).collect(),
+            jobs: (0..self.bounds.jobs)
+                .map(|j| Job {
+                    deps: self.bounds.graph.deps[usize::from(j)],
+                    run_on_failure: self.bounds.graph.run_on_failure & (1 << j) != 0,
+                    max_leases: match self.bounds.graph.leases[usize::from(j)] {
+                        0 => self.bounds.max_leases,
+                        n => n,
+                    },
+                    ..Job::absent()
+                })
+                .collect(),
             workers: (0..self.bounds.workers).map(|_| Worker::default()).collect(),
             coordinators: (0..self.bounds.coordinators)
                 .map(|_| Coordinator::default())
@@ -253,6 +424,8 @@ impl ProtocolModel {
             acks: Vec::new(),
             stale_write: false,
             misordered_row: false,
+            early_promotion: false,
+            bad_promotion: false,
             used: Used::default(),
         }
     }

@@ -9,6 +9,8 @@
 pub enum JobState {
     /// Not enqueued yet (no row).
     Absent,
+    /// Waiting for a dependency: never claimed.
+    Blocked,
     /// Claimable.
     Queued,
     /// Held by a lease.
@@ -107,6 +109,26 @@ pub struct Job {
     /// as a world of its own; the properties on rows are checked as each
     /// row is written.
     pub attempts: Vec<Attempt>,
+    /// Claims it may have (`run_lease` never exceeds it): fixed by the
+    /// bounds, part of the row so that renumbering jobs carries it along.
+    pub max_leases: u8,
+    /// The jobs it depends on, one bit per job (fixed by the bounds' graph;
+    /// part of the row so that renumbering jobs renumbers the graph too).
+    pub deps: u8,
+    /// `on_dependency_failure = 'run'` (else `cancel`).
+    pub run_on_failure: bool,
+    /// The dependencies not yet accounted for: the dependent's counter,
+    /// decremented under its row lock when a dependency ends (done, or
+    /// failed under `run`); at 0 the job is promoted to `queued`.
+    pub pending: u8,
+    /// The dependencies already accounted for, one bit per job: the edge's
+    /// own mark, set in the statement that decrements the counter, so that
+    /// a dependency ending twice (failed, retried by an admin, then done)
+    /// is counted once.
+    pub resolved: u8,
+    /// The job has ended `failed` or `cancelled` at least once (kept only
+    /// for a job others depend on: what `run` counts as met).
+    pub failed_once: bool,
 }
 
 impl Job {
@@ -121,6 +143,12 @@ impl Job {
             cancel_requested: false,
             rows: 0,
             attempts: Vec::new(),
+            max_leases: 0,
+            deps: 0,
+            run_on_failure: false,
+            pending: 0,
+            resolved: 0,
+            failed_once: false,
         }
     }
 }
@@ -208,6 +236,17 @@ pub struct Coordinator {
     /// A lease the reaper has read as expired and not yet written: (job,
     /// run_lease).
     pub reaping: Option<(u8, u8)>,
+    /// Only in [`super::Variant::PromoteAfterCommit`]: dependents of jobs
+    /// its commits ended `done`, to be checked after the commit, sorted.
+    pub promoting: Vec<u8>,
+    /// Only in [`super::Variant::PromoteAfterCommit`]: a dependent its
+    /// check read as ready (blocked, every dependency done), to be written
+    /// `queued` in the next transaction.
+    pub promote: Option<u8>,
+    /// Only in [`super::Variant::CounterWithoutLock`]: the dependents'
+    /// counters (by job) its finish transaction read when it began, without
+    /// a lock; its commit writes them less what it ends.
+    pub counters_read: Option<Vec<u8>>,
 }
 
 /// An outcome a worker was told took effect (200).
@@ -260,6 +299,11 @@ pub struct World {
     /// A row was written for a lease that is not the one after the job's
     /// last row (a lease ended twice, or one skipped).
     pub misordered_row: bool,
+    /// A job left `blocked` (or was inserted `queued`) while one of its
+    /// dependencies was neither done nor, under `run`, ended failed.
+    pub early_promotion: bool,
+    /// A promotion wrote `queued` on a job that was not `blocked`.
+    pub bad_promotion: bool,
     /// Faults and admin actions used.
     pub used: Used,
 }

@@ -3,7 +3,7 @@
 //! its guard; the comments name it.
 
 use super::state::{Ack, Attempt, Ended, Finish, Held, Item, JobState, Kind, Reply, Stage, World};
-use super::{Action, ProtocolModel, Variant};
+use super::{Action, ProtocolModel, Variant, deps};
 
 impl ProtocolModel {
     /// Pushes the actions `s` enables onto `out`, in a fixed order (the
@@ -17,7 +17,9 @@ impl ProtocolModel {
         let faults = explore && s.used.total() < b.disruptions;
         let lose = faults && s.used.lost_answers < b.lost_answers;
         for (j, job) in s.jobs.iter().enumerate() {
-            if job.state == JobState::Absent {
+            // A dependent is enqueued once its dependencies exist.
+            let deps_exist = deps::members(job.deps).all(|d| s.jobs[d].state != JobState::Absent);
+            if job.state == JobState::Absent && deps_exist {
                 out.push(Action::Enqueue { job: j as u8 });
             }
         }
@@ -26,7 +28,7 @@ impl ProtocolModel {
             match &worker.held {
                 None => {
                     for (j, job) in s.jobs.iter().enumerate() {
-                        if job.state == JobState::Queued && (!explore || job.run_lease < b.max_leases) {
+                        if job.state == JobState::Queued && (!explore || job.run_lease < job.max_leases) {
                             out.push(Action::Claim {
                                 worker: worker_ix,
                                 job: j as u8,
@@ -82,7 +84,16 @@ impl ProtocolModel {
         for (c, coordinator) in s.coordinators.iter().enumerate() {
             let c = c as u8;
             if !coordinator.batch.is_empty() {
-                out.push(Action::Commit { c });
+                if self.variant == Variant::CounterWithoutLock && coordinator.counters_read.is_none() {
+                    out.push(Action::CommitBegin { c });
+                } else {
+                    out.push(Action::Commit { c });
+                }
+            }
+            if coordinator.promote.is_some() {
+                out.push(Action::PromoteWrite { c });
+            } else if !coordinator.promoting.is_empty() {
+                out.push(Action::PromoteRead { c });
             }
             if coordinator.reaping.is_some() {
                 out.push(Action::ReapWrite { c });
@@ -104,7 +115,7 @@ impl ProtocolModel {
         }
         if faults && s.used.cancels < b.cancels {
             for (j, job) in s.jobs.iter().enumerate() {
-                let cancellable = job.state == JobState::Queued
+                let cancellable = matches!(job.state, JobState::Queued | JobState::Blocked)
                     || (job.state == JobState::Running && !job.cancel_requested);
                 if cancellable {
                     out.push(Action::Cancel { job: j as u8 });
@@ -113,7 +124,9 @@ impl ProtocolModel {
         }
         if faults && s.used.admin_retries < b.admin_retries {
             for (j, job) in s.jobs.iter().enumerate() {
-                if matches!(job.state, JobState::Failed | JobState::Cancelled) {
+                // An admin retry of a job that has dependencies is not
+                // modelled (the model's graphs retry dependencies only).
+                if matches!(job.state, JobState::Failed | JobState::Cancelled) && job.deps == 0 {
                     out.push(Action::AdminRetry { job: j as u8 });
                 }
             }
@@ -124,7 +137,11 @@ impl ProtocolModel {
     /// coordinator is a restart that changes nothing).
     fn has_volatile(&self, s: &World, c: u8) -> bool {
         let coordinator = &s.coordinators[c as usize];
-        !coordinator.batch.is_empty() || coordinator.reaping.is_some()
+        !coordinator.batch.is_empty()
+            || coordinator.reaping.is_some()
+            || !coordinator.promoting.is_empty()
+            || coordinator.promote.is_some()
+            || coordinator.counters_read.is_some()
     }
 
     /// Whether a finishing call or heartbeat carrying `held` matches the job
@@ -145,12 +162,21 @@ impl ProtocolModel {
         let mut n = s.clone();
         match action {
             Action::Enqueue { job } => {
-                // job_enqueue.sql: the row is inserted queued.
+                // job_enqueue.sql: the row is inserted queued (a job with
+                // dependencies: blocked, queued or cancelled, by what they
+                // are).
                 let row = &mut n.jobs[job as usize];
                 if row.state != JobState::Absent {
                     return None;
                 }
-                row.state = JobState::Queued;
+                if row.deps == 0 {
+                    row.state = JobState::Queued;
+                } else {
+                    if deps::members(row.deps).any(|d| n.jobs[d].state == JobState::Absent) {
+                        return None;
+                    }
+                    self.enqueue_dependent(&mut n, usize::from(job));
+                }
             }
             Action::Claim { worker, job, lost } => {
                 // lease_claim.sql: a compare-and-set of a claimable row
@@ -244,12 +270,29 @@ impl ProtocolModel {
                     });
                 }
             }
+            Action::CommitBegin { c } => {
+                // The finish transaction begins and reads the counters.
+                let counters = n.jobs.iter().map(|j| j.pending).collect();
+                let coordinator = &mut n.coordinators[c as usize];
+                if self.variant != Variant::CounterWithoutLock
+                    || coordinator.batch.is_empty()
+                    || coordinator.counters_read.is_some()
+                {
+                    return None;
+                }
+                coordinator.counters_read = Some(counters);
+            }
             Action::Commit { c } => {
+                let unread = n.coordinators[c as usize].counters_read.is_none();
+                if self.variant == Variant::CounterWithoutLock && unread {
+                    return None;
+                }
                 let batch = std::mem::take(&mut n.coordinators[c as usize].batch);
                 if batch.is_empty() {
                     return None;
                 }
                 self.commit(&mut n, c, &batch);
+                n.coordinators[c as usize].counters_read = None;
             }
             Action::LoseAnswer { worker } => {
                 let h = n.workers[worker as usize].held.as_mut()?;
@@ -270,6 +313,9 @@ impl ProtocolModel {
                 let coordinator = &mut n.coordinators[c as usize];
                 coordinator.batch.clear();
                 coordinator.reaping = None;
+                coordinator.promoting.clear();
+                coordinator.promote = None;
+                coordinator.counters_read = None;
                 for w in &mut n.workers {
                     if let Some(f) = w.held.as_mut().and_then(|h| h.finish.as_mut())
                         && f.stage == Stage::Sent(c)
@@ -320,15 +366,24 @@ impl ProtocolModel {
                         JobState::Failed
                     };
                     row.live = false;
+                    let ended = row.state.is_terminal();
                     end_attempt(&mut n, job, Ended::LeaseExpired, read);
+                    if ended {
+                        // The same statement settles what waits on the job.
+                        self.settle(&mut n, usize::from(job), None);
+                    }
                 }
             }
             Action::Cancel { job } => {
-                // job_cancel.sql: a claimable job is cancelled at once; a
-                // running one gets cancel_requested_at (once).
                 let row = &mut n.jobs[job as usize];
+                // job_cancel.sql: a claimable or blocked job is cancelled
+                // at once, and what waits on it is settled in the same
+                // statement; a running one gets cancel_requested_at (once).
                 match row.state {
-                    JobState::Queued => row.state = JobState::Cancelled,
+                    JobState::Queued | JobState::Blocked => {
+                        row.state = JobState::Cancelled;
+                        self.settle(&mut n, usize::from(job), None);
+                    }
                     JobState::Running if !row.cancel_requested => row.cancel_requested = true,
                     _ => return None,
                 }
@@ -338,7 +393,7 @@ impl ProtocolModel {
                 // job_retry.sql: failed or cancelled back to queued, attempt
                 // 0, cancel_requested_at cleared; run_lease untouched.
                 let row = &mut n.jobs[job as usize];
-                if !matches!(row.state, JobState::Failed | JobState::Cancelled) {
+                if !matches!(row.state, JobState::Failed | JobState::Cancelled) || row.deps != 0 {
                     return None;
                 }
                 row.state = JobState::Queued;
@@ -346,6 +401,8 @@ impl ProtocolModel {
                 row.cancel_requested = false;
                 n.used.admin_retries += 1;
             }
+            Action::PromoteRead { c } => self.promote_read(&mut n, usize::from(c))?,
+            Action::PromoteWrite { c } => self.promote_write(&mut n, usize::from(c))?,
         }
         forget(&mut n);
         Some(n)
@@ -384,6 +441,11 @@ impl ProtocolModel {
             row.live = false;
             let row_lease = row.run_lease;
             end_attempt(n, item.job, outcome, item.run_lease);
+            if state.is_terminal() {
+                // The same statement settles what waits on the job: promotes
+                // it, or cancels it down the graph.
+                self.settle(n, usize::from(item.job), Some(c));
+            }
             applied.push((item.job, row_lease, item.kind));
         }
         // After the commit, each item is answered on its own: the outcome

@@ -1,9 +1,12 @@
 //! Symmetry reduction: jobs are interchangeable (same settings, none
-//! enqueued at the start), and so are workers and coordinators. A world and
+//! enqueued at the start; a job's dependencies and bound on claims are in
+//! its row and are renumbered with it), and so are workers and
+//! coordinators. A world and
 //! the world with its jobs, workers or coordinators renumbered behave alike,
 //! so the checker need explore only one of them: the least (by `Ord`) of
 //! all renumberings, which is the same for every member of the class.
 
+use super::deps::{bit, members};
 use super::state::{Stage, World};
 
 /// Every ordering of `0..n` (n! of them; n is 3 at most here).
@@ -22,6 +25,11 @@ fn permutations(n: usize) -> Vec<Vec<u8>> {
     out
 }
 
+/// A set of jobs (one bit each) with job `j` renamed `jobs[j]`.
+fn remap(mask: u8, jobs: &[u8]) -> u8 {
+    members(mask).fold(0, |m, j| m | bit(usize::from(jobs[j])))
+}
+
 /// `s` with job `j` renamed `jobs[j]`, worker `w` renamed `workers[w]` and
 /// coordinator `c` renamed `coords[c]`.
 fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
@@ -29,6 +37,8 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
     for (j, job) in s.jobs.iter().enumerate() {
         let mut job = job.clone();
         job.owner = job.owner.map(|w| workers[w as usize]);
+        job.deps = remap(job.deps, jobs);
+        job.resolved = remap(job.resolved, jobs);
         for a in &mut job.attempts {
             if a.worker != u8::MAX {
                 a.worker = workers[a.worker as usize];
@@ -56,6 +66,17 @@ fn renamed(s: &World, jobs: &[u8], workers: &[u8], coords: &[u8]) -> World {
         }
         coordinator.batch.sort();
         coordinator.reaping = coordinator.reaping.map(|(j, l)| (jobs[j as usize], l));
+        for d in &mut coordinator.promoting {
+            *d = jobs[*d as usize];
+        }
+        coordinator.promoting.sort();
+        coordinator.promote = coordinator.promote.map(|d| jobs[d as usize]);
+        if let Some(read) = coordinator.counters_read.as_mut() {
+            let old = read.clone();
+            for (j, &v) in old.iter().enumerate() {
+                read[jobs[j] as usize] = v;
+            }
+        }
         n.coordinators[coords[c] as usize] = coordinator;
     }
     for a in &mut n.acks {
@@ -87,7 +108,7 @@ pub fn representative(s: &World) -> World {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::state::Kind;
+    use crate::model::state::{JobState, Kind};
     use crate::model::{Action, Bounds, ProtocolModel, Variant};
     use stateright::Model;
 
@@ -133,6 +154,27 @@ mod tests {
         // And it is a renumbering of the world, not another world.
         assert_eq!(rep.workers.iter().filter(|w| w.held.is_some()).count(), 2);
         assert_eq!(rep.coordinators.iter().map(|c| c.batch.len()).sum::<usize>(), 1);
+    }
+
+    #[test]
+    fn renumbering_jobs_renumbers_the_dependency_graph() {
+        let model = ProtocolModel::new(Variant::Correct, Bounds::fan_in());
+        let s = model
+            .next_state(
+                &model.initial(),
+                Action::Claim {
+                    worker: 0,
+                    job: 0,
+                    lost: false,
+                },
+            )
+            .expect("job 0 is queued");
+        // Job 2 (blocked on 0 and 1) renamed 0: it now depends on 1 and 2.
+        let r = renamed(&s, &[1, 2, 0], &[0, 1], &[0, 1]);
+        assert_eq!(r.jobs[0].deps, 0b110);
+        assert_eq!(r.jobs[0].state, JobState::Blocked);
+        assert_eq!(r.jobs[1].state, JobState::Running);
+        assert_eq!(representative(&r), representative(&s));
     }
 
     #[test]
