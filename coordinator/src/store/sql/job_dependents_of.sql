@@ -12,6 +12,6 @@ CROSS JOIN LATERAL (
     LEFT JOIN jobs j ON j.id = d.job_id
     WHERE d.depends_on_id = o.id
     ORDER BY d.job_id
-    LIMIT $2
+    LIMIT $2::int
 ) x
 ORDER BY o.id, x.job_id
