@@ -151,3 +151,45 @@ async fn a_dependency_the_reaper_fails_for_good_cancels_its_dependents() {
         "{q}"
     );
 }
+
+#[tokio::test]
+async fn a_dependent_enqueued_between_a_finishs_snapshot_and_its_lock_is_still_queued() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let first = c.api.enqueue("first", json!(0)).await;
+    let lease = c.api.claim_one("first", "w").await;
+    // Hold the dependency's row: the enqueue naming it waits first, then
+    // the finish (its snapshot taken, not seeing the enqueue's job).
+    let mut holder = db.client().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM jobs WHERE id = $1 FOR UPDATE", &[&first.id.0])
+        .await
+        .unwrap();
+    let api = c.api.clone();
+    let depends_on = first.id.to_string();
+    let enqueue = tokio::spawn(async move {
+        api.post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [{"queue": "second", "payload": 1, "depends_on": [depends_on]}]}),
+        )
+        .await
+    });
+    until_lock_waiters(&db, 1).await;
+    let api = c.api.clone();
+    let finish = tokio::spawn(async move { api.complete(&lease, json!("made")).await });
+    until_lock_waiters(&db, 2).await;
+    tx.commit().await.unwrap();
+    let (status, body) = enqueue.await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        body["jobs"][0]["state"], "blocked",
+        "the enqueue saw the dependency running"
+    );
+    assert_eq!(finish.await.unwrap().0, 200);
+    // The finish could not see the new job in its snapshot, noticed the
+    // dependents count move under its lock, and settled it after.
+    let id: Uuid = body["jobs"][0]["id"].as_str().unwrap().parse().unwrap();
+    assert_eq!(c.api.job(id).await.state, JobState::Queued);
+    let lease = c.api.claim_one("second", "w").await;
+    assert_eq!(lease.dependencies[0].result, Some(json!("made")));
+}
