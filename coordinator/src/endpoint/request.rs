@@ -145,6 +145,15 @@ fn body_of(queue: &QueueDispatcher, job: &ClaimedJob) -> Vec<u8> {
     if let (Some(tp), Value::Object(map)) = (&job.traceparent, &mut job_view) {
         map.insert("traceparent".into(), json!(tp));
     }
+    if let (false, Value::Object(map)) = (job.dependencies.is_empty(), &mut job_view) {
+        let deps: Vec<_> = job
+            .dependencies
+            .iter()
+            .cloned()
+            .map(crate::http::views::lease_dependency)
+            .collect();
+        map.insert("dependencies".into(), json!(deps));
+    }
     let body = json!({
         "job": job_view,
         "lease": {

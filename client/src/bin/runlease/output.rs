@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use runlease_client::protocol::admin::{EndpointFigures, ListedJob, RateLimit};
 use runlease_client::protocol::producer::QueueSummary;
 use runlease_client::protocol::schedules::Schedule;
-use runlease_client::protocol::{Job, JobState};
+use runlease_client::protocol::{Job, JobLink, JobState};
 
 use crate::failure::Failure;
 
@@ -52,6 +52,11 @@ pub fn print_job(job: &Job) {
     for (k, v) in rows {
         println!("{k:<17} {v}");
     }
+    if let Some(policy) = job.on_dependency_failure {
+        println!("{:<17} {}", "on_dep_failure", policy.as_str());
+    }
+    print_links("dependencies", &job.dependencies);
+    print_links("dependents", &job.dependents);
     if !job.attempts.is_empty() {
         println!(
             "\n{:<10} {:<24} {:<14} {:<26} error",
@@ -68,6 +73,17 @@ pub fn print_job(job: &Job) {
                 a.error.as_deref().unwrap_or("-")
             );
         }
+    }
+}
+
+/// A job's dependencies or dependents, one per line with its state now.
+fn print_links(title: &str, links: &[JobLink]) {
+    if links.is_empty() {
+        return;
+    }
+    println!("\n{:<38} state", title);
+    for l in links {
+        println!("{:<38} {}", l.id, l.state.map_or("deleted", |s| s.as_str()));
     }
 }
 
