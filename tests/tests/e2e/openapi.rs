@@ -113,6 +113,7 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         MAX_LEASES_PER_REQUEST, MAX_LIST_LIMIT, MAX_QUEUE_NAME_LEN, MAX_RATE, MAX_RETENTION_MS,
         MAX_RUNNING_LIMIT, MAX_SCHEDULE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS, MAX_WORKER_ID_LEN,
     };
+    use runlease_protocol::limits::{MAX_BACKOFF_FACTOR, MAX_BACKOFF_MS, MAX_RETRY_WINDOW_MS};
     let expected = [
         format!("maxLength: {MAX_QUEUE_NAME_LEN}"),
         format!("maxLength: {MAX_WORKER_ID_LEN}"),
@@ -139,6 +140,9 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         format!("maximum: {MAX_ENDPOINT_CONCURRENCY}"),
         format!("default {DEFAULT_ENDPOINT_TIMEOUT_MS}"),
         format!("default {DEFAULT_ENDPOINT_CONCURRENCY}"),
+        format!("maximum: {MAX_BACKOFF_MS}"),
+        format!("maximum: {MAX_RETRY_WINDOW_MS}"),
+        format!("maximum: {MAX_BACKOFF_FACTOR}"),
     ];
     for limit in expected {
         assert!(SPEC.contains(&limit), "docs/openapi.yaml does not say {limit:?}");

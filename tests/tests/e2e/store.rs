@@ -159,7 +159,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             (
                 "lease_finish",
                 sql::LEASE_FINISH.sql(),
-                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000",
+                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000, 4",
             ),
             (
                 "lease_heartbeat",
@@ -251,7 +251,7 @@ async fn figures_listing_and_pruning_read_no_history() {
             (
                 "lease_reap",
                 sql::LEASE_REAP.sql(),
-                "500, 300000",
+                "500, 300000, 4",
                 vec!["jobs_running_idx"],
             ),
             (
