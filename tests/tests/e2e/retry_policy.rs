@@ -380,3 +380,82 @@ async fn bad_retry_policies_are_refused_with_422() {
     assert_eq!(db.scalar("SELECT count(*) FROM jobs", &[]).await, 0);
     assert_eq!(db.scalar("SELECT count(*) FROM queue_settings", &[]).await, 0);
 }
+
+#[tokio::test]
+async fn cli_queues_retry_sets_the_policy_and_queues_show_prints_it() {
+    use runlease_tests::cli::{ok, refused, runlease};
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let url = c.api.base().to_owned();
+    let out = ok(&runlease(
+        &url,
+        &[
+            "queues",
+            "retry",
+            "emails",
+            "--max-attempts",
+            "7",
+            "--backoff",
+            "base_ms=250,factor=1.5,jitter=0",
+            "--retry-window-ms",
+            "60000",
+            "--dead-letter-queue",
+            "emails-dead",
+        ],
+        None,
+    )
+    .await);
+    assert!(out.contains("max_attempts 7"), "{out}");
+    let (_, shown) = c.api.get("/v1/queues/emails").await;
+    assert_eq!(
+        shown["settings"]["backoff"],
+        json!({"base_ms": 250, "factor": 1.5, "jitter": 0.0})
+    );
+    assert_eq!(shown["settings"]["dead_letter_queue"], "emails-dead");
+
+    let show = ok(&runlease(&url, &["queues", "show", "emails"], None).await);
+    let row = |name: &str| -> String {
+        show.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} row:\n{show}"))
+            .split_whitespace()
+            .skip(1)
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(row("max_attempts"), "7");
+    assert_eq!(row("backoff"), "base 250 ms, max default, factor 1.5, jitter 0");
+    assert_eq!(row("retry_window"), "60000 ms");
+    assert_eq!(row("dead_letter_queue"), "emails-dead");
+
+    // `default` and `none` clear; bad values are refused before any call.
+    ok(&runlease(
+        &url,
+        &[
+            "queues",
+            "retry",
+            "emails",
+            "--backoff",
+            "default",
+            "--dead-letter-queue",
+            "none",
+        ],
+        None,
+    )
+    .await);
+    let (_, shown) = c.api.get("/v1/queues/emails").await;
+    assert!(shown["settings"]["backoff"].is_null(), "{shown}");
+    assert!(shown["settings"]["dead_letter_queue"].is_null(), "{shown}");
+    for bad in [
+        vec!["--backoff", "factor=0.5"],
+        vec!["--backoff", "speed=1"],
+        vec!["--max-attempts", "0"],
+        vec!["--dead-letter-queue", "emails"],
+    ] {
+        let mut args = vec!["queues", "retry", "emails"];
+        args.extend(bad.iter().copied());
+        let err = refused(&runlease(&url, &args, None).await);
+        assert!(!err.is_empty(), "{bad:?}");
+    }
+    refused(&runlease(&url, &["queues", "retry", "emails"], None).await);
+}

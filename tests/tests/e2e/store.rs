@@ -388,8 +388,13 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
         .await
         .unwrap();
     // The version 2 columns of every row (later migrations add columns).
-    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome')::text, ',' ORDER BY j.id)) FROM jobs j";
-    let attempts = "SELECT md5(string_agg(a::text, ',' ORDER BY a.job_id, a.run_lease)) FROM job_attempts a";
+    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome'
+                                             - 'backoff_base_ms' - 'backoff_max_ms' - 'backoff_factor'
+                                             - 'backoff_jitter' - 'retry_window_ms' - 'first_claimed_at'
+                                             - 'retry_reason')::text,
+                                            ',' ORDER BY j.id)) FROM jobs j";
+    let attempts = "SELECT md5(string_agg((to_jsonb(a) - 'retry_at' - 'retry_reason')::text, ',' ORDER BY a.job_id, a.run_lease))
+                    FROM job_attempts a";
     let before: (String, String) = (
         client.query_one(snapshot, &[]).await.unwrap().get(0),
         client.query_one(attempts, &[]).await.unwrap().get(0),
