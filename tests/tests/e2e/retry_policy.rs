@@ -108,6 +108,17 @@ async fn a_jobs_own_backoff_sets_the_delays_it_waits() {
     assert_eq!(job.state, JobState::Done);
     // 100, 200, then 400 capped at max_ms.
     assert_waited(&job, &[100, 200, 300]);
+    // The paged chronology says the same.
+    let (status, page) = c.api.get(&format!("/v1/jobs/{}/attempts", job.id)).await;
+    assert_eq!(status, 200, "{page}");
+    for (n, a) in job.attempts.iter().enumerate() {
+        assert_eq!(
+            page["attempts"][n]["retry_reason"],
+            json!(a.retry_reason),
+            "{page}"
+        );
+        assert_eq!(page["attempts"][n]["retry_at"], json!(a.retry_at), "{page}");
+    }
     assert_eq!(job.attempts[3].retry_at, None, "a completion plans no retry");
     assert_eq!(job.attempts[3].retry_reason, None);
 }

@@ -94,9 +94,12 @@ WITH input AS (
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
               j.traceparent IS NOT NULL AS traced,
-              j.run_at, j.retry_reason, j.payload, j.attempt, j.traceparent,
-              -- A job failed for good: its queue's dead-letter queue (a
+              j.run_at, j.retry_reason, j.attempt,
+              -- A job failed for good: what its follow-up needs (nothing
+              -- is copied for the others), its queue's dead-letter queue (a
               -- queue_settings_pkey lookup) and the id of its follow-up.
+              CASE WHEN j.state = 'failed' THEN j.payload END AS payload,
+              CASE WHEN j.state = 'failed' THEN j.traceparent END AS traceparent,
               CASE WHEN j.state = 'failed'
                    THEN (SELECT s.dead_letter_queue FROM queue_settings s WHERE s.queue = j.queue) END
                   AS dead_letter_queue,
