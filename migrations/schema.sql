@@ -32,9 +32,10 @@ CREATE FUNCTION public.job_attempts_insert() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after,
+                                 retry_at, retry_reason)
     VALUES (NEW.job_id, NEW.run_lease, NEW.worker_id, NEW.claimed_at, NEW.finished_at, NEW.outcome, NEW.error,
-            NEW.state_after);
+            NEW.state_after, NEW.retry_at, NEW.retry_reason);
     RETURN NEW;
 END
 $$;
@@ -48,6 +49,129 @@ BEGIN
     INSERT INTO job_attempt_sweeps DEFAULT VALUES;
     RETURN NULL;
 END
+$$;
+
+-- Name: jobs; Type: TABLE; Schema: public; Owner: -
+
+CREATE TABLE public.jobs (
+    id uuid NOT NULL,
+    queue text NOT NULL,
+    state public.job_state DEFAULT 'queued'::public.job_state NOT NULL,
+    payload jsonb NOT NULL,
+    result jsonb,
+    error text,
+    priority integer DEFAULT 0 NOT NULL,
+    run_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    claimed_at timestamp with time zone,
+    owned_by text,
+    run_lease bigint DEFAULT 0 NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer NOT NULL,
+    timeout_ms bigint,
+    lease_expires_at timestamp with time zone,
+    progress jsonb,
+    idempotency_key text,
+    cancel_requested_at timestamp with time zone,
+    finished_at timestamp with time zone,
+    dispatched_run_at timestamp with time zone,
+    concurrency_key text,
+    traceparent text,
+    final_outcome public.attempt_outcome,
+    backoff_base_ms bigint,
+    backoff_max_ms bigint,
+    backoff_factor double precision,
+    backoff_jitter double precision,
+    retry_window_ms bigint,
+    first_claimed_at timestamp with time zone,
+    retry_reason text,
+    CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
+    CONSTRAINT jobs_cancel_request_when_running CHECK (((cancel_requested_at IS NULL) OR (state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])))),
+    CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < max_attempts))),
+    CONSTRAINT jobs_done_has_result CHECK (((state <> 'done'::public.job_state) OR (result IS NOT NULL))),
+    CONSTRAINT jobs_idempotency_key_len CHECK (((idempotency_key IS NULL) OR ((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 255)))),
+    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
+    CONSTRAINT jobs_queue_len CHECK (((octet_length(queue) >= 1) AND (octet_length(queue) <= 128))),
+    CONSTRAINT jobs_run_lease_nonnegative CHECK ((run_lease >= 0)),
+    CONSTRAINT jobs_running_has_lease CHECK ((((state = 'running'::public.job_state) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::public.job_state) OR ((owned_by IS NOT NULL) AND (claimed_at IS NOT NULL) AND (run_lease >= 1) AND (attempt >= 1))))),
+    CONSTRAINT jobs_terminal_has_finished_at CHECK (((state = ANY (ARRAY['done'::public.job_state, 'failed'::public.job_state, 'cancelled'::public.job_state])) = (finished_at IS NOT NULL))),
+    CONSTRAINT jobs_timeout_positive CHECK (((timeout_ms IS NULL) OR (timeout_ms > 0)))
+)
+WITH (fillfactor='90');
+
+-- Name: job_backoff_ms(public.jobs, bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_backoff_ms(j public.jobs, base_default bigint, max_default bigint) RETURNS bigint
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT floor(least(coalesce(j.backoff_max_ms, max_default)::float8,
+                       coalesce(j.backoff_base_ms, base_default)
+                           * power(coalesce(j.backoff_factor, 2), least(j.attempt - 1, 280)))
+                 * (1 - coalesce(j.backoff_jitter, 1) * job_retry_draw(j.id, j.run_lease)))::bigint
+$$;
+
+-- Name: job_id_v7(); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_id_v7() RETURNS uuid
+    LANGUAGE sql PARALLEL SAFE
+    AS $$
+    SELECT encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+                                          PLACING substring(int8send(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint)
+                                                            FROM 3)
+                                          FROM 1 FOR 6),
+                                  52, 1),
+                          53, 1),
+                  'hex')::uuid
+$$;
+
+-- Name: job_retry_at(public.jobs, boolean, bigint, bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_retry_at(j public.jobs, retryable boolean, retry_after_ms bigint, base_default bigint, max_default bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE WHEN NOT coalesce(retryable, false) OR j.attempt >= j.max_attempts THEN NULL
+                WHEN j.retry_window_ms IS NULL
+                     OR job_retry_start(j, retry_after_ms, base_default, max_default)
+                        <= coalesce(j.first_claimed_at, j.claimed_at) + j.retry_window_ms * interval '1 millisecond'
+                THEN job_retry_start(j, retry_after_ms, base_default, max_default)
+           END
+$$;
+
+-- Name: job_retry_draw(uuid, bigint); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_retry_draw(id uuid, run_lease bigint) RETURNS double precision
+    LANGUAGE sql IMMUTABLE PARALLEL SAFE
+    AS $$
+    SELECT (hashtextextended(id::text, run_lease) & 4503599627370495)::float8 / 4503599627370496
+$$;
+
+-- Name: job_retry_reason(public.jobs, boolean, bigint, bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_retry_reason(j public.jobs, retryable boolean, retry_after_ms bigint, base_default bigint, max_default bigint) RETURNS text
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT CASE
+        WHEN NOT coalesce(retryable, false) THEN 'not_retryable: the worker marked the failure not retryable'
+        WHEN j.attempt >= j.max_attempts THEN
+            format('attempts_exhausted: %s of %s attempts used', j.attempt, j.max_attempts)
+        WHEN job_retry_at(j, retryable, retry_after_ms, base_default, max_default) IS NULL THEN
+            format('retry_window_ended: a retry in %s ms would start more than %s ms after the first attempt started',
+                   coalesce(retry_after_ms, job_backoff_ms(j, base_default, max_default)), j.retry_window_ms)
+        WHEN retry_after_ms IS NOT NULL THEN format('retry_after: %s ms, as the worker asked', retry_after_ms)
+        ELSE format('backoff: %s ms (attempt %s; base %s ms, factor %s, max %s ms, jitter %s)',
+                    job_backoff_ms(j, base_default, max_default), j.attempt,
+                    coalesce(j.backoff_base_ms, base_default), coalesce(j.backoff_factor, 2),
+                    coalesce(j.backoff_max_ms, max_default), coalesce(j.backoff_jitter, 1))
+    END
+$$;
+
+-- Name: job_retry_start(public.jobs, bigint, bigint, bigint); Type: FUNCTION; Schema: public; Owner: -
+
+CREATE FUNCTION public.job_retry_start(j public.jobs, retry_after_ms bigint, base_default bigint, max_default bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE PARALLEL SAFE
+    AS $$
+    SELECT now() + coalesce(retry_after_ms, job_backoff_ms(j, base_default, max_default)) * interval '1 millisecond'
 $$;
 
 -- Name: job_tallies_after_attempts(); Type: FUNCTION; Schema: public; Owner: -
@@ -92,6 +216,8 @@ CREATE TABLE public.job_attempt_log (
     outcome public.attempt_outcome NOT NULL,
     error text,
     state_after public.job_state NOT NULL,
+    retry_at timestamp with time zone,
+    retry_reason text,
     CONSTRAINT job_attempts_state_after CHECK ((state_after = ANY (ARRAY['queued'::public.job_state, 'done'::public.job_state, 'failed'::public.job_state, 'cancelled'::public.job_state])))
 );
 
@@ -158,7 +284,9 @@ CREATE VIEW public.job_attempts AS
     job_attempt_log.finished_at,
     job_attempt_log.outcome,
     job_attempt_log.error,
-    job_attempt_log.state_after
+    job_attempt_log.state_after,
+    job_attempt_log.retry_at,
+    job_attempt_log.retry_reason
    FROM public.job_attempt_log
 UNION ALL
  SELECT jobs.id AS job_id,
@@ -171,7 +299,12 @@ UNION ALL
             WHEN (jobs.final_outcome = 'failed'::public.attempt_outcome) THEN jobs.error
             ELSE NULL::text
         END AS error,
-    jobs.state AS state_after
+    jobs.state AS state_after,
+    NULL::timestamp with time zone AS retry_at,
+        CASE
+            WHEN (jobs.final_outcome = 'failed'::public.attempt_outcome) THEN jobs.retry_reason
+            ELSE NULL::text
+        END AS retry_reason
    FROM public.jobs
   WHERE (jobs.final_outcome IS NOT NULL);
 
@@ -220,13 +353,21 @@ CREATE TABLE public.queue_settings (
     endpoint_failures integer DEFAULT 0 NOT NULL,
     endpoint_last_error text,
     endpoint_last_error_at timestamp with time zone,
+    max_attempts integer,
+    backoff_base_ms bigint,
+    backoff_max_ms bigint,
+    backoff_factor double precision,
+    backoff_jitter double precision,
+    retry_window_ms bigint,
+    dead_letter_queue text,
     CONSTRAINT queue_settings_endpoint CHECK ((((endpoint_url IS NULL) = (endpoint_timeout_ms IS NULL)) AND ((endpoint_url IS NULL) = (endpoint_concurrency IS NULL)) AND ((endpoint_url IS NULL) OR ((octet_length(endpoint_url) >= 1) AND (octet_length(endpoint_url) <= 2048))) AND ((endpoint_timeout_ms IS NULL) OR ((endpoint_timeout_ms >= 1000) AND (endpoint_timeout_ms <= 900000))) AND ((endpoint_concurrency IS NULL) OR ((endpoint_concurrency >= 1) AND (endpoint_concurrency <= 1000))))),
     CONSTRAINT queue_settings_endpoint_secret CHECK ((((endpoint_secret_previous IS NULL) = (endpoint_secret_previous_until IS NULL)) AND ((endpoint_secret_previous IS NULL) OR (endpoint_secret IS NOT NULL)))),
     CONSTRAINT queue_settings_max_running_per_key_positive CHECK (((max_running_per_key IS NULL) OR (max_running_per_key >= 1))),
     CONSTRAINT queue_settings_max_running_positive CHECK (((max_running IS NULL) OR (max_running >= 1))),
     CONSTRAINT queue_settings_queue_len CHECK (((octet_length(queue) >= 1) AND (octet_length(queue) <= 128))),
     CONSTRAINT queue_settings_rate_limit CHECK ((((rate_per_s IS NULL) = (rate_burst IS NULL)) AND ((rate_per_s IS NULL) OR ((rate_per_s > (0)::double precision) AND (rate_burst >= 1))))),
-    CONSTRAINT queue_settings_retention_nonnegative CHECK (((COALESCE(retention_done_ms, (0)::bigint) >= 0) AND (COALESCE(retention_failed_ms, (0)::bigint) >= 0)))
+    CONSTRAINT queue_settings_retention_nonnegative CHECK (((COALESCE(retention_done_ms, (0)::bigint) >= 0) AND (COALESCE(retention_failed_ms, (0)::bigint) >= 0))),
+    CONSTRAINT queue_settings_retry_policy CHECK ((((max_attempts IS NULL) OR (max_attempts >= 1)) AND ((backoff_base_ms IS NULL) OR (backoff_base_ms >= 0)) AND ((backoff_max_ms IS NULL) OR (backoff_max_ms >= 0)) AND ((backoff_factor IS NULL) OR ((backoff_factor >= (1)::double precision) AND (backoff_factor <= (10)::double precision))) AND ((backoff_jitter IS NULL) OR ((backoff_jitter >= (0)::double precision) AND (backoff_jitter <= (1)::double precision))) AND ((retry_window_ms IS NULL) OR (retry_window_ms >= 1)) AND ((dead_letter_queue IS NULL) OR (((octet_length(dead_letter_queue) >= 1) AND (octet_length(dead_letter_queue) <= 128)) AND (dead_letter_queue <> queue)))))
 );
 
 -- Name: runlease_migrations; Type: TABLE; Schema: public; Owner: -
@@ -284,6 +425,11 @@ ALTER TABLE public.jobs
 
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
+
+-- Name: jobs jobs_retry_policy; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER TABLE public.jobs
+    ADD CONSTRAINT jobs_retry_policy CHECK ((((backoff_base_ms IS NULL) OR (backoff_base_ms >= 0)) AND ((backoff_max_ms IS NULL) OR (backoff_max_ms >= 0)) AND ((backoff_factor IS NULL) OR ((backoff_factor >= (1)::double precision) AND (backoff_factor <= (10)::double precision))) AND ((backoff_jitter IS NULL) OR ((backoff_jitter >= (0)::double precision) AND (backoff_jitter <= (1)::double precision))) AND ((retry_window_ms IS NULL) OR (retry_window_ms >= 1)))) NOT VALID;
 
 -- Name: jobs jobs_traceparent_form; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 

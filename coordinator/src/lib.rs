@@ -284,12 +284,7 @@ async fn start_loops(
         shutdown.child_token(),
     );
     tracker.spawn(pruner.run());
-    let scheduler = Scheduler::new(
-        store.clone(),
-        wake.clone(),
-        metrics.clone(),
-        config.leases.max_attempts,
-    );
+    let scheduler = Scheduler::new(store.clone(), wake.clone(), metrics.clone());
     tracker.spawn(scheduler.run(shutdown.child_token()));
     if let Err(e) = flow.refresh().await {
         tracing::warn!(error = %e, "cannot read queue settings yet; retrying every second");

@@ -234,6 +234,9 @@ pub struct Metrics {
     pub bulk_changed: Family<ActionLabels, Counter>,
     /// Queue settings changed, per queue.
     pub settings_changes: Capped<QueueLabels, Counter>,
+    /// Jobs that failed for good and left a follow-up on their queue's
+    /// dead-letter queue, per (failed job's) queue.
+    pub dead_letters: Capped<QueueLabels, Counter>,
     /// Wake-ups that could not be published to Redis.
     pub redis_publish_failures: Counter,
     /// SQS wake-up messages sent.
@@ -312,6 +315,7 @@ impl Metrics {
             attempts_swept: Counter::default(),
             bulk_changed: Family::default(),
             settings_changes: Capped::new(cap.clone()),
+            dead_letters: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
             sqs_wakeups_sent: Capped::new(cap.clone()),
             sqs_send_failures: Capped::new(cap.clone()),
@@ -373,6 +377,26 @@ impl Metrics {
             job.finished_at,
             via,
         );
+    }
+
+    /// A job of `queue` failed for good and enqueued its follow-up `dead_letter`:
+    /// counted, logged and woken like an enqueue (best effort: claims of the
+    /// dead-letter queue also find it on their timer).
+    pub fn dead_lettered(
+        &self,
+        wake: &crate::wake::Wake,
+        failed: runlease_protocol::JobId,
+        queue: &runlease_protocol::QueueName,
+        dead_letter: &crate::store::retry::DeadLetter,
+    ) {
+        self.dead_letters
+            .get_or_create(&QueueLabels {
+                queue: queue.to_string(),
+            })
+            .inc();
+        tracing::info!(job_id = %failed, %queue, dead_letter_id = %dead_letter.id,
+                       dead_letter_queue = %dead_letter.queue, "job failed for good: follow-up enqueued on the dead-letter queue");
+        wake.ready(&dead_letter.queue);
     }
 
     /// [`Metrics::transition`] from the fields it needs: the job's queue, its

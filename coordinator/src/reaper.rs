@@ -59,8 +59,11 @@ impl Reaper {
         loop {
             let reaped = self.store.reap(REAP_BATCH).await?;
             let full = reaped.len() as i64 >= REAP_BATCH;
-            for record in reaped {
-                let job = record;
+            for (job, dead_letter) in reaped {
+                if let Some(dead_letter) = &dead_letter {
+                    self.metrics
+                        .dead_lettered(&self.wake, job.id, &job.queue, dead_letter);
+                }
                 self.metrics.transition(&job, Via::Reap);
                 tracing::warn!(job_id = %job.id, run_lease = job.run_lease.0, state = %job.state, "lease expired; job reaped");
                 match job.state {

@@ -24,28 +24,19 @@ pub struct Scheduler {
     store: Store,
     wake: Wake,
     metrics: Arc<Metrics>,
-    default_max_attempts: i32,
 }
 
 impl Scheduler {
     /// A scheduler enqueuing on `store`.
-    pub fn new(store: Store, wake: Wake, metrics: Arc<Metrics>, default_max_attempts: i32) -> Self {
-        Self {
-            store,
-            wake,
-            metrics,
-            default_max_attempts,
-        }
+    pub fn new(store: Store, wake: Wake, metrics: Arc<Metrics>) -> Self {
+        Self { store, wake, metrics }
     }
 
     /// One pass: fires every due schedule; answers how many jobs it created.
     pub async fn run_once(&self) -> Result<usize, StoreError> {
         let mut created = 0;
         loop {
-            let fired = self
-                .store
-                .fire_schedules(BATCH, self.default_max_attempts)
-                .await?;
+            let fired = self.store.fire_schedules(BATCH).await?;
             let full = fired.len() as i64 >= BATCH;
             for f in fired.iter().filter(|f| f.job.created) {
                 created += 1;

@@ -1,11 +1,12 @@
 //! Operating a queue: listing its jobs, bulk actions, and its settings
-//! (pause, flow-control limits, retention).
+//! (pause, flow-control limits, retention, retry policy, dead-letter queue).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::ids::{JobId, QueueName};
 use crate::job::{Job, JobState};
+use crate::retry::Backoff;
 
 /// Query of `GET /v1/jobs`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -117,6 +118,20 @@ pub struct QueueSettings {
     /// How long failed and cancelled jobs are kept, ms (`null`: the
     /// coordinator's `RUNLEASE_RETENTION_FAILED_MS`; 0: forever).
     pub retention_failed_ms: Option<i64>,
+    /// Attempt budget of the jobs enqueued without one (`null`: the
+    /// coordinator's `RUNLEASE_MAX_ATTEMPTS`).
+    #[serde(default)]
+    pub max_attempts: Option<i32>,
+    /// Backoff of the jobs enqueued without one (`null`: the coordinator's).
+    #[serde(default)]
+    pub backoff: Option<Backoff>,
+    /// Retry window of the jobs enqueued without one, ms (`null`: none).
+    #[serde(default)]
+    pub retry_window_ms: Option<i64>,
+    /// Where a job of the queue that fails for good leaves a follow-up
+    /// job (`null`: nowhere).
+    #[serde(default)]
+    pub dead_letter_queue: Option<QueueName>,
 }
 
 /// Reads a field that may be absent (`None`), `null` (`Some(None)`) or a
@@ -179,6 +194,35 @@ pub struct UpdateQueueRequest {
         skip_serializing_if = "Option::is_none"
     )]
     pub endpoint: Option<Option<SetEndpoint>>,
+    /// Attempt budget of jobs enqueued later without one, 1..=1000, or `null`.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub max_attempts: Option<Option<i32>>,
+    /// Backoff of jobs enqueued later without one (replaced whole: a field
+    /// left out is the coordinator's default), or `null`.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub backoff: Option<Option<Backoff>>,
+    /// Retry window of jobs enqueued later without one, ms, or `null`.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub retry_window_ms: Option<Option<i64>>,
+    /// The dead-letter queue (not the queue itself), or `null`.
+    #[serde(
+        default,
+        deserialize_with = "nullable",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub dead_letter_queue: Option<Option<QueueName>>,
 }
 
 /// An endpoint as `PATCH /v1/queues/{queue}` sets it: the coordinators

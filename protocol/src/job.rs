@@ -152,6 +152,15 @@ pub struct Attempt {
     pub outcome: Option<AttemptOutcome>,
     /// The error the worker (or the reaper) recorded.
     pub error: Option<String>,
+    /// When the job may start again after this attempt (a failure retried,
+    /// or an expired lease); `None` when the attempt did not queue a retry.
+    #[serde(default)]
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Why the attempt was retried when it was, or why it ended its job: a
+    /// code ([`crate::RetryReason`]), `: `, and the numbers that decided it.
+    /// `None` for attempts that were not failures (and for a cancel).
+    #[serde(default)]
+    pub retry_reason: Option<String>,
 }
 
 /// A job, as every endpoint that answers one returns it.
@@ -171,6 +180,14 @@ pub struct Job {
     pub attempt: i32,
     /// The attempt budget.
     pub max_attempts: i32,
+    /// The job's backoff: its own fields, else its queue's when it was
+    /// enqueued (absent fields: the coordinator's defaults).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::retry::Backoff>,
+    /// No retry starts later than this many ms after its first attempt
+    /// started (its own, else its queue's when it was enqueued).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_window_ms: Option<i64>,
     /// The latest run lease handed out (0 before the first claim).
     pub run_lease: RunLease,
     /// Not claimable before this instant.

@@ -10,6 +10,7 @@
 //!   its dependencies.
 //! - [`producer`]: enqueue, batch enqueue, queue listing.
 //! - [`admin`]: job listing, bulk actions, queue settings.
+//! - [`retry`]: retry policies (backoff, retry window) and why a retry was planned.
 //! - [`schedules`]: cron schedules.
 //! - [`worker`]: claim, heartbeat, complete, fail, release, finish.
 //! - [`error`]: the error body and its codes.
@@ -23,6 +24,7 @@ pub mod ids;
 pub mod job;
 pub mod limits;
 pub mod producer;
+pub mod retry;
 pub mod routes;
 pub mod schedules;
 pub mod trace;
@@ -31,4 +33,5 @@ pub mod worker;
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use ids::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
 pub use job::{Attempt, AttemptOutcome, Job, JobLink, JobState, LeaseDependency, OnDependencyFailure};
+pub use retry::{Backoff, RetryReason};
 pub use trace::TraceParent;

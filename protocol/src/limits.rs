@@ -30,6 +30,12 @@ pub const MAX_ATTEMPTS_LIMIT: i32 = 1000;
 pub const MAX_TIMEOUT_MS: i64 = 86_400_000;
 /// Largest `delay_ms` and `retry_after_ms`: one year.
 pub const MAX_DELAY_MS: i64 = 365 * 86_400_000;
+/// Largest backoff `base_ms` and `max_ms`: one week.
+pub const MAX_BACKOFF_MS: i64 = 7 * 86_400_000;
+/// Largest backoff `factor` (the smallest is 1: a constant delay).
+pub const MAX_BACKOFF_FACTOR: f64 = 10.0;
+/// Largest `retry_window_ms`: one year.
+pub const MAX_RETRY_WINDOW_MS: i64 = 365 * 86_400_000;
 /// Longest error message a worker may record, in bytes (longer ones are cut).
 pub const MAX_ERROR_LEN: usize = 16 * 1024;
 

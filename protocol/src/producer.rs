@@ -27,9 +27,18 @@ pub struct EnqueueJobRequest {
     /// Not claimable before now + this many ms. Exclusive with `run_at`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delay_ms: Option<i64>,
-    /// Attempt budget (default: the coordinator's `RUNLEASE_MAX_ATTEMPTS`).
+    /// Attempt budget (default: the queue's, else the coordinator's
+    /// `RUNLEASE_MAX_ATTEMPTS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<i32>,
+    /// The delays between attempts; a field left out takes the queue's,
+    /// else the coordinator's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<crate::retry::Backoff>,
+    /// No retry starts later than this many ms after the first attempt
+    /// started (default: the queue's, else none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_window_ms: Option<i64>,
     /// Run-time limit of one attempt (default: `RUNLEASE_DEFAULT_TIMEOUT_MS`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<i64>,
@@ -67,6 +76,8 @@ impl EnqueueJobRequest {
             run_at: None,
             delay_ms: None,
             max_attempts: None,
+            backoff: None,
+            retry_window_ms: None,
             timeout_ms: None,
             idempotency_key: None,
             concurrency_key: None,

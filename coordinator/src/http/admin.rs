@@ -13,7 +13,7 @@ use runlease_protocol::limits::{
     MIN_RATE_PER_S, THROUGHPUT_WINDOW_MS,
 };
 use runlease_protocol::producer::{QueueSummary, Throughput};
-use runlease_protocol::{ErrorCode, JobState, QueueName};
+use runlease_protocol::{ErrorCode, JobState, QueueName, retry};
 
 use crate::auth::{Action, Caller};
 use crate::endpoint::{
@@ -73,6 +73,10 @@ fn wire_settings(s: &QueueSettings) -> WireSettings {
         }),
         retention_done_ms: s.retention_done_ms,
         retention_failed_ms: s.retention_failed_ms,
+        max_attempts: s.retry.max_attempts,
+        backoff: (!s.retry.backoff.is_empty()).then_some(s.retry.backoff),
+        retry_window_ms: s.retry.retry_window_ms,
+        dead_letter_queue: s.dead_letter_queue.clone(),
     }
 }
 
@@ -304,6 +308,28 @@ fn endpoint_setting(state: &AppState, set: SetEndpoint) -> Result<EndpointSettin
     })
 }
 
+/// Checks the retry policy and dead-letter queue of a change of `queue`'s
+/// settings.
+fn check_retry_settings(queue: &QueueName, req: &UpdateQueueRequest) -> Result<(), ApiError> {
+    if let Some(Some(n)) = req.max_attempts {
+        retry::check_max_attempts(n).map_err(ApiError::invalid)?;
+    }
+    if let Some(Some(backoff)) = &req.backoff {
+        backoff.check().map_err(ApiError::invalid)?;
+    }
+    if let Some(Some(window)) = req.retry_window_ms {
+        retry::check_retry_window(window).map_err(ApiError::invalid)?;
+    }
+    if let Some(Some(dead_letter)) = &req.dead_letter_queue
+        && dead_letter == queue
+    {
+        return Err(ApiError::invalid(
+            "dead_letter_queue must name another queue than the queue itself",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a settings change; the error says which field is wrong and why.
 fn settings_change(state: &AppState, req: UpdateQueueRequest) -> Result<SettingsChange, ApiError> {
     let endpoint = match req.endpoint {
@@ -345,6 +371,10 @@ fn settings_change(state: &AppState, req: UpdateQueueRequest) -> Result<Settings
         retention_done_ms: req.retention_done_ms,
         retention_failed_ms: req.retention_failed_ms,
         endpoint,
+        max_attempts: req.max_attempts,
+        backoff: req.backoff,
+        retry_window_ms: req.retry_window_ms,
+        dead_letter_queue: req.dead_letter_queue,
     })
 }
 
@@ -358,6 +388,11 @@ pub async fn update_queue(
     JsonBody(req): JsonBody<UpdateQueueRequest>,
 ) -> Result<Json<QueueSummary>, ApiError> {
     require_for_queue(&caller, Action::Configure, &queue)?;
+    check_retry_settings(&queue, &req)?;
+    if let Some(Some(dead_letter)) = &req.dead_letter_queue {
+        // Its follow-ups are enqueued there: the key must reach it too.
+        require_for_queue(&caller, Action::Configure, dead_letter)?;
+    }
     let change = settings_change(&state, req)?;
     if change == SettingsChange::default() {
         // Nothing to change: answer as GET would, and create no settings.

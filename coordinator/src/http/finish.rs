@@ -123,6 +123,11 @@ pub(crate) fn finished_effects(state: &AppState, run_lease: RunLease, action: Fi
     // A completion is routine (unless the job is traced); a fail or a
     // release is worth a line.
     job_event!(job.traced || action != FinishAction::Complete, job_id = %job.job_id, run_lease = run_lease.0, state = %job.state, %action, "attempt finished");
+    if let Some(dead_letter) = &job.dead_letter {
+        state
+            .metrics
+            .dead_lettered(&state.wake, job.job_id, &job.queue, dead_letter);
+    }
     if job.state.is_terminal() {
         state.wake.terminal(job.job_id);
         if state.flow.is_limited(&job.queue) {

@@ -6,14 +6,14 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use runlease_protocol::limits::{
-    MAX_ATTEMPTS_LIMIT, MAX_ATTEMPTS_PAGE, MAX_ATTEMPTS_PER_JOB_ANSWER, MAX_BATCH_JOBS,
-    MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
+    MAX_ATTEMPTS_PAGE, MAX_ATTEMPTS_PER_JOB_ANSWER, MAX_BATCH_JOBS, MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS,
+    MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
 };
 use runlease_protocol::producer::{
     BatchJob, EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
     ListAttemptsResponse,
 };
-use runlease_protocol::{Job, JobId, RunLease, TraceParent};
+use runlease_protocol::{Job, JobId, RunLease, TraceParent, retry};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
@@ -23,7 +23,6 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, require};
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
-use crate::store::LeaseSettings;
 use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
 use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
@@ -43,7 +42,6 @@ fn record_job(job: &JobRow) {
 /// Validates and permission-checks one enqueue request.
 /// `traceparent` is the request's trace context, stored with the job.
 fn new_job(
-    state: &AppState,
     caller: &Caller,
     req: EnqueueJobRequest,
     traceparent: Option<&TraceParent>,
@@ -51,14 +49,14 @@ fn new_job(
     if !caller.may_use_queue(&req.queue) {
         return Err(ApiError::forbidden_queue(req.queue.as_str()));
     }
-    let mut job = validate_enqueue(req, state.store.lease_settings()).map_err(ApiError::invalid)?;
+    let mut job = validate_enqueue(req).map_err(ApiError::invalid)?;
     job.traceparent = traceparent.cloned();
     Ok(job)
 }
 
 /// An enqueue request checked against the protocol's bounds, with the
 /// coordinator's defaults applied; the error says which field is wrong and why.
-fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<NewJob, String> {
+fn validate_enqueue(req: EnqueueJobRequest) -> Result<NewJob, String> {
     if req.run_at.is_some() && req.delay_ms.is_some() {
         return Err("give run_at or delay_ms, not both".into());
     }
@@ -70,9 +68,13 @@ fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<Ne
     {
         return Err(format!("delay_ms must be between 0 and {MAX_DELAY_MS}"));
     }
-    let max_attempts = req.max_attempts.unwrap_or(leases.default_max_attempts);
-    if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
-        return Err(format!("max_attempts must be between 1 and {MAX_ATTEMPTS_LIMIT}"));
+    if let Some(n) = req.max_attempts {
+        retry::check_max_attempts(n)?;
+    }
+    let backoff = req.backoff.unwrap_or_default();
+    backoff.check()?;
+    if let Some(window) = req.retry_window_ms {
+        retry::check_retry_window(window)?;
     }
     if let Some(timeout) = req.timeout_ms
         && !(1..=MAX_TIMEOUT_MS).contains(&timeout)
@@ -100,7 +102,9 @@ fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<Ne
         priority: req.priority.unwrap_or(0),
         run_at: req.run_at,
         delay_ms: req.delay_ms,
-        max_attempts,
+        max_attempts: req.max_attempts,
+        backoff,
+        retry_window_ms: req.retry_window_ms,
         timeout_ms: req.timeout_ms,
         idempotency_key: req.idempotency_key,
         concurrency_key: req.concurrency_key,
@@ -175,7 +179,7 @@ pub async fn enqueue(
     require(&caller, Action::Enqueue)?;
     let deps = dependencies::resolve(std::slice::from_ref(&req))
         .map_err(|e| ApiError::invalid(e.trim_start_matches("jobs[0]: ")))?;
-    let mut job = new_job(&state, &caller, req, traceparent.as_ref())?;
+    let mut job = new_job(&caller, req, traceparent.as_ref())?;
     job.dependencies = deps.into_iter().next().flatten();
     let mut enqueued = [state.enqueuer.submit(job).await??];
     announce(&state, &mut enqueued).await?;
@@ -210,7 +214,7 @@ pub async fn enqueue_batch(
         .zip(deps)
         .enumerate()
         .map(|(i, (r, deps))| {
-            let mut job = new_job(&state, &caller, r, traceparent.as_ref()).map_err(|e| ApiError {
+            let mut job = new_job(&caller, r, traceparent.as_ref()).map_err(|e| ApiError {
                 message: format!("jobs[{i}]: {}", e.message),
                 ..e
             })?;

@@ -16,6 +16,8 @@ pub fn job(row: JobRow) -> Job {
         priority: row.priority,
         attempt: row.attempt,
         max_attempts: row.max_attempts,
+        backoff: (!row.backoff.is_empty()).then_some(row.backoff),
+        retry_window_ms: row.retry_window_ms,
         run_lease: row.run_lease,
         run_at: row.run_at,
         created_at: row.created_at,
@@ -63,5 +65,7 @@ pub fn attempt(a: AttemptRow) -> Attempt {
         finished_at: a.finished_at,
         outcome: a.outcome,
         error: a.error,
+        retry_at: a.retry_at,
+        retry_reason: a.retry_reason,
     }
 }

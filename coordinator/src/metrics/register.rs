@@ -240,8 +240,13 @@ impl Metrics {
         );
         registry.register(
             "queue_settings_changes",
-            "Changes of queue settings (pause, limits, retention)",
+            "Changes of queue settings (pause, limits, retention, retry policy)",
             self.settings_changes.clone(),
+        );
+        registry.register(
+            "dead_letters",
+            "Jobs failed for good that enqueued a follow-up on their queue's dead-letter queue",
+            self.dead_letters.clone(),
         );
         registry.register(
             "jobs_terminal",

@@ -32,8 +32,13 @@ pub struct NewJob {
     pub run_at: Option<DateTime<Utc>>,
     /// Due time, if given as a delay.
     pub delay_ms: Option<i64>,
-    /// Attempt budget.
-    pub max_attempts: i32,
+    /// Attempt budget (`None`: the queue's, else the coordinator's default).
+    pub max_attempts: Option<i32>,
+    /// Backoff fields the job sets (the others: the queue's, else the
+    /// coordinator's defaults).
+    pub backoff: runlease_protocol::Backoff,
+    /// Retry window (`None`: the queue's, else none).
+    pub retry_window_ms: Option<i64>,
     /// Attempt timeout, if the producer set one.
     pub timeout_ms: Option<i64>,
     /// Idempotency key.
@@ -110,6 +115,7 @@ async fn insert_jobs(
     tx: &Tallied<'_>,
     jobs: &[NewJob],
     deps: Option<&EnqueueColumns>,
+    default_attempts: i32,
 ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
     let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
@@ -117,7 +123,12 @@ async fn insert_jobs(
     let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
     let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
     let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
-    let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
+    let max_attempts: Vec<Option<i32>> = jobs.iter().map(|j| j.max_attempts).collect();
+    let bases: Vec<Option<i64>> = jobs.iter().map(|j| j.backoff.base_ms).collect();
+    let maxes: Vec<Option<i64>> = jobs.iter().map(|j| j.backoff.max_ms).collect();
+    let factors: Vec<Option<f64>> = jobs.iter().map(|j| j.backoff.factor).collect();
+    let jitters: Vec<Option<f64>> = jobs.iter().map(|j| j.backoff.jitter).collect();
+    let windows: Vec<Option<i64>> = jobs.iter().map(|j| j.retry_window_ms).collect();
     let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
     let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
     let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
@@ -145,6 +156,12 @@ async fn insert_jobs(
             &deps.map(|d| &d.dependents),
             &deps.map(|d| &d.on_failure),
             &deps.map(|d| &d.errors),
+            &default_attempts,
+            &bases,
+            &maxes,
+            &factors,
+            &jitters,
+            &windows,
         ],
     )
     .await
@@ -209,7 +226,7 @@ impl Store {
         } else {
             None
         };
-        let rows = insert_jobs(tx, jobs, columns.as_ref()).await?;
+        let rows = insert_jobs(tx, jobs, columns.as_ref(), self.lease_settings().default_max_attempts).await?;
         let inserted: HashMap<JobId, JobRow> =
             JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
         if let Some(c) = &columns

@@ -14,6 +14,7 @@ use uuid::Uuid;
 
 use crate::flow;
 use crate::store::queues::RateLimit;
+use crate::store::retry::DeadLetter;
 use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
 use crate::store::tally::{Open, Prepared, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
@@ -232,6 +233,9 @@ pub struct Finished {
     /// Whether the job carries trace context (its transitions are logged
     /// at `info`).
     pub traced: bool,
+    /// The follow-up its failure for good enqueued on its queue's
+    /// dead-letter queue (only where this finish applied it).
+    pub dead_letter: Option<DeadLetter>,
 }
 
 impl Finished {
@@ -244,6 +248,7 @@ impl Finished {
             finished_at: col(row, "finished_at")?,
             first,
             traced: col(row, "traced")?,
+            dead_letter: DeadLetter::from_row(row)?,
         })
     }
 }
@@ -286,6 +291,7 @@ struct FinishArgs<'a> {
     progress: Vec<Option<&'a Value>>,
     backoff_base: i64,
     backoff_cap: i64,
+    default_max_attempts: i32,
 }
 
 impl<'a> FinishArgs<'a> {
@@ -302,6 +308,7 @@ impl<'a> FinishArgs<'a> {
             progress: Vec::with_capacity(n),
             backoff_base: ms(terms.backoff_base),
             backoff_cap: ms(terms.backoff_cap),
+            default_max_attempts: terms.default_max_attempts,
         };
         // The items in (job, lease) order, each (job, lease) once: its
         // first item (a stable sort keeps the items' own order among
@@ -338,7 +345,7 @@ impl<'a> FinishArgs<'a> {
         args
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
         [
             &self.ids,
             &self.leases,
@@ -350,6 +357,7 @@ impl<'a> FinishArgs<'a> {
             &self.progress,
             &self.backoff_base,
             &self.backoff_cap,
+            &self.default_max_attempts,
         ]
     }
 }
@@ -908,23 +916,30 @@ impl Store {
     }
 
     /// Reaps up to `limit` expired leases; returns the jobs as the reaper
-    /// left them. The dependents of a job it failed or cancelled are
-    /// settled in the same transaction.
-    pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
+    /// left them, each with the dead-letter follow-up it enqueued, if any.
+    /// The dependents of a job it failed or cancelled are settled in the
+    /// same transaction.
+    pub async fn reap(&self, limit: i64) -> Result<Vec<(JobRow, Option<DeadLetter>)>, StoreError> {
         let (rows, settled) = self
             .timed("reap", || async move {
                 let client = self.conn().await?;
-                let timeout = ms(self.lease_settings().default_timeout);
+                let terms = self.lease_settings();
+                let timeout = ms(terms.default_timeout);
                 let tx = Tallied::new(&client);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&limit, &timeout];
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&limit, &timeout, &terms.default_max_attempts];
                 let (begun, reaped) =
                     tokio::join!(tx.begin(Open::States), tx.query(&sql::LEASE_REAP, &params));
                 let outcome = async {
-                    let rows = JobRow::from_rows(&begun.and(reaped)?)?;
+                    let rows = begun
+                        .and(reaped)?
+                        .iter()
+                        .map(|row| Ok((JobRow::from_row(row)?, DeadLetter::from_row(row)?)))
+                        .collect::<Result<Vec<_>, StoreError>>()?;
                     let ended = rows
                         .iter()
-                        .filter(|r| r.state.is_terminal() && r.dependent_count > 0)
-                        .map(|r| (r.id.0, dependencies::ended_as(r.state)))
+                        .filter(|(r, _)| r.state.is_terminal() && r.dependent_count > 0)
+                        .map(|(r, _)| (r.id.0, dependencies::ended_as(r.state)))
                         .collect();
                     let settled = dependencies::settle(&tx, ended).await?;
                     Ok((rows, settled))

@@ -10,6 +10,7 @@
 //!   dependents, the look-ups of leases and job answers.
 //! - [`leases`]: worker operations (claim, heartbeat, complete, fail, release) and the reaper's statement.
 //! - [`queues`]: queue figures (live indexes and tallies) and settings.
+//! - [`retry`]: retry policies and dead-letter follow-ups as read from rows.
 //! - [`listing`]: listing a queue's jobs, bulk actions.
 //! - [`prune`]: retention and the folding of tallies.
 //! - [`schedules`]: cron schedules and their fire pass.
@@ -23,6 +24,7 @@ pub mod listing;
 pub mod migrate;
 pub mod prune;
 pub mod queues;
+pub mod retry;
 pub mod rows;
 pub mod schedules;
 #[macro_use]

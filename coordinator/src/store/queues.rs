@@ -7,9 +7,10 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use runlease_protocol::{JobState, QueueName};
+use runlease_protocol::{Backoff, JobState, QueueName};
 
 use crate::endpoint::ENDPOINT_WORKER;
+use crate::store::retry::RetryPolicy;
 use crate::store::rows::{col, queue_col};
 use crate::store::{Store, StoreError, sql};
 
@@ -35,6 +36,10 @@ pub struct QueueSettings {
     pub endpoint: Option<EndpointSetting>,
     /// The endpoint's signing secrets (kept when the endpoint is removed).
     pub endpoint_keys: Option<EndpointKeys>,
+    /// The retry policy of jobs enqueued without their own.
+    pub retry: RetryPolicy,
+    /// Where a job that fails for good leaves a follow-up.
+    pub dead_letter_queue: Option<QueueName>,
 }
 
 /// A queue's endpoint: where its jobs are pushed, for how long a request
@@ -114,6 +119,14 @@ pub struct SettingsChange {
     pub retention_failed_ms: Option<Option<i64>>,
     /// New endpoint (`Some(None)`: removed).
     pub endpoint: Option<Option<EndpointSetting>>,
+    /// New attempt budget.
+    pub max_attempts: Option<Option<i32>>,
+    /// New backoff (replaced whole).
+    pub backoff: Option<Option<Backoff>>,
+    /// New retry window.
+    pub retry_window_ms: Option<Option<i64>>,
+    /// New dead-letter queue.
+    pub dead_letter_queue: Option<Option<QueueName>>,
 }
 
 /// What a queue holds and how it is set.
@@ -183,6 +196,10 @@ fn settings_from_row(row: &tokio_postgres::Row) -> Result<(QueueName, QueueSetti
             updated_at: Some(col(row, "updated_at")?),
             endpoint: endpoint_from_row(row)?,
             endpoint_keys: keys_from_row(row)?,
+            retry: RetryPolicy::from_row(row)?,
+            dead_letter_queue: col::<Option<String>>(row, "dead_letter_queue")?
+                .map(queue_name)
+                .transpose()?,
         },
     ))
 }
@@ -434,6 +451,8 @@ impl Store {
             let rate = change.rate_limit.flatten();
             let endpoint = change.endpoint.clone().flatten();
             let new_secret = endpoint.as_ref().map(|_| crate::endpoint::sign::new_secret());
+            let backoff = change.backoff.flatten().unwrap_or_default();
+            let dead_letter = change.dead_letter_queue.clone().flatten();
             let row = client
                 .query_one(
                     &stmt,
@@ -456,6 +475,17 @@ impl Store {
                         &endpoint.as_ref().map(|e| e.timeout_ms),
                         &endpoint.as_ref().map(|e| e.concurrency),
                         &new_secret,
+                        &change.max_attempts.is_some(),
+                        &change.max_attempts.flatten(),
+                        &change.backoff.is_some(),
+                        &backoff.base_ms,
+                        &backoff.max_ms,
+                        &backoff.factor,
+                        &backoff.jitter,
+                        &change.retry_window_ms.is_some(),
+                        &change.retry_window_ms.flatten(),
+                        &change.dead_letter_queue.is_some(),
+                        &dead_letter.as_ref().map(QueueName::as_str),
                     ],
                 )
                 .await?;

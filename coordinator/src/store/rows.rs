@@ -8,7 +8,7 @@ use std::error::Error;
 use chrono::{DateTime, Utc};
 use runlease_protocol::limits::MAX_ATTEMPTS_PER_JOB_ANSWER;
 use runlease_protocol::{
-    AttemptOutcome, JobId, JobState, OnDependencyFailure, QueueName, RunLease, TraceParent, WorkerId,
+    AttemptOutcome, Backoff, JobId, JobState, OnDependencyFailure, QueueName, RunLease, TraceParent, WorkerId,
 };
 use serde_json::Value;
 use tokio_postgres::Row;
@@ -17,6 +17,7 @@ use uuid::Uuid;
 
 use crate::store::StoreError;
 use crate::store::dependencies::{DependencyRow, Link};
+use crate::store::retry::{backoff_from_row, window_from_row};
 
 /// `job_state` as PostgreSQL sends it (an enum's binary form is its label).
 pub struct DbJobState(pub JobState);
@@ -63,6 +64,10 @@ pub struct JobRow {
     pub attempt: i32,
     /// Attempt budget.
     pub max_attempts: i32,
+    /// Its backoff as fixed at enqueue (unset fields: the defaults).
+    pub backoff: Backoff,
+    /// Its retry window as fixed at enqueue.
+    pub retry_window_ms: Option<i64>,
     /// The latest run lease handed out.
     pub run_lease: RunLease,
     /// Not claimable before.
@@ -128,6 +133,10 @@ pub struct AttemptRow {
     pub outcome: Option<AttemptOutcome>,
     /// The error recorded.
     pub error: Option<String>,
+    /// When the retry it queued may start.
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Why it was retried then, or why it ended the job.
+    pub retry_reason: Option<String>,
 }
 
 fn bad_row(e: impl std::fmt::Display) -> StoreError {
@@ -178,6 +187,8 @@ impl JobRow {
             priority: col(row, "priority")?,
             attempt: col(row, "attempt")?,
             max_attempts: col(row, "max_attempts")?,
+            backoff: backoff_from_row(row)?,
+            retry_window_ms: window_from_row(row)?,
             run_lease: RunLease(col(row, "run_lease")?),
             run_at: col(row, "run_at")?,
             created_at: col(row, "created_at")?,
@@ -223,6 +234,8 @@ impl JobRow {
             finished_at: None,
             outcome: None,
             error: None,
+            retry_at: None,
+            retry_reason: None,
         })
     }
 }
@@ -289,6 +302,8 @@ pub fn attempts_by_job(rows: &[Row]) -> Result<HashMap<JobId, Vec<AttemptRow>>, 
             finished_at: Some(col(row, "finished_at")?),
             outcome: Some(outcome.0),
             error: col(row, "error")?,
+            retry_at: col(row, "retry_at")?,
+            retry_reason: col(row, "retry_reason")?,
         });
     }
     Ok(by_job)

@@ -164,12 +164,9 @@ impl Store {
     /// One fire pass over up to `limit` due schedules: each enqueues the job
     /// of its latest fire time at or before now (idempotency key
     /// `schedule:<name>:<fire time>`) and moves on to its next fire time.
-    /// `default_max_attempts` fills a schedule that sets no budget.
-    pub async fn fire_schedules(
-        &self,
-        limit: i64,
-        default_max_attempts: i32,
-    ) -> Result<Vec<Fired>, StoreError> {
+    /// A schedule that sets no budget takes its queue's, else the default
+    /// (as any enqueue).
+    pub async fn fire_schedules(&self, limit: i64) -> Result<Vec<Fired>, StoreError> {
         self.timed("schedules", || async move {
             let mut client = self.conn().await?;
             let tx = client.transaction().await?;
@@ -198,7 +195,9 @@ impl Store {
                     priority: schedule.priority,
                     run_at: None,
                     delay_ms: None,
-                    max_attempts: schedule.max_attempts.unwrap_or(default_max_attempts),
+                    max_attempts: schedule.max_attempts,
+                    backoff: runlease_protocol::Backoff::default(),
+                    retry_window_ms: None,
                     timeout_ms: schedule.timeout_ms,
                     idempotency_key: Some(format!(
                         "schedule:{}:{}",

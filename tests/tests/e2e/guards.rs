@@ -26,7 +26,7 @@ async fn superseded(c: &TestCoordinator, db: &TestDb, queue: &str) -> Superseded
     expire_leases(db, &[stale.job_id.0]).await;
     let reaped = db.store().await.reap(100).await.unwrap();
     assert_eq!(reaped.len(), 1, "the expired lease is reaped");
-    assert_eq!(reaped[0].state, JobState::Queued);
+    assert_eq!(reaped[0].0.state, JobState::Queued);
     let current = c.api.claim_one(queue, "fresh-worker").await;
     assert_eq!(current.job_id, stale.job_id);
     assert_eq!(current.run_lease.0, stale.run_lease.0 + 1);

@@ -114,6 +114,7 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         MAX_RUNNING_LIMIT, MAX_SCHEDULE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS, MAX_WORKER_ID_LEN,
     };
     use runlease_protocol::limits::{MAX_DEPENDENCIES, MAX_DEPENDENTS_SHOWN, MAX_REF_LEN};
+    use runlease_protocol::limits::{MAX_BACKOFF_FACTOR, MAX_BACKOFF_MS, MAX_RETRY_WINDOW_MS};
     let expected = [
         format!("maxLength: {MAX_QUEUE_NAME_LEN}"),
         format!("maxLength: {MAX_WORKER_ID_LEN}"),
@@ -143,6 +144,9 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         format!("maxItems: {MAX_DEPENDENCIES}"),
         format!("maxLength: {MAX_REF_LEN}"),
         format!("The first {MAX_DEPENDENTS_SHOWN} jobs that depend on it"),
+        format!("maximum: {MAX_BACKOFF_MS}"),
+        format!("maximum: {MAX_RETRY_WINDOW_MS}"),
+        format!("maximum: {MAX_BACKOFF_FACTOR}"),
     ];
     for limit in expected {
         assert!(SPEC.contains(&limit), "docs/openapi.yaml does not say {limit:?}");

@@ -75,7 +75,8 @@ async fn settings_are_kept_before_a_queues_first_job_and_change_field_by_field()
     assert_eq!(
         fresh["settings"],
         json!({"paused": false, "max_running": null, "max_running_per_key": null,
-               "rate_limit": null, "retention_done_ms": null, "retention_failed_ms": null})
+               "rate_limit": null, "retention_done_ms": null, "retention_failed_ms": null,
+               "max_attempts": null, "backoff": null, "retry_window_ms": null, "dead_letter_queue": null})
     );
     let (status, set) = c
         .api
@@ -98,7 +99,8 @@ async fn settings_are_kept_before_a_queues_first_job_and_change_field_by_field()
         set["settings"],
         json!({"paused": true, "max_running": null, "max_running_per_key": 2,
                "rate_limit": {"per_s": 20.0, "burst": 5}, "retention_done_ms": 60000,
-               "retention_failed_ms": null})
+               "retention_failed_ms": null, "max_attempts": null, "backoff": null,
+               "retry_window_ms": null, "dead_letter_queue": null})
     );
     // Listed among the queues without a job, and kept across a restart.
     let (_, all) = c.api.get("/v1/queues").await;

@@ -113,7 +113,6 @@ async fn after_an_outage_only_the_latest_missed_fire_is_enqueued_and_a_paused_sc
         db.store().await,
         runlease_coordinator::wake::Wake::local_only(),
         Arc::new(Metrics::new(Duration::from_secs(25))),
-        4,
     );
     assert_eq!(scheduler.run_once().await.unwrap(), 1, "one job, not six");
     let times = fire_times(&db, "hourly").await;

@@ -159,7 +159,7 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             (
                 "lease_finish",
                 sql::LEASE_FINISH.sql(),
-                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000",
+                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000, 4",
             ),
             (
                 "lease_heartbeat",
@@ -264,7 +264,7 @@ async fn figures_listing_and_pruning_read_no_history() {
             (
                 "lease_reap",
                 sql::LEASE_REAP.sql(),
-                "500, 300000",
+                "500, 300000, 4",
                 vec!["jobs_running_idx"],
             ),
             (
@@ -401,8 +401,15 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
         .await
         .unwrap();
     // The version 2 columns of every row (later migrations add columns).
-    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome' - 'dependencies' - 'dependencies_pending' - 'dependents' - 'on_dependency_failure')::text, ',' ORDER BY j.id)) FROM jobs j";
-    let attempts = "SELECT md5(string_agg(a::text, ',' ORDER BY a.job_id, a.run_lease)) FROM job_attempts a";
+    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome'
+                                             - 'dependencies' - 'dependencies_pending' - 'dependents'
+                                             - 'on_dependency_failure'
+                                             - 'backoff_base_ms' - 'backoff_max_ms' - 'backoff_factor'
+                                             - 'backoff_jitter' - 'retry_window_ms' - 'first_claimed_at'
+                                             - 'retry_reason')::text,
+                                            ',' ORDER BY j.id)) FROM jobs j";
+    let attempts = "SELECT md5(string_agg((to_jsonb(a) - 'retry_at' - 'retry_reason')::text, ',' ORDER BY a.job_id, a.run_lease))
+                    FROM job_attempts a";
     let before: (String, String) = (
         client.query_one(snapshot, &[]).await.unwrap().get(0),
         client.query_one(attempts, &[]).await.unwrap().get(0),

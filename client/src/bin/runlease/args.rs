@@ -11,6 +11,7 @@ use runlease_client::protocol::admin::RateLimit;
 use runlease_client::protocol::limits::{
     MAX_ENDPOINT_CONCURRENCY, MAX_ENDPOINT_TIMEOUT_MS, MAX_RATE, MAX_RUNNING_LIMIT, MIN_ENDPOINT_TIMEOUT_MS,
 };
+use runlease_client::protocol::{Backoff, QueueName, retry};
 
 #[derive(Debug, Parser)]
 #[command(name = "runlease", version, about = "Talk to a runlease coordinator")]
@@ -214,7 +215,9 @@ pub enum QueuesCommand {
     ///
     /// Jobs per state, the oldest queued job's age, lease expiries, retries,
     /// and its settings: paused, max_running, max_running_per_key,
-    /// rate_limit, and retention ("default": the coordinator's setting);
+    /// rate_limit, retention ("default": the coordinator's setting), the
+    /// retry policy (max_attempts, backoff, retry_window) and the
+    /// dead_letter_queue;
     /// for a queue served by an endpoint, its URL, time-out, concurrency,
     /// health, requests in flight and last error.
     Show {
@@ -275,6 +278,34 @@ pub enum QueuesCommand {
         /// How long failed and cancelled jobs are kept, ms (0: forever), or default.
         #[arg(long, value_name = "MS|default", value_parser = parse_retention, allow_negative_numbers = true)]
         failed_ms: Option<OrDefault<i64>>,
+    },
+    /// Set a queue's retry policy and dead-letter queue (admin key).
+    ///
+    /// The policy (attempt budget, backoff, retry window) is copied into
+    /// each job enqueued later that does not set its own; jobs already
+    /// enqueued keep theirs. A job of the queue that fails for good leaves
+    /// one follow-up job on the dead-letter queue, with payload {job_id,
+    /// queue, payload, error, attempts}. A flag not given stays as it is.
+    #[command(
+        after_help = "Examples:\n  runlease queues retry emails --max-attempts 10 --backoff base_ms=500,max_ms=60000,factor=2,jitter=1\n  runlease queues retry emails --retry-window-ms 3600000 --dead-letter-queue emails-dead\n  runlease queues retry emails --backoff default --dead-letter-queue none"
+    )]
+    Retry {
+        /// Queue name.
+        queue: String,
+        /// Attempt budget (1 to 1000), or default (the coordinator's).
+        #[arg(long, value_name = "N|default", value_parser = parse_attempts)]
+        max_attempts: Option<OrDefault<i32>>,
+        /// The backoff as base_ms=,max_ms=,factor=,jitter= (any of them; the
+        /// others take the coordinator's defaults), or default.
+        #[arg(long, value_name = "FIELD=VALUE,...|default", value_parser = parse_backoff)]
+        backoff: Option<OrDefault<Backoff>>,
+        /// No retry starts later than this many ms after the first attempt
+        /// started, or default (no window).
+        #[arg(long, value_name = "MS|default", value_parser = parse_window)]
+        retry_window_ms: Option<OrDefault<i64>>,
+        /// Where jobs that fail for good leave a follow-up, or none.
+        #[arg(long, value_name = "QUEUE|none", value_parser = parse_dead_letter)]
+        dead_letter_queue: Option<OrNone<QueueName>>,
     },
     /// Serve a queue by an HTTP endpoint (admin key): the coordinators push
     /// each of its jobs to URL as a signed request.
@@ -357,6 +388,62 @@ fn parse_retention(s: &str) -> Result<OrDefault<i64>, String> {
 /// A limit's new value, or `none` (`OrNone(None)`) to clear it.
 #[derive(Debug, Clone, Copy)]
 pub struct OrNone<T>(pub Option<T>);
+
+fn parse_attempts(s: &str) -> Result<OrDefault<i32>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("default") {
+        return Ok(OrDefault(None));
+    }
+    let n: i32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of attempts, or default"))?;
+    retry::check_max_attempts(n)?;
+    Ok(OrDefault(Some(n)))
+}
+
+fn parse_backoff(s: &str) -> Result<OrDefault<Backoff>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("default") {
+        return Ok(OrDefault(None));
+    }
+    let mut backoff = Backoff::default();
+    for part in s.split(',') {
+        let bad =
+            || format!("{part:?}: use base_ms=MS, max_ms=MS, factor=F or jitter=J, separated by commas");
+        let (key, value) = part.split_once('=').ok_or_else(bad)?;
+        let value = value.trim();
+        match key.trim() {
+            "base_ms" => backoff.base_ms = Some(value.parse().map_err(|_| bad())?),
+            "max_ms" => backoff.max_ms = Some(value.parse().map_err(|_| bad())?),
+            "factor" => backoff.factor = Some(value.parse().map_err(|_| bad())?),
+            "jitter" => backoff.jitter = Some(value.parse().map_err(|_| bad())?),
+            _ => return Err(bad()),
+        }
+    }
+    backoff.check()?;
+    Ok(OrDefault(Some(backoff)))
+}
+
+fn parse_window(s: &str) -> Result<OrDefault<i64>, String> {
+    let s = s.trim();
+    if s.eq_ignore_ascii_case("default") {
+        return Ok(OrDefault(None));
+    }
+    let ms: i64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of ms, or default"))?;
+    retry::check_retry_window(ms)?;
+    Ok(OrDefault(Some(ms)))
+}
+
+fn parse_dead_letter(s: &str) -> Result<OrNone<QueueName>, String> {
+    if s.trim().eq_ignore_ascii_case("none") {
+        return Ok(OrNone(None));
+    }
+    QueueName::new(s.trim().to_owned())
+        .map(|q| OrNone(Some(q)))
+        .map_err(|e| format!("{s:?} is not a queue name: {e}"))
+}
 
 fn parse_running_limit(s: &str) -> Result<OrNone<i32>, String> {
     let s = s.trim();

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use runlease_client::protocol::admin::{EndpointFigures, ListedJob, RateLimit};
 use runlease_client::protocol::producer::QueueSummary;
 use runlease_client::protocol::schedules::Schedule;
-use runlease_client::protocol::{Job, JobLink, JobState};
+use runlease_client::protocol::{Backoff, Job, JobLink, JobState};
 
 use crate::failure::Failure;
 
@@ -72,6 +72,10 @@ pub fn print_job(job: &Job) {
                 when(a.finished_at),
                 a.error.as_deref().unwrap_or("-")
             );
+            if let Some(reason) = &a.retry_reason {
+                let at = a.retry_at.map(|t| format!(", retry at {}", when(Some(t))));
+                println!("{:<10} {reason}{}", "", at.unwrap_or_default());
+            }
         }
     }
 }
@@ -147,6 +151,21 @@ pub fn print_queue(q: &QueueSummary) {
         ("rate_limit".into(), rate_text(set.rate_limit)),
         ("retention_done".into(), retention_text(set.retention_done_ms)),
         ("retention_failed".into(), retention_text(set.retention_failed_ms)),
+        (
+            "max_attempts".into(),
+            set.max_attempts.map_or("default".into(), |n| n.to_string()),
+        ),
+        ("backoff".into(), backoff_text(set.backoff.as_ref())),
+        (
+            "retry_window".into(),
+            set.retry_window_ms.map_or("none".into(), |ms| format!("{ms} ms")),
+        ),
+        (
+            "dead_letter_queue".into(),
+            set.dead_letter_queue
+                .as_ref()
+                .map_or("none".into(), |q| q.to_string()),
+        ),
         ("endpoint".into(), endpoint_text(q.endpoint.as_ref())),
     ]);
     if let Some(e) = &q.endpoint {
@@ -167,6 +186,19 @@ pub fn print_queue(q: &QueueSummary) {
     for (k, v) in rows {
         println!("{k:<20} {v}");
     }
+}
+
+/// A backoff in words: the fields set, each unset one `default`.
+pub fn backoff_text(b: Option<&Backoff>) -> String {
+    let b = b.copied().unwrap_or_default();
+    let field = |v: Option<String>| v.unwrap_or_else(|| "default".to_owned());
+    format!(
+        "base {}, max {}, factor {}, jitter {}",
+        field(b.base_ms.map(|v| format!("{v} ms"))),
+        field(b.max_ms.map(|v| format!("{v} ms"))),
+        field(b.factor.map(|v| v.to_string())),
+        field(b.jitter.map(|v| v.to_string()))
+    )
 }
 
 /// A queue's endpoint in words: its URL, or that it has none.

@@ -8,7 +8,8 @@ use runlease_client::protocol::admin::{EndpointSecretResponse, SetEndpoint, Upda
 use crate::args::QueuesCommand;
 use crate::failure::Failure;
 use crate::output::{
-    endpoint_text, limit_text, print_json, print_queue, print_queues, rate_text, retention_text, when,
+    backoff_text, endpoint_text, limit_text, print_json, print_queue, print_queues, rate_text,
+    retention_text, when,
 };
 
 /// `queues` and its sub-verbs (`list` when none is given).
@@ -88,6 +89,42 @@ pub async fn run_queues(client: &Client, command: Option<QueuesCommand>, json: b
                     summary.queue,
                     retention_text(set.retention_done_ms),
                     retention_text(set.retention_failed_ms)
+                );
+            }
+        }
+        Some(QueuesCommand::Retry {
+            queue,
+            max_attempts,
+            backoff,
+            retry_window_ms,
+            dead_letter_queue,
+        }) => {
+            let change = UpdateQueueRequest {
+                max_attempts: max_attempts.map(|v| v.0),
+                backoff: backoff.map(|v| v.0),
+                retry_window_ms: retry_window_ms.map(|v| v.0),
+                dead_letter_queue: dead_letter_queue.map(|v| v.0),
+                ..UpdateQueueRequest::default()
+            };
+            if change == UpdateQueueRequest::default() {
+                return Err(Failure::invalid(
+                    "nothing to change: pass --max-attempts, --backoff, --retry-window-ms or --dead-letter-queue",
+                ));
+            }
+            let summary = client.update_queue(&queue, &change).await?;
+            if json {
+                print_json(&summary)?
+            } else {
+                let set = &summary.settings;
+                println!(
+                    "queue {}: max_attempts {}, backoff {}, retry_window {}, dead_letter_queue {}",
+                    summary.queue,
+                    set.max_attempts.map_or("default".into(), |n| n.to_string()),
+                    backoff_text(set.backoff.as_ref()),
+                    set.retry_window_ms.map_or("none".into(), |ms| format!("{ms} ms")),
+                    set.dead_letter_queue
+                        .as_ref()
+                        .map_or("none".into(), |q| q.to_string())
                 );
             }
         }

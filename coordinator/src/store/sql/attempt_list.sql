@@ -8,10 +8,11 @@
 -- $1 uuid[] job ids; $2 bigint most attempts per job.
 -- Index: each lateral scan walks job_attempt_log_pkey (job_id, run_lease)
 -- backwards and reads the job row by jobs_pkey. Locking: none.
-SELECT a.job_id, a.run_lease, a.worker_id, a.claimed_at, a.finished_at, a.outcome, a.error
+SELECT a.job_id, a.run_lease, a.worker_id, a.claimed_at, a.finished_at, a.outcome, a.error,
+       a.retry_at, a.retry_reason
 FROM unnest($1::uuid[]) AS j(id)
 CROSS JOIN LATERAL (
-    SELECT job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error
+    SELECT job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, retry_at, retry_reason
     FROM job_attempts
     WHERE job_id = j.id
     ORDER BY run_lease DESC

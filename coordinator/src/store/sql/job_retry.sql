@@ -1,5 +1,5 @@
 -- Admin retry: failed or cancelled jobs back to queued with a fresh attempt
--- budget. run_lease is untouched: it only grows, at the next claim. Jobs in
+-- budget and a fresh retry window (it counts from the next first attempt). run_lease is untouched: it only grows, at the next claim. Jobs in
 -- other states are untouched (absent from the answer). A failed job whose
 -- final attempt is recorded on its row (final_outcome) has that attempt
 -- written to job_attempt_log first, in this statement, as the finish would
@@ -12,7 +12,7 @@
 -- Locking: the rows in id order (the order every batch statement locks in).
 WITH locked AS MATERIALIZED (
     -- The values before this statement's update: the final attempt's.
-    SELECT id, run_lease, owned_by, claimed_at, finished_at, final_outcome, error, state
+    SELECT id, run_lease, owned_by, claimed_at, finished_at, final_outcome, error, state, retry_reason
     FROM jobs
     WHERE id = ANY($1::uuid[])
     ORDER BY id
@@ -20,15 +20,18 @@ WITH locked AS MATERIALIZED (
 ), retried AS (
     UPDATE jobs j SET
         state = 'queued', attempt = 0, run_at = now(), finished_at = NULL,
-        cancel_requested_at = NULL, result = NULL, final_outcome = NULL, updated_at = now()
+        cancel_requested_at = NULL, result = NULL, final_outcome = NULL, updated_at = now(),
+        first_claimed_at = NULL, retry_reason = NULL
     FROM locked l
     WHERE j.id = l.id AND j.state IN ('failed', 'cancelled')
       AND ($2::text[] IS NULL OR j.state::text = ANY($2::text[]))
     RETURNING j.id, j.queue, j.state, j.created_at, j.finished_at
 ), written_out AS (
-    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after,
+                                 retry_reason)
     SELECT l.id, l.run_lease, l.owned_by, l.claimed_at, l.finished_at, l.final_outcome,
-           CASE WHEN l.final_outcome = 'failed' THEN l.error END, l.state
+           CASE WHEN l.final_outcome = 'failed' THEN l.error END, l.state,
+           CASE WHEN l.final_outcome = 'failed' THEN l.retry_reason END
     FROM locked l
     JOIN retried r ON r.id = l.id
     WHERE l.final_outcome IS NOT NULL

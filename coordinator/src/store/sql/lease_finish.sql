@@ -7,8 +7,10 @@
 -- attempt (queued again, cancelled) is appended to job_attempt_log here.
 --   complete: done (even with a cancel requested), with the result.
 --   fail:     cancelled with a cancel requested; queued again after the delay
---             (the worker's retry_after_ms, or exponential backoff with full
---             jitter) with budget left and retryable; otherwise failed.
+--             (the worker's retry_after_ms, or the job's backoff) when
+--             retryable, with budget left and a start within the job's retry
+--             window (job_retry_at); otherwise failed, and, on a queue with
+--             a dead-letter queue, followed by one job enqueued there.
 --   release:  cancelled with a cancel requested; otherwise queued, claimable
 --             at once (or after its retry_after_ms: an endpoint's
 --             Retry-After), the attempt's charge given back, the worker's
@@ -17,16 +19,21 @@
 -- 'fail', 'release'), $4 jsonb[] results, $5 text[] errors, $6 bool[]
 -- retryable, $7 bigint[] retry_after_ms (a fail's delay, NULL: backoff; a release's, NULL: none), $8 jsonb[] progress
 -- (parallel arrays, one element per item; fields an action does not use are
--- NULL), $9 bigint backoff base ms, $10 bigint backoff cap ms.
+-- NULL), $9 bigint default backoff base ms, $10 bigint default backoff cap
+-- ms (for a job whose policy sets none), $11 int default attempt budget (of
+-- a dead-letter follow-up whose queue sets none).
 -- The store sends the items sorted by (id, run_lease), each pair once (the
 -- first item a request batch holds for it): this statement neither sorts
 -- nor removes repeats. (Were a pair repeated, the row would still be
 -- updated once, by the first.)
 -- Tallies: the store counts each row answered (tally::finished): the
--- job's terminal state, and a retry where a fail queued the job again.
--- Answers one row per item that took effect, with what a finish answer needs;
--- items absent from the answer are stale or already applied.
--- Index: jobs_pkey, one lookup per item.
+-- job's terminal state, and a retry where a fail queued the job again. A
+-- dead-letter follow-up is queued: no tally.
+-- Answers one row per item that took effect, with what a finish answer needs
+-- (and the follow-up it enqueued, if any); items absent from the answer are
+-- stale or already applied.
+-- Index: jobs_pkey, one lookup per item; for a job failed for good,
+-- queue_settings_pkey and jobs_idempotency_key_uniq (its follow-up).
 -- Locking: the update locks each row as it reaches it, in id order (the
 -- items, sorted by id, are joined to jobs_pkey by a nested loop in their
 -- order, one lookup per item; the store runs it under the claim's
@@ -62,7 +69,7 @@
         state = CASE WHEN i.action = 'complete' THEN 'done'::job_state
                      WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'::job_state
                      WHEN i.action = 'release' THEN 'queued'::job_state
-                     WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN 'queued'::job_state
+                     WHEN job_retry_at(j, i.retryable, i.retry_after_ms, $9, $10) IS NOT NULL THEN 'queued'::job_state
                      ELSE 'failed'::job_state END,
         result = CASE WHEN i.action = 'complete' THEN i.result ELSE j.result END,
         error = CASE WHEN i.action = 'fail' THEN i.error ELSE j.error END,
@@ -72,21 +79,22 @@
         run_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'complete' THEN j.run_at
                       WHEN i.action = 'release' THEN
                           now() + coalesce(i.retry_after_ms, 0) * interval '1 millisecond'
-                      WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN
-                          now() + coalesce(i.retry_after_ms,
-                                           floor(random() * least($10::bigint::float8,
-                                                                  $9::bigint * power(2::float8, least(j.attempt - 1, 40))))::bigint)
-                                  * interval '1 millisecond'
-                      ELSE j.run_at END,
+                      ELSE coalesce(job_retry_at(j, i.retryable, i.retry_after_ms, $9, $10), j.run_at) END,
         finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'complete' THEN now()
                            WHEN i.action = 'release' THEN NULL
-                           WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN NULL
+                           WHEN job_retry_at(j, i.retryable, i.retry_after_ms, $9, $10) IS NOT NULL THEN NULL
                            ELSE now() END,
         lease_expires_at = NULL,
         final_outcome = CASE WHEN i.action = 'complete' THEN 'completed'::attempt_outcome
                              WHEN j.cancel_requested_at IS NOT NULL OR i.action = 'release' THEN NULL
-                             WHEN coalesce(i.retryable, false) AND j.attempt < j.max_attempts THEN NULL
+                             WHEN job_retry_at(j, i.retryable, i.retry_after_ms, $9, $10) IS NOT NULL THEN NULL
                              ELSE 'failed'::attempt_outcome END,
+        -- Why a fail was retried or ended the job (the log keeps a
+        -- retry's; the row, the reason of a failure for good).
+        retry_reason = CASE WHEN i.action = 'fail' AND j.cancel_requested_at IS NULL
+                            THEN job_retry_reason(j, i.retryable, i.retry_after_ms, $9, $10) END,
+        -- The retry window counts from the first attempt's start.
+        first_claimed_at = coalesce(j.first_claimed_at, j.claimed_at),
         updated_at = now()
     FROM input i
     -- The guard, inside a CASE: a bare state predicate would let the
@@ -96,16 +104,29 @@
       AND CASE WHEN j.state = 'running' THEN j.run_lease = i.run_lease ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
-              j.traceparent IS NOT NULL AS traced, j.dependents
+              j.traceparent IS NOT NULL AS traced, j.dependents,
+              j.run_at, j.retry_reason, j.attempt,
+              -- A job failed for good: what its follow-up needs (nothing
+              -- is copied for the others), its queue's dead-letter queue (a
+              -- queue_settings_pkey lookup) and the id of its follow-up.
+              CASE WHEN j.state = 'failed' THEN j.payload END AS payload,
+              CASE WHEN j.state = 'failed' THEN j.traceparent END AS traceparent,
+              CASE WHEN j.state = 'failed'
+                   THEN (SELECT s.dead_letter_queue FROM queue_settings s WHERE s.queue = j.queue) END
+                  AS dead_letter_queue,
+              CASE WHEN j.state = 'failed' THEN job_id_v7() END AS dead_letter_id
 ), recorded AS (
-    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
+    INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after,
+                                 retry_at, retry_reason)
     SELECT id, run_lease, owned_by, claimed_at, now(),
            CASE WHEN state = 'cancelled' AND action <> 'complete' THEN 'cancelled'::attempt_outcome
                 WHEN action = 'complete' THEN 'completed'::attempt_outcome
                 WHEN action = 'fail' THEN 'failed'::attempt_outcome
                 ELSE 'released'::attempt_outcome END,
            CASE WHEN action = 'fail' THEN error END,
-           state
+           state,
+           CASE WHEN action = 'fail' AND state = 'queued' THEN run_at END,
+           retry_reason
     FROM finished
     WHERE state NOT IN ('done', 'failed')
 ), raced AS (
@@ -120,10 +141,31 @@
     FROM finished f
     WHERE f.dependents > 0 AND f.state IN ('done', 'failed', 'cancelled')
       AND f.id NOT IN (SELECT id FROM raced)
+), dead_lettered AS (
+    -- A job failed for good on a queue with a dead-letter queue enqueues
+    -- one follow-up there, as an enqueue would (the dead-letter queue's
+    -- policy; $11 the default attempt budget). Its idempotency key names
+    -- the failed lease, which only this statement could end: no second
+    -- follow-up, whatever else ends or repeats.
+    -- (The key is reserved: a job enqueued by hand with it would stand
+    -- in for the follow-up.)
+    INSERT INTO jobs (id, queue, payload, max_attempts, idempotency_key, traceparent,
+                      backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter, retry_window_ms)
+    SELECT f.dead_letter_id, f.dead_letter_queue,
+           jsonb_build_object('job_id', f.id, 'queue', f.queue, 'payload', f.payload,
+                              'error', f.error, 'attempts', f.attempt),
+           coalesce(d.max_attempts, $11::int), 'dead-letter:' || f.id || ':' || f.run_lease, f.traceparent,
+           d.backoff_base_ms, d.backoff_max_ms, d.backoff_factor, d.backoff_jitter, d.retry_window_ms
+    FROM finished f
+    LEFT JOIN queue_settings d ON d.queue = f.dead_letter_queue
+    WHERE f.dead_letter_queue IS NOT NULL
+    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 )
 SELECT f.id, f.run_lease, f.action, f.queue, f.state, f.created_at, f.finished_at, f.traced,
-       f.dependents, f.id IN (SELECT id FROM raced) AS raced
+       f.dependents, f.id IN (SELECT id FROM raced) AS raced,
+       CASE WHEN f.dead_letter_queue IS NOT NULL THEN f.dead_letter_id END AS dead_letter_id, f.dead_letter_queue
 FROM finished f
 UNION ALL
-SELECT id, run_lease, 'dependency', queue, state, created_at, finished_at, traced, dependents, false
+SELECT id, run_lease, 'dependency', queue, state, created_at, finished_at, traced, dependents, false,
+       NULL::uuid, NULL::text
 FROM settled

@@ -1,0 +1,90 @@
+//! Retry policies and dead-letter follow-ups as the store reads them. A
+//! job's policy is fixed when it is enqueued (`job_enqueue.sql` copies its
+//! queue's into each field the job leaves out); the coordinator's defaults
+//! fill what is still unset when a retry is planned (`job_retry_at` in the
+//! schema). Both `jobs` and `queue_settings` name the policy's columns
+//! alike, so one reader serves them.
+
+use runlease_protocol::{Backoff, JobId, QueueName};
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use crate::store::StoreError;
+use crate::store::rows::col;
+
+/// A queue's retry policy: what the jobs enqueued on it without their own
+/// take.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempt budget.
+    pub max_attempts: Option<i32>,
+    /// Backoff (fields left unset: the coordinator's defaults).
+    pub backoff: Backoff,
+    /// No retry starts later than this after the first attempt started.
+    pub retry_window_ms: Option<i64>,
+}
+
+/// Column `name` of `row` when the statement answers it (`None` when it
+/// leaves it out: a listing that names its columns).
+fn optional<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a Row,
+    name: &str,
+) -> Result<Option<T>, StoreError> {
+    match row.columns().iter().position(|c| c.name() == name) {
+        Some(_) => col::<Option<T>>(row, name),
+        None => Ok(None),
+    }
+}
+
+/// The backoff columns of a `jobs` or `queue_settings` row.
+pub fn backoff_from_row(row: &Row) -> Result<Backoff, StoreError> {
+    Ok(Backoff {
+        base_ms: optional(row, "backoff_base_ms")?,
+        max_ms: optional(row, "backoff_max_ms")?,
+        factor: optional(row, "backoff_factor")?,
+        jitter: optional(row, "backoff_jitter")?,
+    })
+}
+
+/// `retry_window_ms` of a `jobs` or `queue_settings` row.
+pub fn window_from_row(row: &Row) -> Result<Option<i64>, StoreError> {
+    optional(row, "retry_window_ms")
+}
+
+impl RetryPolicy {
+    /// The policy columns of a `queue_settings` row.
+    pub fn from_row(row: &Row) -> Result<Self, StoreError> {
+        Ok(Self {
+            max_attempts: optional(row, "max_attempts")?,
+            backoff: backoff_from_row(row)?,
+            retry_window_ms: window_from_row(row)?,
+        })
+    }
+}
+
+/// The follow-up a job failed for good enqueued on its queue's dead-letter
+/// queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The new job.
+    pub id: JobId,
+    /// The dead-letter queue it is on.
+    pub queue: QueueName,
+}
+
+impl DeadLetter {
+    /// The `dead_letter_id` and `dead_letter_queue` columns a finish or a
+    /// reap answers (both NULL: no follow-up).
+    pub fn from_row(row: &Row) -> Result<Option<Self>, StoreError> {
+        let id: Option<Uuid> = optional(row, "dead_letter_id")?;
+        let queue: Option<String> = optional(row, "dead_letter_queue")?;
+        match (id, queue) {
+            (Some(id), Some(queue)) => Ok(Some(Self {
+                id: JobId(id),
+                queue: QueueName::new(queue)
+                    .map_err(|e| StoreError::Database(format!("unexpected queue name: {e}")))?,
+            })),
+            _ => Ok(None),
+        }
+    }
+}
