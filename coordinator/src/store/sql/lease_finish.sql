@@ -122,7 +122,7 @@
       AND f.id NOT IN (SELECT id FROM raced)
 )
 SELECT f.id, f.run_lease, f.action, f.queue, f.state, f.created_at, f.finished_at, f.traced,
-       f.dependents, f.id IN (SELECT id FROM raced) AS raced
+       f.dependents, f.dependents > 0 AND f.id IN (SELECT id FROM raced) AS raced
 FROM finished f
 UNION ALL
 SELECT id, run_lease, 'dependency', queue, state, created_at, finished_at, traced, dependents, false
