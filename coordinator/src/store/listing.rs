@@ -335,13 +335,17 @@ impl Store {
                     BulkAction::Delete => (&sql::JOB_DELETE, Open::Deletes, false),
                 };
                 let tx = Tallied::new(&client);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&ids, &states];
                 let outcome = async {
-                    tx.begin(open).await?;
-                    let rows = match action {
-                        // The jobs, then their attempts, in one transaction.
-                        BulkAction::Delete => delete_jobs(&tx, stmt, &[&ids, &states]).await?,
-                        _ => tx.query(stmt, &[&ids, &states]).await?,
-                    };
+                    // BEGIN and the statement sent together.
+                    let (begun, rows) = tokio::join!(tx.begin(open), async {
+                        match action {
+                            // The jobs, then their attempts, in one transaction.
+                            BulkAction::Delete => delete_jobs(&tx, stmt, &params).await,
+                            _ => tx.query(stmt, &params).await,
+                        }
+                    });
+                    let rows = begun.and(rows)?;
                     let changes = rows
                         .iter()
                         .map(|r| JobChange::from_row(r, with_times))

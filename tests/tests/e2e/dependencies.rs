@@ -422,3 +422,52 @@ async fn a_bulk_cancel_of_blocked_jobs_cascades_and_listing_filters_them() {
         "{cancelled}"
     );
 }
+
+#[tokio::test]
+async fn the_cli_shows_a_jobs_dependencies_and_dependents_and_lists_blocked_jobs() {
+    use runlease_tests::cli::{ok, runlease};
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let ids = ids_of(
+        &batch(
+            &c.api,
+            json!([
+                {"queue": "cli", "payload": 0, "ref": "a"},
+                {"queue": "cli", "payload": 1, "ref": "b", "depends_on": ["a"]},
+                {"queue": "cli", "payload": 2, "ref": "c", "depends_on": ["b"], "on_dependency_failure": "run"},
+            ]),
+        )
+        .await,
+    );
+    let url = c.api.base().to_owned();
+    let shown = ok(&runlease(&url, &["get", &ids[1].to_string()], None).await);
+    let lines: Vec<&str> = shown.lines().collect();
+    let at = |title: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(title))
+            .unwrap_or_else(|| panic!("no {title} in\n{shown}"))
+    };
+    assert!(
+        lines[at("dependencies") + 1].starts_with(&format!("{} ", ids[0])),
+        "{shown}"
+    );
+    assert!(lines[at("dependencies") + 1].ends_with("queued"), "{shown}");
+    assert!(
+        lines[at("dependents") + 1].starts_with(&format!("{} ", ids[2])),
+        "{shown}"
+    );
+    assert!(lines[at("dependents") + 1].ends_with("blocked"), "{shown}");
+    assert!(lines[at("on_dep_failure")].ends_with("cancel"), "{shown}");
+    let listed = ok(&runlease(
+        &url,
+        &["jobs", "list", "--queue", "cli", "--state", "blocked"],
+        None,
+    )
+    .await);
+    let rows: Vec<&str> = listed.lines().filter(|l| l.contains(" blocked ")).collect();
+    assert_eq!(rows.len(), 2, "{listed}");
+    for id in &ids[1..] {
+        assert!(listed.contains(&id.to_string()), "{listed}");
+    }
+}

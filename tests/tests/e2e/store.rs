@@ -184,6 +184,11 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
                             plan.contains("job_dependencies_depends_on_idx"),
                             "{name}:\n{plan}"
                         );
+                        // Dependents are reached from the edges, never by
+                        // a walk over every blocked job.
+                        for index in ["jobs_list_idx", "jobs_blocked_idx"] {
+                            assert!(!plan.contains(index), "{name}:\n{plan}");
+                        }
                         plan[..end].to_owned()
                     }
                     _ => plan,

@@ -36,11 +36,15 @@ WITH RECURSIVE waiting AS (
     FROM ended e
     JOIN job_dependencies d ON d.depends_on_id = e.id
 ), waiters AS MATERIALIZED (
+    -- Reached from the edges, one jobs_pkey lookup each; the state test
+    -- sits in a CASE so that the planner never walks every blocked job
+    -- through an index on the state instead.
     SELECT j.id
-    FROM jobs j
-    WHERE j.id IN (SELECT job_id FROM waiting) AND j.state = 'blocked'
+    FROM (SELECT DISTINCT job_id FROM waiting) w
+    JOIN jobs j ON j.id = w.job_id
+    WHERE CASE WHEN j.state = 'blocked' THEN true ELSE false END
     ORDER BY j.id
-    FOR UPDATE
+    FOR UPDATE OF j
 ), counted AS (
     SELECT w.job_id, count(*)::int AS n,
            (array_agg('dependency ' || w.dependency::text || ' '
@@ -67,7 +71,7 @@ WITH RECURSIVE waiting AS (
         updated_at = now()
     FROM waiters l
     JOIN counted c ON c.job_id = l.id
-    WHERE j.id = l.id AND j.state = 'blocked'
+    WHERE j.id = l.id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at, j.dependents,
               j.traceparent IS NOT NULL AS traced
 )

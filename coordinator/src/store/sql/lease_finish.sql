@@ -162,7 +162,7 @@
     ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 )
 SELECT f.id, f.run_lease, f.action, f.queue, f.state, f.created_at, f.finished_at, f.traced,
-       f.dependents, f.id IN (SELECT id FROM raced) AS raced,
+       f.dependents, f.dependents > 0 AND f.id IN (SELECT id FROM raced) AS raced,
        CASE WHEN f.dead_letter_queue IS NOT NULL THEN f.dead_letter_id END AS dead_letter_id, f.dead_letter_queue
 FROM finished f
 UNION ALL
