@@ -11,13 +11,14 @@
 //! - A read answered directly is timed. When it took longer than
 //!   [`Tuning::slow`] on a jobs table past [`Tuning::big_table`] rows
 //!   (live and dead, as PostgreSQL's statistics count them), that kind of
-//!   read (scrape or page) turns *slow*.
+//!   read (scrape or page) turns *slow*; it turns fast again after ten
+//!   reads in a row that took under half of it, or one that finds the
+//!   table small.
 //! - While a kind is slow, a loop reads its figures every
 //!   [`Tuning::refresh`] (or twenty times as long as one read took, if that
 //!   is longer: a twentieth of one connection at most) and the requests are
 //!   answered the latest of those reads, at most [`Tuning::max_age`] old,
-//!   without a statement of their own. The loop times each read, and the
-//!   kind turns fast again once one is quick (or the table small).
+//!   without a statement of their own. The loop times each read.
 //! - The loop runs only while someone asks: it stops reading a kind nobody
 //!   asked for in [`Tuning::idle`].
 //!
@@ -96,9 +97,16 @@ struct Read {
 struct Slot {
     /// Answered from the loop's reads.
     slow: bool,
+    /// Quick reads in a row while slow.
+    quick: u32,
     last: Option<Read>,
     asked_at: Option<Instant>,
 }
+
+/// Quick reads in a row (under half [`Tuning::slow`]) after which a slow
+/// kind is read for each request again: a table that vacuum has not yet
+/// cleaned reads quickly at times between slow reads.
+const QUICK_IN_A_ROW: u32 = 10;
 
 /// Figures as they were last read, and the loop that reads them while
 /// reads are slow.
@@ -166,9 +174,10 @@ impl QueueFiguresCache {
         let at = Instant::now();
         let figures = self.store.queue_figures(None, kind.detail()).await?;
         let cost = at.elapsed();
-        // Only a slow read asks how big the table is: a fast one is fast
-        // whatever its size.
-        let slow = cost > self.tuning.slow && self.store.jobs_table_rows().await? >= self.tuning.big_table;
+        // Only a read that is not quick asks how big the table is: a quick
+        // one is quick whatever its size.
+        let quick = cost <= self.tuning.slow / 2;
+        let big = !quick && self.store.jobs_table_rows().await? >= self.tuning.big_table;
         let read = Read {
             at,
             cost,
@@ -181,10 +190,20 @@ impl QueueFiguresCache {
             if slot.last.as_ref().is_none_or(|r| r.at <= at) {
                 slot.last = Some(read.clone());
             }
-            let turned = slow && !slot.slow;
-            slot.slow = slow;
-            turned
+            let was = slot.slow;
+            if cost > self.tuning.slow && big {
+                slot.slow = true;
+                slot.quick = 0;
+            } else if !quick && !big {
+                // A small table: read for each request at once.
+                slot.slow = false;
+            } else if quick && slot.slow {
+                slot.quick += 1;
+                slot.slow = slot.quick < QUICK_IN_A_ROW;
+            }
+            slot.slow && !was
         };
+        let slow = self.slots()[kind.index()].slow;
         if turned_slow {
             tracing::debug!(
                 ?kind,
