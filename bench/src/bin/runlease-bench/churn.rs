@@ -8,7 +8,7 @@
 //!    then drained by workers started after (its jobs/s is the drain rate
 //!    of the next phase). Right
 //!    after the last completion, `GET /metrics` and `GET /v1/queues` are
-//!    timed every 100 ms for `--sample-s` (60) seconds: p50/p99/max per 10 s
+//!    timed every 100 ms (from a thread of their own) for `--sample-s` (60) seconds: p50/p99/max per 10 s
 //!    window, and from when on every 10 s window's p99 is within 5 ms.
 //! 2. A steady stream at half the drain rate (one `/v1/jobs/batch` every
 //!    100 ms) for `--sample-s` seconds, the workers draining it, both
@@ -168,6 +168,9 @@ impl Fleet {
 struct Samples {
     metrics: Vec<(f64, f64)>,
     queues: Vec<(f64, f64)>,
+    /// `/v1/queues/{queue}` (once a second), whose figures are always read
+    /// at once: what the other two cost when read for each request.
+    queue: Vec<(f64, f64)>,
 }
 
 async fn timed_get(http: &reqwest::Client, url: &str) -> f64 {
@@ -178,9 +181,28 @@ async fn timed_get(http: &reqwest::Client, url: &str) -> f64 {
     started.elapsed().as_secs_f64() * 1e3
 }
 
-/// Times `/metrics` and `/v1/queues` every [`TICK`] for `seconds`.
-async fn sample(http: &reqwest::Client, base: &str, seconds: u64) -> Samples {
+/// Times `/metrics` and `/v1/queues` every [`TICK`] for `seconds`, from a
+/// thread of its own (its own runtime and connections): the workers' tasks
+/// do not delay the timing.
+async fn sample(base: &str, seconds: u64) -> Samples {
+    let base = base.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let http = reqwest::Client::builder().http1_only().build().unwrap();
+            sample_here(&http, &base, seconds).await
+        })
+    })
+    .await
+    .unwrap()
+}
+
+async fn sample_here(http: &reqwest::Client, base: &str, seconds: u64) -> Samples {
     let (metrics, queues) = (format!("{base}/metrics"), format!("{base}/v1/queues"));
+    let queue = format!("{base}/v1/queues/{QUEUE}");
     let started = Instant::now();
     let mut ticks = tokio::time::interval(TICK);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -190,6 +212,10 @@ async fn sample(http: &reqwest::Client, base: &str, seconds: u64) -> Samples {
         let at = started.elapsed().as_secs_f64();
         s.metrics.push((at, timed_get(http, &metrics).await));
         s.queues.push((at, timed_get(http, &queues).await));
+        // Once a second: read at once, it would load the server it times.
+        if s.metrics.len() % 10 == 1 {
+            s.queue.push((at, timed_get(http, &queue).await));
+        }
     }
     s
 }
@@ -226,8 +252,12 @@ fn settled_at(samples: &[(f64, f64)], seconds: u64) -> Option<usize> {
 
 fn print_samples(what: &str, samples: &Samples, seconds: u64) {
     println!("  {what}: ms p50 / p99 / max per {WINDOW_S} s window");
-    for (name, s) in [("/metrics", &samples.metrics), ("/v1/queues", &samples.queues)] {
-        let mut line = format!("    {name:<11}");
+    for (name, s) in [
+        ("/metrics", &samples.metrics),
+        ("/v1/queues", &samples.queues),
+        ("/v1/queues/churn (read at once)", &samples.queue),
+    ] {
+        let mut line = format!("    {name}\n      ");
         for w in (0..seconds as usize).step_by(WINDOW_S) {
             let mut ms = within(s, w as f64, (w + WINDOW_S) as f64);
             if ms.is_empty() {
@@ -243,8 +273,7 @@ fn print_samples(what: &str, samples: &Samples, seconds: u64) {
         let (p50, p99, max) = stats(&mut all);
         println!("{line}");
         println!(
-            "    {:<11} all: {p50:.2} / {p99:.2} / {max:.1}; p99 ≤ {TARGET_MS} ms in every {WINDOW_S} s window from {}",
-            "",
+            "      all: {p50:.2} / {p99:.2} / {max:.1}; p99 ≤ {TARGET_MS} ms in every {WINDOW_S} s window from {}",
             settled_at(s, seconds).map_or("never".to_owned(), |s| format!("{s} s on"))
         );
     }
@@ -334,7 +363,7 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
         o.jobs,
         vacuum_note(&db).await
     );
-    let after = sample(&http, &base, o.sample_s).await;
+    let after = sample(&base, o.sample_s).await;
     print_samples(
         &format!("the {} s after the burst", o.sample_s),
         &after,
@@ -346,7 +375,7 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
     let fleet = Fleet::start(&base, o.workers);
     let from = fleet.done();
     let producer = tokio::spawn(stream(http.clone(), base.clone(), rate / 2.0, o.sample_s));
-    let during = sample(&http, &base, o.sample_s).await;
+    let during = sample(&base, o.sample_s).await;
     let sent = producer.await?;
     let started = Instant::now();
     let backlog_gone =
