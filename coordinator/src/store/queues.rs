@@ -398,7 +398,7 @@ impl Store {
         self.timed("jobs_table_rows", || async move {
             let client = self.conn().await?;
             let stmt = client.prepare_cached(sql::JOBS_TABLE_ROWS).await?;
-            Ok(col(&client.query_one(&stmt, &[]).await?, "n")?)
+            col(&client.query_one(&stmt, &[]).await?, "n")
         })
         .await
     }
