@@ -44,6 +44,7 @@ pub mod config;
 pub mod cron;
 pub mod dispatch;
 pub mod endpoint;
+pub mod figures;
 pub mod flow;
 pub mod http;
 pub mod limits;

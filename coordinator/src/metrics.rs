@@ -187,6 +187,9 @@ pub struct Metrics {
     pub depth: Capped<DepthLabels, Gauge>,
     /// Age of the oldest due claimable job per queue, seconds.
     pub oldest_queued_age: Capped<QueueLabels, Gauge<f64, AtomicU64>>,
+    /// How old the queue figures of the last scrape were, seconds (0: read
+    /// for it; more while reads are slow and a background read serves them).
+    pub queue_figures_age: Gauge<f64, AtomicU64>,
     /// Claims parked in a long-poll right now.
     pub claim_waiters: Gauge,
     /// Job reads parked in a long-poll right now.
@@ -293,6 +296,7 @@ impl Metrics {
             enqueue_failed_repairs: Capped::new(cap.clone()),
             depth: Capped::new(cap.clone()),
             oldest_queued_age: Capped::new(cap.clone()),
+            queue_figures_age: Gauge::default(),
             claim_waiters: Gauge::default(),
             job_waiters: Gauge::default(),
             request_duration: Family::new_with_constructor(latency_histogram as fn() -> Histogram),

@@ -93,6 +93,9 @@ pub struct Shared {
     pub endpoint_allow: Arc<crate::endpoint::guard::AllowList>,
     /// How long a rotated endpoint secret keeps signing.
     pub endpoint_rotation: Duration,
+    /// Queue figures of `/metrics` and `/v1/queues`, read in the background
+    /// while reading them is slow.
+    pub figures: Arc<crate::figures::QueueFiguresCache>,
 }
 
 impl Shared {
@@ -116,7 +119,13 @@ impl Shared {
             flow,
             metrics,
         } = parts;
+        let figures = Arc::new(crate::figures::QueueFiguresCache::new(
+            store.clone(),
+            crate::figures::Tuning::default(),
+        ));
+        tracker.spawn(figures.clone().run(shutdown.clone()));
         Self {
+            figures,
             claims: ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone()),
             enqueuer: crate::batch::enqueue::enqueuer(parts, settings, tracker, shutdown.clone()),
             finisher: Finisher::finisher(parts, settings, tracker, shutdown.clone()),

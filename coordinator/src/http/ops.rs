@@ -71,16 +71,20 @@ pub async fn readyz(State(state): State<AppState>) -> Result<impl IntoResponse, 
     }
 }
 
-/// `GET /metrics`: Prometheus text. Queue depth and pool use are read now
-/// (live states from indexes over live rows, terminal ones from the tallies).
+/// `GET /metrics`: Prometheus text. Pool use is read now; queue depth too
+/// (live states from indexes over live rows, terminal ones from the
+/// tallies) unless that is slow, when it is the background read's
+/// ([`crate::figures`]).
 pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     let m = &state.metrics;
     let pool = state.store.pool().status();
     m.pool_size.set(pool.size as i64);
     m.pool_available.set(pool.available as i64);
     m.pool_waiting.set(pool.waiting as i64);
-    match state.store.queue_figures(None, false).await {
-        Ok(queues) => {
+    match state.figures.figures(crate::figures::Kind::Scrape).await {
+        Ok(answer) => {
+            m.queue_figures_age.set(answer.age.as_secs_f64());
+            let queues = answer.figures;
             // Queues that are gone (their jobs deleted or pruned) must not
             // keep their last figures.
             m.depth.clear();
@@ -89,7 +93,7 @@ pub async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
             // their depths add up and the oldest age is the oldest of them.
             let mut depth: HashMap<(String, &'static str), i64> = HashMap::new();
             let mut oldest: HashMap<String, i64> = HashMap::new();
-            for q in &queues {
+            for q in queues.iter() {
                 let label = m.queue_cap.label(q.queue.as_str());
                 for (s, n) in &q.counts {
                     *depth.entry((label.to_owned(), s.as_str())).or_default() += *n;
@@ -129,10 +133,15 @@ pub async fn queues(
     caller: Caller,
 ) -> Result<Json<ListQueuesResponse>, ApiError> {
     require(&caller, Action::Read)?;
-    let mut queues = state.store.queue_figures(None, true).await?;
-    queues.retain(|q| caller.may_use_queue(&q.queue));
+    let answer = state.figures.figures(crate::figures::Kind::Page).await?;
     Ok(Json(ListQueuesResponse {
-        queues: queues.into_iter().map(admin::queue_summary).collect(),
+        queues: answer
+            .figures
+            .iter()
+            .filter(|q| caller.may_use_queue(&q.queue))
+            .cloned()
+            .map(admin::queue_summary)
+            .collect(),
     }))
 }
 

@@ -106,6 +106,11 @@ impl Metrics {
             self.oldest_queued_age.clone(),
         );
         registry.register(
+            "queue_figures_age_seconds",
+            "How old the queue figures of the last scrape were (0: read for it)",
+            self.queue_figures_age.clone(),
+        );
+        registry.register(
             "claim_waiters",
             "Claims parked in a long-poll",
             self.claim_waiters.clone(),

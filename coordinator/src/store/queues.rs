@@ -409,6 +409,17 @@ impl Store {
         .await
     }
 
+    /// Row versions of the jobs table, live and dead, as PostgreSQL's
+    /// statistics count them.
+    pub async fn jobs_table_rows(&self) -> Result<i64, StoreError> {
+        self.timed("jobs_table_rows", || async move {
+            let client = self.conn().await?;
+            let stmt = client.prepare_cached(sql::JOBS_TABLE_ROWS).await?;
+            col(&client.query_one(&stmt, &[]).await?, "n")
+        })
+        .await
+    }
+
     /// Settings of every queue that has any.
     pub async fn queue_settings(&self) -> Result<Vec<(QueueName, QueueSettings)>, StoreError> {
         self.timed("queue_settings", || async move {

@@ -102,6 +102,8 @@ pub const QUEUE_LIVE_COUNTS: &str = include_str!("sql/queue_live_counts.sql");
 pub const QUEUE_TALLIES: &str = include_str!("sql/queue_tallies.sql");
 /// Jobs of queues that ended within a recent window.
 pub const QUEUE_THROUGHPUT: &str = include_str!("sql/queue_throughput.sql");
+/// Row versions of the jobs table, live and dead (its statistics).
+pub const JOBS_TABLE_ROWS: &str = include_str!("sql/jobs_table_rows.sql");
 /// Fold the tally deltas.
 pub const JOB_TALLY_FOLD: &str = include_str!("sql/job_tally_fold.sql");
 /// Count the terminal tallies again, if a change made outside the
@@ -187,6 +189,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("queue_live_counts", QUEUE_LIVE_COUNTS),
     ("queue_tallies", QUEUE_TALLIES),
     ("queue_throughput", QUEUE_THROUGHPUT),
+    ("jobs_table_rows", JOBS_TABLE_ROWS),
     ("job_tally_fold", JOB_TALLY_FOLD),
     ("job_tally_recount", JOB_TALLY_RECOUNT),
     ("queue_settings_list", QUEUE_SETTINGS_LIST),

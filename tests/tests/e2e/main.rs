@@ -38,6 +38,7 @@ mod long_poll;
 mod metrics_cardinality;
 mod openapi;
 mod python_worker;
+mod queue_figures;
 mod queue_settings;
 mod reaping;
 mod redis_tls;

@@ -55,6 +55,11 @@
 //! - `history 0,1000000,10000000`: `/metrics` and `/v1/queues` latency and
 //!   the drain rate of `--jobs` fresh jobs as terminal history grows, then
 //!   pruning: its rate over that history, and beside a sustained drain.
+//! - `churn`: `/metrics` and `/v1/queues` latency (p50/p99/max per 10 s)
+//!   for a minute after a burst of `--jobs` (300,000) drained by outside
+//!   workers, and during a steady stream at half its drain rate; then the
+//!   drain rate with the xmin horizon pinned (`--pin-minutes`) against it
+//!   unpinned. See `churn.rs`.
 //! - `sdk`: the worker libraries (TypeScript under Node.js, Python blocking
 //!   and asyncio) against the Rust client: jobs/s of one no-op pull worker
 //!   with `--concurrency` (64) handlers draining `--jobs` preloaded jobs from
@@ -69,6 +74,7 @@
 //! target/release/runlease-bench wake 200
 //! target/release/runlease-bench parked 10000
 //! target/release/runlease-bench history 0,1000000,10000000
+//! target/release/runlease-bench churn --pin-minutes 10
 //! target/release/runlease-bench pg-parts --repeat 5
 //! target/release/runlease-bench sdk --jobs 5000 --repeat 3
 //! target/release/runlease-bench drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
@@ -76,6 +82,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod churn;
 mod drain;
 mod flow;
 mod history;
@@ -135,6 +142,9 @@ enum Command {
     PgParts(PgPartsArgs),
     /// Scrape latency and drain rate as terminal history grows; pruning.
     History(HistoryArgs),
+    /// Scrape latency after a burst and during a steady stream; the drain
+    /// with the xmin horizon pinned.
+    Churn(ChurnArgs),
     /// The TypeScript and Python worker libraries against the Rust client:
     /// jobs/s of a no-op pull worker, and its ratio to the Rust client's.
     Sdk(SdkArgs),
@@ -267,6 +277,28 @@ struct HistoryArgs {
 }
 
 #[derive(Args)]
+struct ChurnArgs {
+    /// Jobs of the burst.
+    #[arg(long, default_value_t = 300_000, value_parser = at_least_one())]
+    jobs: usize,
+    /// Outside HTTP workers.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one())]
+    workers: usize,
+    /// Seconds of sampling after the burst, and of the steady stream.
+    #[arg(long, default_value_t = 60, value_parser = RangedU64ValueParser::<u64>::new().range(10..=3600))]
+    sample_s: u64,
+    /// Jobs per drain with the horizon pinned (and without).
+    #[arg(long, default_value_t = 100_000, value_parser = at_least_one())]
+    pin_jobs: usize,
+    /// Minutes the horizon stays pinned, drains running meanwhile.
+    #[arg(long, default_value_t = 10.0)]
+    pin_minutes: f64,
+    /// The coordinator binary (default: this build's, beside the bench binary).
+    #[arg(long)]
+    binary: Option<PathBuf>,
+}
+
+#[derive(Args)]
 struct SdkArgs {
     /// Preloaded jobs per run.
     #[arg(long, default_value_t = 5_000, value_parser = at_least_one())]
@@ -375,6 +407,19 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
         Command::History(a) => history::report(&a.sizes, a.jobs).await,
+        Command::Churn(a) => {
+            churn::report(churn::Options {
+                jobs: a.jobs,
+                workers: a.workers,
+                sample_s: a.sample_s,
+                pin_jobs: a.pin_jobs,
+                pin_minutes: a.pin_minutes,
+                binary: a
+                    .binary
+                    .unwrap_or_else(runlease_tests::process::coordinator_binary),
+            })
+            .await
+        }
         Command::Sdk(a) => {
             sdk::report(a.jobs, a.concurrency, a.repeat, sdk::Tools::new(a.node, a.python)).await
         }

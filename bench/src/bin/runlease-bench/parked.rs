@@ -21,14 +21,11 @@ fn rss_mib(pid: u32) -> f64 {
 }
 
 async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // A scrape refused while the claims connect counts as none parked yet.
+    let Ok(response) = client.get(format!("{base}/metrics")).send().await else {
+        return 0.0;
+    };
+    let text = response.text().await.unwrap_or_default();
     text.lines()
         .find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok()))
         .unwrap_or(0.0)
@@ -36,11 +33,16 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
 
 pub async fn report(n: usize) -> anyhow::Result<()> {
     let db = TestDb::new().await;
+    // Room for them all: a connection each (and a few more for the
+    // scrapes), and as many parked claims, all of one caller (open mode).
     let process = CoordinatorProcess::start(
         &db,
         &[
             ("RUNLEASE_DATABASE_POOL_SIZE", "20".into()),
             ("RUNLEASE_REDIS_URL", String::new()),
+            ("RUNLEASE_MAX_CONNECTIONS", (n + 256).max(16).to_string()),
+            ("RUNLEASE_MAX_PARKED_CLAIMS", n.max(1).to_string()),
+            ("RUNLEASE_MAX_PARKED_CLAIMS_PER_KEY", n.max(1).to_string()),
         ],
     )
     .await;
@@ -85,7 +87,10 @@ pub async fn report(n: usize) -> anyhow::Result<()> {
     let rss = rss_mib(pid);
     println!("{n} claims parked on one coordinator (pool size 20):");
     println!("  PostgreSQL connections of its database: {connections}");
-    println!("  coordinator resident memory: {rss:.0} MiB (idle before: {idle_rss:.0} MiB)");
+    println!(
+        "  coordinator resident memory: {rss:.0} MiB (idle before: {idle_rss:.0} MiB), {:.1} KiB per parked claim",
+        (rss - idle_rss) * 1024.0 / n.max(1) as f64
+    );
 
     let started = Instant::now();
     for chunk in 0..n.div_ceil(1000) {

@@ -1,0 +1,433 @@
+//! `churn`: what a burst and a steady stream of jobs leave behind, measured
+//! from outside. One coordinator process (this build's release binary, or
+//! `--binary`; Redis off) over a fresh database with autovacuum at the server's
+//! settings; outside HTTP workers (`--workers`, each claiming up to 8 and
+//! finishing them in one `/v1/finish` that carries its next claim).
+//!
+//! 1. A burst: `--jobs` (300,000) enqueued 1,000 per `POST /v1/jobs/batch`,
+//!    then drained by workers started after (its jobs/s is the drain rate
+//!    of the next phase). Right
+//!    after the last completion, `GET /metrics` and `GET /v1/queues` are
+//!    timed every 100 ms (from a thread of their own) for `--sample-s` (60) seconds: p50/p99/max per 10 s
+//!    window, and from when on every 10 s window's p99 is within 5 ms.
+//! 2. A steady stream at half the drain rate (one `/v1/jobs/batch` every
+//!    100 ms) for `--sample-s` seconds, the workers draining it, both
+//!    endpoints timed the same way.
+//! 3. The drain with the xmin horizon held: `--pin-jobs` (100,000) drained
+//!    again and again, first without, then with a `REPEATABLE READ`
+//!    transaction on the same database that took its snapshot before and
+//!    holds it through `--pin-minutes` of drains (at least one); the ratio
+//!    of the two rates (each phase starts after a `VACUUM` of the jobs).
+//!
+//! Autovacuum's runs over the jobs table (`pg_stat_user_tables`) are
+//! printed with each phase: the figures until then are read over the dead
+//! rows the drain left.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use runlease_client::Client;
+use runlease_client::protocol::worker::{
+    ClaimRequest, FinishAction, FinishItem, FinishRequest, FinishStatus,
+};
+use runlease_client::protocol::{QueueName, WorkerId};
+use runlease_tests::{CoordinatorProcess, TestDb};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::history::enqueue;
+use crate::stats::percentile;
+
+const QUEUE: &str = "churn";
+/// Leases a worker claims and finishes at once.
+const CLAIM: u32 = 8;
+/// The latency the figures are held to, ms.
+const TARGET_MS: f64 = 5.0;
+/// Seconds per printed window.
+const WINDOW_S: usize = 10;
+/// Between two samples.
+const TICK: Duration = Duration::from_millis(100);
+
+/// What a churn run is told.
+pub struct Options {
+    /// Jobs of the burst.
+    pub jobs: usize,
+    /// Outside workers.
+    pub workers: usize,
+    /// Seconds of sampling after the burst and of the steady stream.
+    pub sample_s: u64,
+    /// Jobs per drain of the pinned-horizon phase.
+    pub pin_jobs: usize,
+    /// How long the horizon stays pinned (drains run until then).
+    pub pin_minutes: f64,
+    /// The coordinator binary.
+    pub binary: std::path::PathBuf,
+}
+
+/// A worker until `stop`: claim, finish with the next claim riding on the
+/// finish, counting the completions answered ok into `done`.
+async fn worker(client: Client, id: usize, done: Arc<AtomicUsize>, stop: CancellationToken) {
+    let claim = ClaimRequest {
+        queues: vec![QueueName::new(QUEUE).unwrap()],
+        worker_id: WorkerId::new(format!("churn-{id}")).unwrap(),
+        max_jobs: CLAIM,
+        wait_ms: 500,
+        time_left_ms: None,
+    };
+    let ride = ClaimRequest {
+        wait_ms: 0,
+        ..claim.clone()
+    };
+    let mut held = Vec::new();
+    while !stop.is_cancelled() {
+        if held.is_empty() {
+            let answer = tokio::select! {
+                () = stop.cancelled() => return,
+                a = client.claim(&claim) => a,
+            };
+            match answer {
+                Ok(a) => held = a.leases,
+                Err(_) => continue,
+            }
+            continue;
+        }
+        let items = held
+            .iter()
+            .map(|l| FinishItem {
+                lease_token: l.lease_token.clone(),
+                action: FinishAction::Complete,
+                result: Some(Value::Null),
+                error: None,
+                retryable: None,
+                retry_after_ms: None,
+                progress: None,
+            })
+            .collect();
+        let req = FinishRequest {
+            items,
+            claim: Some(ride.clone()),
+        };
+        // A finish is safe to repeat with the same tokens.
+        let Ok(answer) = client.finish(&req).await else {
+            continue;
+        };
+        let ok = answer
+            .items
+            .iter()
+            .filter(|i| i.status == FinishStatus::Ok)
+            .count();
+        done.fetch_add(ok, Ordering::Relaxed);
+        held = answer.leases.unwrap_or_default();
+    }
+}
+
+/// The outside workers, and the completions they have seen.
+struct Fleet {
+    done: Arc<AtomicUsize>,
+    stop: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    fn start(base: &str, workers: usize) -> Self {
+        let client = Client::builder(base)
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let done = Arc::new(AtomicUsize::new(0));
+        let stop = CancellationToken::new();
+        let handles = (0..workers)
+            .map(|w| tokio::spawn(worker(client.clone(), w, done.clone(), stop.clone())))
+            .collect();
+        Self { done, stop, handles }
+    }
+
+    fn done(&self) -> usize {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Waits until `n` completions were answered; the time it took from `since`.
+    async fn until_done(&self, n: usize, since: Instant) -> Duration {
+        while self.done() < n {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        since.elapsed()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        for h in self.handles {
+            let _ = h.await;
+        }
+    }
+}
+
+/// Latencies (ms) of both endpoints, each with its second since the start.
+#[derive(Default)]
+struct Samples {
+    metrics: Vec<(f64, f64)>,
+    queues: Vec<(f64, f64)>,
+    /// `/v1/queues/{queue}` (once a second), whose figures are always read
+    /// at once: what the other two cost when read for each request.
+    queue: Vec<(f64, f64)>,
+}
+
+async fn timed_get(http: &reqwest::Client, url: &str) -> f64 {
+    let started = Instant::now();
+    let response = http.get(url).send().await.unwrap();
+    assert!(response.status().is_success(), "GET {url}: {}", response.status());
+    response.bytes().await.unwrap();
+    started.elapsed().as_secs_f64() * 1e3
+}
+
+/// Times `/metrics` and `/v1/queues` every [`TICK`] for `seconds`, from a
+/// thread of its own (its own runtime and connections): the workers' tasks
+/// do not delay the timing.
+async fn sample(base: &str, seconds: u64) -> Samples {
+    let base = base.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let http = reqwest::Client::builder().http1_only().build().unwrap();
+            sample_here(&http, &base, seconds).await
+        })
+    })
+    .await
+    .unwrap()
+}
+
+async fn sample_here(http: &reqwest::Client, base: &str, seconds: u64) -> Samples {
+    let (metrics, queues) = (format!("{base}/metrics"), format!("{base}/v1/queues"));
+    let queue = format!("{base}/v1/queues/{QUEUE}");
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(TICK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut s = Samples::default();
+    while started.elapsed() < Duration::from_secs(seconds) {
+        ticks.tick().await;
+        let at = started.elapsed().as_secs_f64();
+        s.metrics.push((at, timed_get(http, &metrics).await));
+        s.queues.push((at, timed_get(http, &queues).await));
+        // Once a second: read at once, it would load the server it times.
+        if s.metrics.len() % 10 == 1 {
+            s.queue.push((at, timed_get(http, &queue).await));
+        }
+    }
+    s
+}
+
+fn stats(ms: &mut [f64]) -> (f64, f64, f64) {
+    ms.sort_by(f64::total_cmp);
+    (
+        percentile(ms, 0.5),
+        percentile(ms, 0.99),
+        ms.last().copied().unwrap_or(f64::NAN),
+    )
+}
+
+fn within(samples: &[(f64, f64)], from: f64, to: f64) -> Vec<f64> {
+    samples
+        .iter()
+        .filter(|(at, _)| *at >= from && *at < to)
+        .map(|(_, ms)| *ms)
+        .collect()
+}
+
+/// The first second from which every 10 s window (sliding by a second) has
+/// its p99 within [`TARGET_MS`]; `None`: never over the samples.
+fn settled_at(samples: &[(f64, f64)], seconds: u64) -> Option<usize> {
+    let last_start = (seconds as usize).saturating_sub(WINDOW_S);
+    let ok: Vec<bool> = (0..=last_start)
+        .map(|s| {
+            let mut w = within(samples, s as f64, (s + WINDOW_S) as f64);
+            w.is_empty() || stats(&mut w).1 <= TARGET_MS
+        })
+        .collect();
+    (0..ok.len()).find(|&s| ok[s..].iter().all(|b| *b))
+}
+
+fn print_samples(what: &str, samples: &Samples, seconds: u64) {
+    println!("  {what}: ms p50 / p99 / max per {WINDOW_S} s window");
+    for (name, s) in [
+        ("/metrics", &samples.metrics),
+        ("/v1/queues", &samples.queues),
+        ("/v1/queues/churn (read at once)", &samples.queue),
+    ] {
+        let mut line = format!("    {name}\n      ");
+        for w in (0..seconds as usize).step_by(WINDOW_S) {
+            let mut ms = within(s, w as f64, (w + WINDOW_S) as f64);
+            if ms.is_empty() {
+                continue;
+            }
+            let (p50, p99, max) = stats(&mut ms);
+            line.push_str(&format!(
+                " | {w:>2}-{:<2}s {p50:.1}/{p99:.1}/{max:.1}",
+                w + WINDOW_S
+            ));
+        }
+        let mut all: Vec<f64> = s.iter().map(|(_, ms)| *ms).collect();
+        let (p50, p99, max) = stats(&mut all);
+        println!("{line}");
+        println!(
+            "      all: {p50:.2} / {p99:.2} / {max:.1}; p99 ≤ {TARGET_MS} ms in every {WINDOW_S} s window from {}",
+            settled_at(s, seconds).map_or("never".to_owned(), |s| format!("{s} s on"))
+        );
+    }
+}
+
+/// Autovacuum's runs over the jobs table so far, and its dead rows now.
+async fn vacuum_note(db: &TestDb) -> String {
+    let row = db
+        .client()
+        .await
+        .query_one(
+            "SELECT autovacuum_count, n_dead_tup,
+                    extract(epoch FROM now() - last_autovacuum)::float8
+             FROM pg_stat_user_tables WHERE relname = 'jobs'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (runs, dead, ago): (i64, i64, Option<f64>) = (row.get(0), row.get(1), row.get(2));
+    format!(
+        "autovacuum of jobs: {runs} runs{}, {dead} dead rows now",
+        ago.map_or(String::new(), |a| format!(" (last {a:.0} s ago)"))
+    )
+}
+
+/// Enqueues `n` jobs, then drains them with `workers` fresh workers:
+/// seconds of the enqueue, and jobs/s of the drain alone.
+async fn drain(http: &reqwest::Client, base: &str, workers: usize, n: usize) -> (f64, f64) {
+    let started = Instant::now();
+    enqueue(http, base, QUEUE, n).await;
+    let enqueued = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let fleet = Fleet::start(base, workers);
+    let took = fleet.until_done(n, started).await;
+    fleet.stop().await;
+    (enqueued, n as f64 / took.as_secs_f64())
+}
+
+/// A steady stream of `rate` jobs/s for `seconds`: one batch per [`TICK`].
+async fn stream(http: reqwest::Client, base: String, rate: f64, seconds: u64) -> usize {
+    let per_tick = (rate * TICK.as_secs_f64()).round().max(1.0) as usize;
+    let started = Instant::now();
+    let mut ticks = tokio::time::interval(TICK);
+    let mut sent = 0;
+    while started.elapsed() < Duration::from_secs(seconds) {
+        ticks.tick().await;
+        let jobs: Vec<Value> = (0..per_tick)
+            .map(|i| json!({"queue": QUEUE, "payload": i}))
+            .collect();
+        let r = http
+            .post(format!("{base}/v1/jobs/batch"))
+            .json(&json!({"jobs": jobs}))
+            .send()
+            .await;
+        if r.is_ok_and(|r| r.status().is_success()) {
+            sent += per_tick;
+        }
+    }
+    sent
+}
+
+pub async fn report(o: Options) -> anyhow::Result<()> {
+    let db = TestDb::new().await;
+    let sep = if db.url.contains('?') { '&' } else { '?' };
+    let process = CoordinatorProcess::start_binary(
+        &o.binary,
+        &db,
+        &[
+            ("RUNLEASE_DATABASE_URL", format!("{}{sep}sslmode=disable", db.url)),
+            ("RUNLEASE_REDIS_URL", String::new()),
+            ("RUST_LOG", "warn".into()),
+        ],
+    )
+    .await;
+    let base = process.api.base().to_owned();
+    let http = reqwest::Client::builder().http1_only().build()?;
+    println!(
+        "churn: one coordinator process ({}), {} outside workers (claim {CLAIM}, finish with the next claim)",
+        o.binary.display(),
+        o.workers
+    );
+
+    // 1. The burst: enqueued first (the workers start after), then drained.
+    let (enqueued, rate) = drain(&http, &base, o.workers, o.jobs).await;
+    println!(
+        "1. burst of {} jobs: enqueued in {enqueued:.1} s, drained at {rate:.0} jobs/s; {}",
+        o.jobs,
+        vacuum_note(&db).await
+    );
+    let after = sample(&base, o.sample_s).await;
+    print_samples(
+        &format!("the {} s after the burst", o.sample_s),
+        &after,
+        o.sample_s,
+    );
+    println!("    {}", vacuum_note(&db).await);
+
+    // 2. A stream at half the drain rate.
+    let fleet = Fleet::start(&base, o.workers);
+    let from = fleet.done();
+    let producer = tokio::spawn(stream(http.clone(), base.clone(), rate / 2.0, o.sample_s));
+    let during = sample(&base, o.sample_s).await;
+    let sent = producer.await?;
+    let started = Instant::now();
+    let backlog_gone =
+        tokio::time::timeout(Duration::from_secs(60), fleet.until_done(from + sent, started)).await;
+    println!(
+        "2. stream at {:.0} jobs/s (half the drain) for {} s: {sent} jobs, {}; {}",
+        rate / 2.0,
+        o.sample_s,
+        match backlog_gone {
+            Ok(d) => format!("all done {:.1} s after the stream ended", d.as_secs_f64()),
+            Err(_) => format!("{} not done 60 s after it ended", from + sent - fleet.done()),
+        },
+        vacuum_note(&db).await
+    );
+    print_samples("during the stream", &during, o.sample_s);
+    fleet.stop().await;
+
+    // 3. The drain with the horizon pinned, against it unpinned.
+    let admin = db.client().await;
+    let pin_for = Duration::from_secs_f64(o.pin_minutes * 60.0);
+    admin.batch_execute("VACUUM jobs").await?;
+    let pinned_start = Instant::now();
+    let mut pinned = Vec::new();
+    {
+        let mut pin = db.client().await;
+        let tx = pin
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .start()
+            .await?;
+        // The snapshot is taken by the first statement, and held until the end.
+        tx.query_one("SELECT count(*) FROM jobs", &[]).await?;
+        while pinned.is_empty() || pinned_start.elapsed() < pin_for {
+            pinned.push(drain(&http, &base, o.workers, o.pin_jobs).await.1);
+        }
+        tx.rollback().await?;
+    }
+    let pinned_note = vacuum_note(&db).await;
+    admin.batch_execute("VACUUM jobs").await?;
+    let mut free = Vec::new();
+    for _ in 0..pinned.len() {
+        free.push(drain(&http, &base, o.workers, o.pin_jobs).await.1);
+    }
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+    let list = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+    println!(
+        "3. drains of {} jobs with the xmin horizon pinned for {:.1} min: {} jobs/s; unpinned: {} jobs/s; pinned/unpinned {:.2}× (target ≥ 0.9×); while pinned: {pinned_note}",
+        o.pin_jobs,
+        pinned_start.elapsed().as_secs_f64() / 60.0,
+        list(&pinned),
+        list(&free),
+        mean(&pinned) / mean(&free)
+    );
+    Ok(())
+}
