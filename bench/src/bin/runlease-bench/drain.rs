@@ -189,7 +189,12 @@ pub async fn report(
     // (build, workers) → runs, each with the roofline run just before it.
     let mut runs: Vec<(BuildWorkers, Vec<(Run, f64)>)> = Vec::new();
     let mut rooflines: Vec<Roofline> = Vec::new();
+    // One steady-loop roofline per round, before its drains.
+    let mut steady: Vec<Roofline> = Vec::new();
     for round in 0..rounds {
+        let s = roofline::run_shape(roofline::Shape::Steady, jobs).await?;
+        print_roofline(&s, &format!("round {}: steady ", round + 1));
+        steady.push(s);
         for &w in workers {
             for (b, system) in systems.iter().enumerate() {
                 for &k in coordinators {
@@ -258,6 +263,21 @@ pub async fn report(
         med(&rooflines, |r| r.pg_cpu.1),
         all.join(", ")
     );
+    let all: Vec<String> = steady.iter().map(|r| format!("{:.0}", r.jobs_per_s)).collect();
+    println!(
+        "| PostgreSQL steady roofline (pgbench) | 16 clients | insert 100, claim 100, complete 100 | {:.0} | {:.2} | {:.3} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | – | {} |",
+        med(&steady, |r| r.jobs_per_s),
+        med(&steady, |r| r.jobs_per_s) / med(&rooflines, |r| r.jobs_per_s),
+        med(&steady, |r| r.xacts_per_job),
+        med(&steady, |r| r.buffers_per_job),
+        med(&steady, |r| r.db_wal_per_job.0),
+        med(&steady, |r| r.db_wal_per_job.1),
+        med(&steady, |r| r.wal_per_job.0),
+        med(&steady, |r| r.wal_per_job.1),
+        med(&steady, |r| r.pg_cpu.0),
+        med(&steady, |r| r.pg_cpu.1),
+        all.join(", ")
+    );
     for ((b, w, k), v) in &runs {
         let mode = if v.iter().all(|(r, _)| r.mode == v[0].0.mode) {
             v[0].0.mode
@@ -291,6 +311,7 @@ pub async fn report(
         // graphile-worker has no HTTP requests nor rows to time.
         println!("{}", row.replace("NaN / NaN", "–").replace("NaN", "–"));
     }
+    print_steady(systems, &runs, &steady);
     print_paired(systems, &runs);
     // The first system's median at the most workers, one process: what a
     // push drain is set beside.
@@ -299,6 +320,25 @@ pub async fn report(
         .iter()
         .find(|((b, w, k), _)| *b == 0 && *w == most && *k == 1)
         .map(|(_, v)| med(v, |(r, _)| r.jobs_per_s)))
+}
+
+/// Each drain against the steady roofline of its round (the roofline
+/// without a finite backlog's dead index entries to walk).
+fn print_steady(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)], steady: &[Roofline]) {
+    let steady: Vec<f64> = steady.iter().map(|r| r.jobs_per_s).collect();
+    println!(
+        "\nagainst the steady roofline (pgbench, 16 clients, insert 100, claim 100, guarded complete of 100 in a loop, a table shaped like runlease's), round by round (median, range)\n"
+    );
+    println!("| system | workers | drain jobs/s ÷ steady roofline |");
+    println!("|---|---:|---:|");
+    for ((b, w, k), v) in runs {
+        let this: Vec<f64> = v.iter().map(|(r, _)| r.jobs_per_s).collect();
+        let cell = paired(&steady, &this).map_or_else(
+            || "–".to_owned(),
+            |(m, lo, hi)| format!("{m:.2} ({lo:.2}–{hi:.2})"),
+        );
+        println!("| {} | {w} | {cell} |", label(&systems[*b], *k));
+    }
 }
 
 /// Each build against the first one named, round by round: the drains of a

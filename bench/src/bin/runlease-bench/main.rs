@@ -92,6 +92,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod args;
 mod compare;
 mod drain;
 mod enqueue;
@@ -113,6 +114,8 @@ use std::path::PathBuf;
 
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::args::{CompareArgs, EnqueueArgs, OpenLoopArgs, builds};
 
 /// The coordinator binary's allocator, so the in-process coordinator is
 /// measured as it runs.
@@ -271,111 +274,6 @@ struct DrainArgs {
     /// Seconds of the push latency phase (500 jobs/s offered).
     #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<u64>::new().range(1..=600))]
     push_latency_s: u64,
-}
-
-/// The peer: graphile-worker from `--graphile DIR` (default: the bench's
-/// own `peers/graphile-worker`), unless `--no-graphile`.
-#[derive(Args)]
-struct PeerArgs {
-    /// graphile-worker's directory (`peer.mjs`, `package-lock.json`); `npm
-    /// ci` runs there first if its `node_modules` is missing.
-    #[arg(long, value_name = "DIR")]
-    graphile: Option<PathBuf>,
-    /// Leave graphile-worker out.
-    #[arg(long, conflicts_with = "graphile")]
-    no_graphile: bool,
-}
-
-impl PeerArgs {
-    fn dir(&self) -> Option<PathBuf> {
-        (!self.no_graphile).then(|| self.graphile.clone().unwrap_or_else(graphile::default_dir))
-    }
-}
-
-#[derive(Args)]
-struct CompareArgs {
-    /// `[NAME=]BINARY` of each coordinator build (default: this build's,
-    /// beside the bench binary).
-    #[arg(value_name = "[NAME=]BINARY", value_delimiter = ',')]
-    builds: Vec<String>,
-    #[command(flatten)]
-    peer: PeerArgs,
-    /// Preloaded jobs per drain, one size after another.
-    #[arg(long, value_delimiter = ',', default_value = "20000,100000", value_parser = at_least_one())]
-    jobs: Vec<usize>,
-    /// HTTP worker counts (and graphile-worker concurrencies).
-    #[arg(long, value_delimiter = ',', default_value = "16,256", value_parser = at_least_one())]
-    workers: Vec<usize>,
-    /// Leases each worker claims and finishes at once.
-    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
-    concurrency: usize,
-    /// Interleaved rounds; the table is their medians.
-    #[arg(long, default_value_t = 3, value_parser = at_least_one())]
-    repeat: usize,
-}
-
-#[derive(Args)]
-struct OpenLoopArgs {
-    /// `[NAME=]BINARY` of each coordinator build (default: this build's).
-    #[arg(value_name = "[NAME=]BINARY", value_delimiter = ',')]
-    builds: Vec<String>,
-    #[command(flatten)]
-    peer: PeerArgs,
-    /// Offered rates (jobs/s), one run each.
-    #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000", value_parser = at_least_one())]
-    rates: Vec<usize>,
-    /// Seconds of offer per run.
-    #[arg(long, default_value_t = 60, value_parser = RangedU64ValueParser::<u64>::new().range(1..=3600))]
-    seconds: u64,
-    /// Outside workers (and graphile-worker's concurrent jobs).
-    #[arg(long, default_value_t = 64, value_parser = at_least_one())]
-    workers: usize,
-    /// Leases each worker claims and finishes at once.
-    #[arg(long, default_value_t = 8, value_parser = at_least_one())]
-    concurrency: usize,
-    /// Keep-alive HTTP connections for the enqueues (default: one per 100
-    /// jobs/s offered, at least 8).
-    #[arg(long, value_parser = at_least_one())]
-    connections: Option<usize>,
-    /// graphile-worker's PostgreSQL connections for its addJob calls
-    /// (default 20, the coordinator's default database pool).
-    #[arg(long, default_value_t = 20, value_parser = at_least_one())]
-    graphile_connections: usize,
-    /// Seconds after the last enqueue was due that the jobs have to run.
-    #[arg(long, default_value_t = 30)]
-    grace_s: u64,
-}
-
-#[derive(Args)]
-struct EnqueueArgs {
-    /// `[NAME=]BINARY` of each coordinator build (default: this build's).
-    #[arg(value_name = "[NAME=]BINARY", value_delimiter = ',')]
-    builds: Vec<String>,
-    #[command(flatten)]
-    peer: PeerArgs,
-    /// Jobs per run, 1,000 per request.
-    #[arg(long, default_value_t = 100_000, value_parser = at_least_one())]
-    jobs: usize,
-    /// Interleaved rounds; the table is their medians.
-    #[arg(long, default_value_t = 3, value_parser = at_least_one())]
-    repeat: usize,
-}
-
-/// The builds named (`[NAME=]BINARY`), or this build's coordinator.
-fn builds(specs: &[String]) -> Vec<drain::Build> {
-    let named: Vec<_> = specs
-        .iter()
-        .filter(|b| !b.is_empty())
-        .map(|b| drain::Build::parse(b))
-        .collect();
-    if named.is_empty() {
-        vec![drain::Build {
-            name: "this build".to_owned(),
-            binary: runlease_tests::process::coordinator_binary(),
-        }]
-    } else {
-        named
-    }
 }
 
 #[derive(Args)]
@@ -584,6 +482,31 @@ mod tests {
             panic!("not a throughput run");
         };
         assert_eq!(a.workers, [1, 16, 256, 1024]);
+    }
+
+    #[test]
+    fn the_comparisons_default_to_the_issue_shapes() {
+        let cli = Cli::try_parse_from(["runlease-bench", "compare", "a=x/c,b=y/c"]).unwrap();
+        let Command::Compare(a) = cli.command else {
+            panic!("not a comparison");
+        };
+        assert_eq!(
+            (a.jobs, a.workers, a.repeat),
+            (vec![20_000, 100_000], vec![16, 256], 3)
+        );
+        assert_eq!(builds(&a.builds).len(), 2);
+        assert!(a.peer.dir().is_some_and(|d| d.ends_with("peers/graphile-worker")));
+        let cli = Cli::try_parse_from(["runlease-bench", "open-loop", "--no-graphile"]).unwrap();
+        let Command::OpenLoop(a) = cli.command else {
+            panic!("not an open loop");
+        };
+        assert_eq!((a.rates, a.seconds), (vec![1_000, 5_000, 10_000], 60));
+        assert!(a.peer.dir().is_none());
+        assert_eq!(builds(&a.builds)[0].name, "this build");
+        assert!(
+            Cli::try_parse_from(["runlease-bench", "enqueue", "--graphile", "d", "--no-graphile"]).is_err(),
+            "a peer directory and no peer"
+        );
     }
 
     #[test]
