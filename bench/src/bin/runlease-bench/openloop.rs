@@ -435,3 +435,37 @@ pub async fn report(
 }
 
 const GRAPHILE: &str = "graphile-worker 0.17";
+
+#[cfg(test)]
+mod tests {
+    use super::{Lat, OpenLoop, p99_target};
+
+    #[test]
+    fn latencies_are_summed_up_from_unsorted_samples() {
+        let l = Lat::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!(
+            (l.n, l.p50, l.p99, l.max),
+            (100, Some(51.0), Some(99.0), Some(100.0))
+        );
+        let none = Lat::of(Vec::new());
+        assert_eq!((none.n, none.p50, none.max), (0, None, None));
+    }
+
+    #[test]
+    fn the_peer_reports_in_the_same_shape() {
+        let line = r#"{"offered":600,"acked":598,"failed":2,"send_s":3.0,"ack":{"n":598,"p50":2.2,"p99":9.3,"max":29.0},"start":{"n":598,"p50":3.1,"p99":19.0,"max":33.6},"done":{"n":0,"p50":null,"p99":null,"max":null}}"#;
+        let r: OpenLoop = serde_json::from_str(line).unwrap();
+        assert_eq!(
+            (r.offered, r.acked, r.start.p99, r.done.p50),
+            (600, 598, Some(19.0), None)
+        );
+        assert!((r.acked_share() - 598.0 / 600.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn the_issue_sets_latency_targets_at_two_rates() {
+        assert_eq!(p99_target(1_000), Some(20.0));
+        assert_eq!(p99_target(5_000), Some(50.0));
+        assert_eq!(p99_target(10_000), None);
+    }
+}

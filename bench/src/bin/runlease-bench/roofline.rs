@@ -260,6 +260,22 @@ pub async fn run_shape(shape: Shape, jobs: usize) -> anyhow::Result<Roofline> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Shape, run_shape};
+
+    #[tokio::test]
+    async fn both_rooflines_finish_what_they_take_on() {
+        // Each errs unless (nearly) every row it inserted is done.
+        for shape in [Shape::Finite, Shape::Steady] {
+            let r = run_shape(shape, 3_200).await.unwrap();
+            assert!(
+                r.jobs_per_s.is_finite() && r.jobs_per_s > 0.0,
+                "{shape:?}: {}",
+                r.jobs_per_s
+            );
+            assert!(r.xacts_per_job > 0.0, "{shape:?}: no transactions counted");
+        }
+    }
+
     #[test]
     fn tps_is_read_from_pgbench_report() {
         let report = "transaction type: roofline.sql\nnumber of transactions actually processed: 208/208\nlatency average = 35.2 ms\ninitial connection time = 25.811 ms\ntps = 454.491223 (without initial connection time)\n";
