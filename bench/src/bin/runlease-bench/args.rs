@@ -79,6 +79,9 @@ pub struct OpenLoopArgs {
     /// Seconds after the last enqueue was due that the jobs have to run.
     #[arg(long, default_value_t = 30)]
     pub grace_s: u64,
+    /// Interleaved rounds; every run is printed.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    pub repeat: usize,
 }
 
 #[derive(Args)]

@@ -422,7 +422,15 @@ async fn main() -> anyhow::Result<()> {
                 graphile_connections: a.graphile_connections,
                 grace: std::time::Duration::from_secs(a.grace_s),
             };
-            openloop::report(&builds(&a.builds), dir.as_deref(), &a.rates, a.connections, offer).await
+            openloop::report(
+                &builds(&a.builds),
+                dir.as_deref(),
+                &a.rates,
+                a.connections,
+                a.repeat,
+                offer,
+            )
+            .await
         }
         Command::Enqueue(a) => {
             let dir = a.peer.dir();

@@ -323,73 +323,102 @@ fn lat(l: &Lat) -> String {
     format!("{} / {} / {}", ms(l.p50), ms(l.p99), ms(l.max))
 }
 
-/// Runs every rate for every build and graphile-worker, then prints the
-/// table and the targets.
+/// One run in the report.
+struct Row {
+    round: usize,
+    rate: usize,
+    name: String,
+    /// runlease's enqueue connections, graphile-worker's pool.
+    connections: usize,
+    r: OpenLoop,
+}
+
+/// Runs every rate for every build and graphile-worker, `rounds` times
+/// interleaved, then prints every run and the targets.
 pub async fn report(
     builds: &[Build],
     graphile_dir: Option<&Path>,
     rates: &[usize],
     connections: Option<usize>,
+    rounds: usize,
     offer: Offer,
 ) -> anyhow::Result<()> {
     if let Some(dir) = graphile_dir {
         crate::graphile::ensure_installed(dir).await?;
     }
-    let mut runs: Vec<(usize, String, OpenLoop)> = Vec::new();
-    for &rate in rates {
-        let connections = connections.unwrap_or((rate / 100).max(8));
-        let offer = Offer {
-            rate,
-            connections,
-            ..offer
-        };
-        for b in builds {
-            let r = runlease(b, offer).await?;
-            eprintln!(
-                "  {rate} jobs/s: {}: acked {}/{}, start {}",
-                b.name,
-                r.acked,
-                r.offered,
-                lat(&r.start)
-            );
-            runs.push((rate, b.name.clone(), r));
-        }
-        if let Some(dir) = graphile_dir {
-            let r = graphile(dir, offer).await?;
-            eprintln!(
-                "  {rate} jobs/s: graphile-worker: acked {}/{}, start {}",
-                r.acked,
-                r.offered,
-                lat(&r.start)
-            );
-            runs.push((rate, GRAPHILE.to_owned(), r));
+    let mut runs: Vec<Row> = Vec::new();
+    for round in 1..=rounds {
+        for &rate in rates {
+            let connections = connections.unwrap_or((rate / 100).max(8));
+            let offer = Offer {
+                rate,
+                connections,
+                ..offer
+            };
+            let mut systems: Vec<(String, usize)> =
+                builds.iter().map(|b| (b.name.clone(), connections)).collect();
+            if graphile_dir.is_some() {
+                systems.push((GRAPHILE.to_owned(), offer.graphile_connections));
+            }
+            for (i, (name, connections)) in systems.into_iter().enumerate() {
+                let r = match (builds.get(i), graphile_dir) {
+                    (Some(b), _) => runlease(b, offer).await?,
+                    (None, Some(dir)) => graphile(dir, offer).await?,
+                    (None, None) => unreachable!("graphile-worker is listed only with its directory"),
+                };
+                eprintln!(
+                    "  round {round}, {rate} jobs/s: {name}: acked {}/{}, started {}, start {}",
+                    r.acked,
+                    r.offered,
+                    r.start.n,
+                    lat(&r.start)
+                );
+                runs.push(Row {
+                    round,
+                    rate,
+                    name,
+                    connections,
+                    r,
+                });
+            }
         }
     }
+    print_runs(&runs, rounds, offer);
+    print_targets(&runs);
+    Ok(())
+}
+
+fn peer_of<'a>(runs: &'a [Row], row: &Row) -> Option<&'a OpenLoop> {
+    runs.iter()
+        .find(|p| p.round == row.round && p.rate == row.rate && p.name == GRAPHILE)
+        .map(|p| &p.r)
+}
+
+fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
     println!(
-        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (open loop: late answers do not slow the offer); runlease: POST /v1/jobs over {} keep-alive connections, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over {} PostgreSQL connections, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; a job not started within {} s of the last enqueue counts in no latency\n",
+        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (an open loop: late answers do not slow the offer), {rounds} round(s); runlease: POST /v1/jobs over a keep-alive pool of the connections shown, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over a pool of the PostgreSQL connections shown, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; a job not started within {} s of the last enqueue counts in no latency\n",
         offer.seconds,
-        connections.map_or_else(
-            || "one per 100 jobs/s offered (at least 8)".to_owned(),
-            |c| c.to_string()
-        ),
         offer.workers,
         offer.concurrency,
-        offer.graphile_connections,
         offer.workers,
         offer.grace.as_secs()
     );
     println!(
-        "| offered jobs/s | system | acknowledged | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's |"
+        "| offered jobs/s | round | system | enqueue connections | acknowledged | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's |"
     );
-    println!("|---:|---|---:|---:|---:|---:|---:|---:|");
-    for (rate, name, r) in &runs {
-        let peer = runs.iter().find(|(q, n, _)| q == rate && n == GRAPHILE);
-        let ratio = match (peer.and_then(|(_, _, p)| p.start.p99), r.start.p99) {
-            (Some(p), Some(t)) if name != GRAPHILE && p > 0.0 => format!("{:.2}", t / p),
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    for row in runs {
+        let r = &row.r;
+        let ratio = match (peer_of(runs, row).and_then(|p| p.start.p99), r.start.p99) {
+            (Some(p), Some(t)) if row.name != GRAPHILE && p > 0.0 => format!("{:.2}", t / p),
             _ => "–".to_owned(),
         };
         println!(
-            "| {rate} | {name} | {:.2}% ({}/{}) | {} | {} | {} | {} | {ratio} |",
+            "| {} | {} | {} | {} | {:.2}% ({}/{}) | {} | {} | {} | {} | {ratio} |",
+            row.rate,
+            row.round,
+            row.name,
+            row.connections,
             r.acked_share() * 100.0,
             r.acked,
             r.offered,
@@ -399,39 +428,41 @@ pub async fn report(
             lat(&r.done)
         );
     }
+}
+
+fn print_targets(runs: &[Row]) {
     println!("\ntargets (issue #40)\n");
-    println!("| offered jobs/s | build | target | reads | met |");
-    println!("|---:|---|---|---:|---|");
-    for (rate, name, r) in runs.iter().filter(|(_, n, _)| n != GRAPHILE) {
-        let yes = |b: bool| if b { "yes" } else { "no" };
-        let all_acked = r.acked == r.offered;
+    println!("| offered jobs/s | round | build | target | reads | met |");
+    println!("|---:|---:|---|---|---:|---|");
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    for row in runs.iter().filter(|row| row.name != GRAPHILE) {
+        let (r, rate, round, name) = (&row.r, row.rate, row.round, &row.name);
         println!(
-            "| {rate} | {name} | every enqueue acknowledged | {:.2}% | {} |",
+            "| {rate} | {round} | {name} | every enqueue acknowledged | {:.2}% | {} |",
             r.acked_share() * 100.0,
-            yes(all_acked)
+            yes(r.acked == r.offered)
         );
         // A p99 over fewer jobs than were offered leaves the unstarted out:
         // it is not met then, whatever it reads.
         let complete = r.start.n >= r.offered;
-        if let Some(t) = p99_target(*rate) {
+        if let Some(t) = p99_target(rate) {
             let met = r.start.p99.is_some_and(|p| p <= t) && complete;
             println!(
-                "| {rate} | {name} | p99 enqueue→start ≤ {t:.0} ms | {} ms | {} |",
+                "| {rate} | {round} | {name} | p99 enqueue→start ≤ {t:.0} ms | {} ms | {} |",
                 ms(r.start.p99),
                 yes(met)
             );
         }
-        if let Some((_, _, p)) = runs.iter().find(|(q, n, _)| q == rate && n == GRAPHILE) {
+        if let Some(p) = peer_of(runs, row) {
             let met = matches!((r.start.p99, p.start.p99), (Some(t), Some(g)) if t <= g) && complete;
             println!(
-                "| {rate} | {name} | p99 enqueue→start ≤ graphile-worker's ({} ms) | {} ms | {} |",
+                "| {rate} | {round} | {name} | p99 enqueue→start ≤ graphile-worker's ({} ms) | {} ms | {} |",
                 ms(p.start.p99),
                 ms(r.start.p99),
                 yes(met)
             );
         }
     }
-    Ok(())
 }
 
 const GRAPHILE: &str = "graphile-worker 0.17";
