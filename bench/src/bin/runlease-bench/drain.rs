@@ -95,8 +95,8 @@ impl Build {
 pub enum System {
     /// A coordinator build, driven over HTTP.
     Coordinator(Build),
-    /// graphile-worker from `tests/peers/graphile-worker` (a directory with
-    /// `drain.mjs` and its `node_modules`).
+    /// graphile-worker from its peer directory (`bench/peers/graphile-worker`:
+    /// `peer.mjs` and its `node_modules`).
     Graphile(PathBuf),
 }
 
