@@ -171,6 +171,7 @@ pub async fn report(
     coordinators: &[usize],
 ) -> anyhow::Result<Option<f64>> {
     let concurrency = u32::try_from(concurrency)?;
+    let durability = roofline::durability().await?;
     for s in systems {
         match s {
             System::Coordinator(b) => anyhow::ensure!(
@@ -240,7 +241,8 @@ pub async fn report(
         "runlease-bench --drain: {jobs} preloaded jobs per run, drained by outside HTTP workers claiming up to {concurrency} and completing them in one /v1/finish; each coordinator build its own process on a fresh database, default settings; medians of {rounds} interleaved rounds, a roofline run before every drain"
     );
     println!(
-        "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table"
+        "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table; steady roofline (once a round): pgbench, 16 clients, insert 100, claim 100, guarded complete of 100 in a loop from an empty table shaped like runlease's, until as many rows are done; {}",
+        durability
     );
     println!(
         "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG buffers: shared buffers the run's database's backends touched (blks_hit + blks_read), the same whatever the machine's speed; PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
