@@ -168,9 +168,11 @@ async function openLoop(url, rate, seconds, concurrency, connections, graceS) {
     await new Promise((resolve) => setTimeout(resolve, 1));
   }
   const sendS = (now() - t0) / 1000;
-  await Promise.all(pending);
-  await utils.release();
   const deadline = t0 + seconds * 1000 + graceS * 1000;
+  // An addJob still unanswered at the deadline counts as not acknowledged.
+  const late = new Promise((resolve) => setTimeout(resolve, Math.max(0, deadline - now())));
+  await Promise.race([Promise.all(pending), late]);
+  const answered = { acked, failed };
   // Ask for the report once the last enqueue's job had time to run.
   while (now() < deadline) {
     const count = await countLeft(url);
@@ -179,7 +181,9 @@ async function openLoop(url, rate, seconds, concurrency, connections, graceS) {
   }
   child.send({ report: true });
   const report = await next();
-  console.log(JSON.stringify({ offered: total, acked, failed, send_s: sendS, ack: summary(acks), ...report }));
+  console.log(
+    JSON.stringify({ offered: total, ...answered, send_s: sendS, ack: summary(acks.slice(0, answered.acked)), ...report }),
+  );
 }
 
 // Jobs not yet completed (graphile-worker deletes a job once it completes).

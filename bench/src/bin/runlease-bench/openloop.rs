@@ -24,7 +24,8 @@
 //!
 //! Both report once every acknowledged job is done, or `grace` after the
 //! last enqueue was due; a job not started by then counts in neither
-//! latency and shows as fewer started than acknowledged.
+//! latency and shows as fewer started than acknowledged, and an enqueue
+//! not answered by then counts as not acknowledged.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -255,14 +256,16 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
             ok.then(|| ms_since(t0) - due_ms)
         }));
     }
+    // An enqueue still unanswered at the deadline counts as not acknowledged.
+    let deadline = start + Duration::from_secs(offer.seconds) + offer.grace;
     let mut acks = Vec::with_capacity(total);
-    for s in sends {
-        if let Some(ms) = s.await? {
-            acks.push(ms);
+    for mut s in sends {
+        match tokio::time::timeout_at(deadline.into(), &mut s).await {
+            Ok(answer) => acks.extend(answer?),
+            Err(_) => s.abort(),
         }
     }
     let acked = acks.len();
-    let deadline = start + Duration::from_secs(offer.seconds) + offer.grace;
     while tally.done.load(Ordering::Relaxed) < acked {
         let wait = tally.changed.notified();
         if tokio::time::timeout_at(deadline.into(), wait).await.is_err() {
