@@ -70,6 +70,10 @@ pub struct OpenLoop {
     pub offered: usize,
     /// Enqueues answered 2xx (added, for graphile-worker).
     pub acked: usize,
+    /// Enqueues answered with an error (a non-2xx status, a refused or
+    /// broken connection, a rejected `addJob`) before the deadline.
+    #[serde(default)]
+    pub failed: usize,
     /// enqueue→acknowledged.
     pub ack: Lat,
     pub start: Lat,
@@ -253,15 +257,19 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
             let body = json!({"queue": QUEUE, "payload": {"t": due_ms}});
             let answer = http.post(&*url).json(&body).send().await;
             let ok = answer.is_ok_and(|a| a.status().is_success());
-            ok.then(|| ms_since(t0) - due_ms)
+            if ok { Ok(ms_since(t0) - due_ms) } else { Err(()) }
         }));
     }
     // An enqueue still unanswered at the deadline counts as not acknowledged.
     let deadline = start + Duration::from_secs(offer.seconds) + offer.grace;
     let mut acks = Vec::with_capacity(total);
+    let mut failed = 0;
     for mut s in sends {
         match tokio::time::timeout_at(deadline.into(), &mut s).await {
-            Ok(answer) => acks.extend(answer?),
+            Ok(answer) => match answer? {
+                Ok(ms) => acks.push(ms),
+                Err(()) => failed += 1,
+            },
             Err(_) => s.abort(),
         }
     }
@@ -289,6 +297,7 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     Ok(OpenLoop {
         offered: total,
         acked,
+        failed,
         ack: Lat::of(acks),
         start: Lat::of(starts),
         done: Lat::of(dones),
@@ -399,7 +408,7 @@ fn peer_of<'a>(runs: &'a [Row], row: &Row) -> Option<&'a OpenLoop> {
 
 fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
     println!(
-        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (an open loop: late answers do not slow the offer), {rounds} round(s); runlease: POST /v1/jobs over a keep-alive pool of the connections shown, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over a pool of the PostgreSQL connections shown, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; a job not started within {} s of the last enqueue counts in no latency\n",
+        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (an open loop: late answers do not slow the offer), {rounds} round(s); runlease: POST /v1/jobs over a keep-alive pool of the connections shown, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over a pool of the PostgreSQL connections shown, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; failed: answered with an error (the rest of those not acknowledged were unanswered at the deadline); a job not started within {} s of the last enqueue counts in no latency\n",
         offer.seconds,
         offer.workers,
         offer.concurrency,
@@ -407,9 +416,9 @@ fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
         offer.grace.as_secs()
     );
     println!(
-        "| offered jobs/s | round | system | enqueue connections | acknowledged | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's |"
+        "| offered jobs/s | round | system | enqueue connections | acknowledged | failed | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in runs {
         let r = &row.r;
         let ratio = match (peer_of(runs, row).and_then(|p| p.start.p99), r.start.p99) {
@@ -417,7 +426,7 @@ fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
             _ => "–".to_owned(),
         };
         println!(
-            "| {} | {} | {} | {} | {:.2}% ({}/{}) | {} | {} | {} | {} | {ratio} |",
+            "| {} | {} | {} | {} | {:.2}% ({}/{}) | {} | {} | {} | {} | {} | {ratio} |",
             row.rate,
             row.round,
             row.name,
@@ -425,6 +434,7 @@ fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
             r.acked_share() * 100.0,
             r.acked,
             r.offered,
+            r.failed,
             r.start.n,
             lat(&r.ack),
             lat(&r.start),
