@@ -42,33 +42,28 @@
 //! times (`pg_stat_statements`) are not measured: the module must be in the
 //! server's `shared_preload_libraries`, which takes a restart of the server.
 
+mod lean;
+mod run;
+
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use runlease_tests::{CoordinatorProcess, TestDb, admin};
-use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
-
-use crate::history::enqueue;
 use crate::roofline::{self, Roofline};
-use crate::stats::{
-    BackendCpu, Cpu, backends_gone, counters_settled, database_wal, med, median, ns_us, percentile,
-    postmaster_pid, process_ticks, server_ticks, ticks_us, wal_lsn,
-};
+use crate::stats::{med, median};
+
+pub(crate) use lean::{Progress, rides, worker};
+pub(crate) use run::drain;
 
 /// Which build (its index) ran with how many workers.
 type BuildWorkers = (usize, usize, usize);
 
 /// Queue the drained jobs are on.
-const QUEUE: &str = "bench";
+pub(crate) const QUEUE: &str = "bench";
 /// A long-poll claim's wait when a worker holds nothing.
-const CLAIM_WAIT_MS: u64 = 1_000;
+pub(crate) const CLAIM_WAIT_MS: u64 = 1_000;
 /// How long after the enqueue the counters are read: an idle backend
 /// publishes its counters within ten seconds.
-const SETTLE: Duration = Duration::from_secs(11);
+pub(crate) const SETTLE: Duration = Duration::from_secs(11);
 
 /// A coordinator build to drain with.
 #[derive(Debug, Clone)]
@@ -100,8 +95,8 @@ impl Build {
 pub enum System {
     /// A coordinator build, driven over HTTP.
     Coordinator(Build),
-    /// graphile-worker from `tests/peers/graphile-worker` (a directory with
-    /// `drain.mjs` and its `node_modules`).
+    /// graphile-worker from its peer directory (`bench/peers/graphile-worker`:
+    /// `peer.mjs` and its `node_modules`).
     Graphile(PathBuf),
 }
 
@@ -114,495 +109,29 @@ impl System {
     }
 }
 
-#[derive(Serialize)]
-struct ClaimBody<'a> {
-    queues: [&'a str; 1],
-    worker_id: &'a str,
-    max_jobs: u32,
-    wait_ms: u64,
-}
-
-#[derive(Serialize)]
-struct FinishItemBody {
-    lease_token: String,
-    action: &'static str,
-}
-
-#[derive(Serialize)]
-struct FinishBody<'a> {
-    items: Vec<FinishItemBody>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    claim: Option<&'a ClaimBody<'a>>,
-}
-
-#[derive(Deserialize)]
-struct LeaseAnswer {
-    lease_token: String,
-}
-
-#[derive(Deserialize)]
-struct ClaimAnswer {
-    leases: Vec<LeaseAnswer>,
-}
-
-#[derive(Deserialize)]
-struct FinishItemAnswer {
-    status: String,
-}
-
-#[derive(Deserialize)]
-struct FinishAnswer {
-    items: Vec<FinishItemAnswer>,
-    #[serde(default)]
-    leases: Option<Vec<LeaseAnswer>>,
-}
-
-/// What the workers share: completions seen, requests sent, and when the
-/// last completion was answered.
-struct Progress {
-    target: usize,
-    ok: AtomicUsize,
-    requests: AtomicU64,
-    done_at: OnceLock<Instant>,
-    /// A finish the coordinator refused (4xx): the run cannot end.
-    refused: OnceLock<String>,
-    done: tokio::sync::Notify,
-}
-
-/// Does `base` answer a finish carrying `claim` with `leases`? Found out on
-/// one probe job of its own queue, which ends done either way.
-async fn rides(http: &reqwest::Client, base: &str) -> anyhow::Result<bool> {
-    let queue = "bench-probe";
-    let status = http
-        .post(format!("{base}/v1/jobs"))
-        .json(&json!({"queue": queue, "payload": null}))
-        .send()
-        .await?
-        .status();
-    anyhow::ensure!(status.is_success(), "probe enqueue answered {status}");
-    let claim = json!({"queues": [queue], "worker_id": "bench-probe", "max_jobs": 1, "wait_ms": 5_000});
-    let answer: Value = http
-        .post(format!("{base}/v1/claim"))
-        .json(&claim)
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    let token = answer["leases"][0]["lease_token"].clone();
-    anyhow::ensure!(token.is_string(), "probe claim answered {answer}");
-    let items = json!([{"lease_token": token, "action": "complete"}]);
-    let mut ride = claim.clone();
-    ride["wait_ms"] = json!(0);
-    let response = http
-        .post(format!("{base}/v1/finish"))
-        .json(&json!({"items": items, "claim": ride}))
-        .send()
-        .await?;
-    if response.status().is_success() {
-        let body: Value = response.json().await?;
-        anyhow::ensure!(body["items"][0]["status"] == "ok", "probe finish answered {body}");
-        return Ok(body.get("leases").is_some_and(Value::is_array));
-    }
-    // An older build refuses the unknown field; finish the probe without it.
-    let body: Value = http
-        .post(format!("{base}/v1/finish"))
-        .json(&json!({"items": items}))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
-    anyhow::ensure!(body["items"][0]["status"] == "ok", "probe finish answered {body}");
-    Ok(false)
-}
-
-/// A bare worker until `stop`: claim up to `max_jobs`, complete them in one
-/// finish (with the next claim on it when `ride`). Answers its
-/// claim→complete latencies (ms).
-async fn worker(
-    http: reqwest::Client,
-    base: Arc<str>,
-    id: String,
-    max_jobs: u32,
-    ride: bool,
-    progress: Arc<Progress>,
-    stop: CancellationToken,
-) -> Vec<f64> {
-    let claim = ClaimBody {
-        queues: [QUEUE],
-        worker_id: &id,
-        max_jobs,
-        wait_ms: CLAIM_WAIT_MS,
-    };
-    let ride_claim = ClaimBody { wait_ms: 0, ..claim };
-    let (claim_url, finish_url) = (format!("{base}/v1/claim"), format!("{base}/v1/finish"));
-    let mut held: Vec<String> = Vec::new();
-    let mut claimed_at = Instant::now();
-    let mut latencies = Vec::new();
-    loop {
-        if held.is_empty() {
-            progress.requests.fetch_add(1, Ordering::Relaxed);
-            let sent = http.post(&claim_url).json(&claim).send();
-            let answer = tokio::select! {
-                () = stop.cancelled() => return latencies,
-                r = sent => r,
-            };
-            let Ok(answer) = answer else { continue };
-            let Ok(answer) = answer.json::<ClaimAnswer>().await else {
-                continue;
-            };
-            claimed_at = Instant::now();
-            held = answer.leases.into_iter().map(|l| l.lease_token).collect();
-            if held.is_empty() {
-                continue;
-            }
-        }
-        let body = FinishBody {
-            items: held
-                .iter()
-                .map(|t| FinishItemBody {
-                    lease_token: t.clone(),
-                    action: "complete",
-                })
-                .collect(),
-            claim: ride.then_some(&ride_claim),
-        };
-        progress.requests.fetch_add(1, Ordering::Relaxed);
-        let sent = http.post(&finish_url).json(&body).send();
-        let answer = tokio::select! {
-            () = stop.cancelled() => return latencies,
-            r = sent => r,
-        };
-        // A finish is safe to repeat with the same tokens: go round again.
-        let Ok(answer) = answer else { continue };
-        let status = answer.status();
-        if status.is_client_error() {
-            let body = answer.text().await.unwrap_or_default();
-            let _ = progress
-                .refused
-                .set(format!("a finish answered {status}: {body}"));
-            progress.done.notify_one();
-            return latencies;
-        }
-        if !status.is_success() {
-            continue;
-        }
-        let Ok(answer) = answer.json::<FinishAnswer>().await else {
-            continue;
-        };
-        let now = Instant::now();
-        let ok = answer.items.iter().filter(|i| i.status == "ok").count();
-        let ms = (now - claimed_at).as_secs_f64() * 1e3;
-        latencies.extend(std::iter::repeat_n(ms, ok));
-        if progress.ok.fetch_add(ok, Ordering::Relaxed) + ok >= progress.target {
-            let _ = progress.done_at.set(now);
-            progress.done.notify_one();
-        }
-        held = answer
-            .leases
-            .unwrap_or_default()
-            .into_iter()
-            .map(|l| l.lease_token)
-            .collect();
-        claimed_at = now;
-    }
-}
-
 /// What one drain measured (per job unless said otherwise).
 #[derive(Debug, Clone, Copy)]
-struct Run {
-    jobs_per_s: f64,
-    mode: &'static str,
-    xacts: f64,
+pub(crate) struct Run {
+    pub(crate) jobs_per_s: f64,
+    pub(crate) mode: &'static str,
+    pub(crate) xacts: f64,
     /// Shared buffers PostgreSQL's backends touched (drain).
-    buffers: f64,
+    pub(crate) buffers: f64,
     /// WAL bytes: drain, enqueue + drain.
-    wal: (f64, f64),
+    pub(crate) wal: (f64, f64),
     /// WAL bytes of the run's database alone (pg_waldump): drain, enqueue + drain.
-    db_wal: (f64, f64),
+    pub(crate) db_wal: (f64, f64),
     /// PostgreSQL CPU µs: the database's backends, the whole server.
-    pg_cpu: (f64, f64),
+    pub(crate) pg_cpu: (f64, f64),
     /// PostgreSQL CPU µs of the database's backends over the enqueue
     /// (batches of 1,000 through `/v1/jobs/batch`; NaN: not measured).
-    pg_enqueue_cpu: f64,
-    coordinator_cpu: f64,
-    bench_cpu: f64,
-    requests: f64,
+    pub(crate) pg_enqueue_cpu: f64,
+    pub(crate) coordinator_cpu: f64,
+    pub(crate) bench_cpu: f64,
+    pub(crate) requests: f64,
     /// ms p50, p99.
-    claim_to_complete: (f64, f64),
-    enqueue_to_start: (f64, f64),
-}
-
-/// Drains `jobs` through `coordinators` processes of `build` over one
-/// database, the workers spread over them in turn (worker `w` talks to
-/// coordinator `w % coordinators`; Redis carries the wake-ups between them).
-async fn drain(
-    build: &Build,
-    workers: usize,
-    jobs: usize,
-    concurrency: u32,
-    coordinators: usize,
-) -> anyhow::Result<Run> {
-    let db = TestDb::empty().await;
-    let sep = if db.url.contains('?') { '&' } else { '?' };
-    let env = [("RUNLEASE_DATABASE_URL", format!("{}{sep}sslmode=disable", db.url))];
-    let mut processes = Vec::with_capacity(coordinators);
-    for _ in 0..coordinators.max(1) {
-        processes.push(CoordinatorProcess::start_binary(&build.binary, &db, &env).await);
-    }
-    let pids: Vec<u32> = processes
-        .iter()
-        .map(|p| p.child.id().expect("the coordinator runs"))
-        .collect();
-    let bases: Vec<Arc<str>> = processes.iter().map(|p| p.api.base().into()).collect();
-    let base = bases[0].clone();
-    let ticks = |pids: &[u32]| pids.iter().map(|p| process_ticks(*p).unwrap_or(0)).sum::<u64>();
-    let http = reqwest::Client::builder()
-        .http1_only()
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let ride = rides(&http, &base).await?;
-
-    let admin = admin().await;
-    admin.batch_execute("CHECKPOINT").await?;
-    let wal_start = wal_lsn(&admin).await;
-    let pg_enqueue = BackendCpu::start(&db.name).await;
-    enqueue(&http, &base, QUEUE, jobs).await;
-    let pg_enqueue = pg_enqueue.stop().await;
-    let before = counters_settled(&db.name, SETTLE).await;
-
-    let progress = Arc::new(Progress {
-        target: jobs,
-        ok: AtomicUsize::new(0),
-        requests: AtomicU64::new(0),
-        done_at: OnceLock::new(),
-        refused: OnceLock::new(),
-        done: tokio::sync::Notify::new(),
-    });
-    let stop = CancellationToken::new();
-    let drain_start: chrono::DateTime<chrono::Utc> =
-        admin.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
-    let wal_before = wal_lsn(&admin).await;
-    let postmaster = postmaster_pid().await;
-    let pg_all = server_ticks(postmaster);
-    let pg_own = BackendCpu::start(&db.name).await;
-    let coordinator = ticks(&pids);
-    let bench = Cpu::now();
-    let started = Instant::now();
-    let handles: Vec<_> = (0..workers)
-        .map(|w| {
-            tokio::spawn(worker(
-                http.clone(),
-                bases[w % bases.len()].clone(),
-                format!("bench-{w}"),
-                concurrency,
-                ride,
-                progress.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
-    let waited = tokio::time::timeout(Duration::from_secs(600), async {
-        while progress.done_at.get().is_none() && progress.refused.get().is_none() {
-            progress.done.notified().await;
-        }
-    })
-    .await;
-    if let Some(refused) = progress.refused.get() {
-        anyhow::bail!("{}: {refused}", build.name);
-    }
-    anyhow::ensure!(
-        waited.is_ok(),
-        "{}: {} of {jobs} jobs done after 10 minutes",
-        build.name,
-        progress.ok.load(Ordering::Relaxed)
-    );
-    let done_at = *progress.done_at.get().expect("set before the notification");
-    let requests = progress.requests.load(Ordering::Relaxed);
-    let coordinator = ticks(&pids).saturating_sub(coordinator);
-    let bench = Cpu::now().per_job_since(bench, jobs).0;
-    let pg_own = pg_own.stop().await;
-    let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
-    let wal_after = wal_lsn(&admin).await;
-    let elapsed = done_at - started;
-
-    stop.cancel();
-    let mut claim_to_complete = Vec::with_capacity(jobs);
-    for h in handles {
-        claim_to_complete.extend(h.await?);
-    }
-    let ok = progress.ok.load(Ordering::Relaxed);
-    anyhow::ensure!(
-        ok == jobs,
-        "{}: {ok} completions answered ok for {jobs} jobs",
-        build.name
-    );
-    drop(http);
-    let per_job = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / jobs as f64);
-    let db_wal = (
-        per_job(database_wal(&db.name, wal_before, wal_after).await),
-        per_job(database_wal(&db.name, wal_start, wal_after).await),
-    );
-
-    for process in &processes {
-        process.terminate();
-    }
-    for process in &mut processes {
-        if tokio::time::timeout(Duration::from_secs(20), process.child.wait())
-            .await
-            .is_err()
-        {
-            eprintln!("  {}: no exit 20 s after SIGTERM; killed", build.name);
-            process.child.kill().await?;
-        }
-    }
-    backends_gone(&db.name).await;
-    let after = counters_settled(&db.name, Duration::ZERO).await;
-    // Read the rows only now: the counters above are the drain's alone
-    // (these two scans of the table would add their pages and transactions).
-    let rows = db.client().await;
-    let done: i64 = rows
-        .query_one(
-            "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'done'",
-            &[&QUEUE],
-        )
-        .await?
-        .get(0);
-    anyhow::ensure!(
-        done as usize == jobs,
-        "{}: {done} of {jobs} jobs done",
-        build.name
-    );
-    let mut enqueue_to_start: Vec<f64> = rows
-        .query(
-            "SELECT (extract(epoch FROM claimed_at - greatest(created_at, $2)) * 1000)::float8
-             FROM jobs WHERE queue = $1 AND state = 'done'",
-            &[&QUEUE, &drain_start],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    drop(rows);
-
-    claim_to_complete.sort_by(f64::total_cmp);
-    enqueue_to_start.sort_by(f64::total_cmp);
-    let n = jobs as f64;
-    let xacts = (after.xacts - before.xacts) as f64 / n;
-    Ok(Run {
-        jobs_per_s: n / elapsed.as_secs_f64(),
-        mode: mode_label(ride),
-        xacts,
-        buffers: (after.buffers - before.buffers) as f64 / n,
-        db_wal,
-        wal: (
-            (wal_after - wal_before) as f64 / n,
-            (wal_after - wal_start) as f64 / n,
-        ),
-        pg_cpu: (ns_us(pg_own) / n, ticks_us(pg_all) / n),
-        pg_enqueue_cpu: ns_us(pg_enqueue) / n,
-        coordinator_cpu: ticks_us(coordinator) / n,
-        bench_cpu: bench,
-        requests: requests as f64 / n,
-        claim_to_complete: (
-            percentile(&claim_to_complete, 0.5),
-            percentile(&claim_to_complete, 0.99),
-        ),
-        enqueue_to_start: (
-            percentile(&enqueue_to_start, 0.5),
-            percentile(&enqueue_to_start, 0.99),
-        ),
-    })
-}
-
-/// graphile-worker drained the same way: `drain.mjs` migrates its schema
-/// and enqueues `jobs` no-op jobs, then on a line from us runs one pool of
-/// `workers` concurrent jobs in its batched mode (a local queue fetching
-/// and locking many jobs per query, completions batched) and reports the
-/// drain's milliseconds. It talks to PostgreSQL directly: no HTTP, and the
-/// "coordinator" figures are its Node process. It deletes finished jobs, so
-/// there are no rows to time enqueue→start from.
-async fn graphile(dir: &std::path::Path, workers: usize, jobs: usize) -> anyhow::Result<Run> {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let db = TestDb::empty().await;
-    let sep = if db.url.contains('?') { '&' } else { '?' };
-    let admin = admin().await;
-    admin.batch_execute("CHECKPOINT").await?;
-    let wal_start = wal_lsn(&admin).await;
-    let mut child = tokio::process::Command::new("node")
-        .arg(dir.join("drain.mjs"))
-        .arg(format!("{}{sep}sslmode=disable", db.url))
-        .arg(jobs.to_string())
-        .arg(workers.to_string())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot run node: {e}"))?;
-    let pid = child.id().expect("node runs");
-    let mut stdin = child.stdin.take().expect("piped");
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-    let line = lines.next_line().await?;
-    anyhow::ensure!(
-        line.as_deref() == Some("ready"),
-        "drain.mjs said {line:?}, not ready"
-    );
-    let before = counters_settled(&db.name, SETTLE).await;
-    let wal_before = wal_lsn(&admin).await;
-    let postmaster = postmaster_pid().await;
-    let pg_all = server_ticks(postmaster);
-    let pg_own = BackendCpu::start(&db.name).await;
-    let node = process_ticks(pid).unwrap_or(0);
-    stdin.write_all(b"go\n").await?;
-    stdin.flush().await?;
-    let line = lines.next_line().await?.unwrap_or_default();
-    let node = process_ticks(pid).unwrap_or(0).saturating_sub(node);
-    let pg_own = pg_own.stop().await;
-    let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
-    let wal_after = wal_lsn(&admin).await;
-    let ms: f64 = line
-        .strip_prefix("done ")
-        .and_then(|m| m.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("drain.mjs said {line:?}, not done MS"))?;
-    if tokio::time::timeout(Duration::from_secs(20), child.wait())
-        .await
-        .is_err()
-    {
-        child.kill().await?;
-    }
-    backends_gone(&db.name).await;
-    let after = counters_settled(&db.name, Duration::ZERO).await;
-    let left = db
-        .scalar("SELECT count(*) FROM graphile_worker._private_jobs", &[])
-        .await;
-    anyhow::ensure!(
-        left == 0,
-        "graphile-worker: {left} of {jobs} jobs left after the drain"
-    );
-    let n = jobs as f64;
-    let per_job = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / n);
-    Ok(Run {
-        jobs_per_s: n / (ms / 1e3),
-        mode: "local queue, batched completes",
-        xacts: (after.xacts - before.xacts) as f64 / n,
-        buffers: (after.buffers - before.buffers) as f64 / n,
-        db_wal: (
-            per_job(database_wal(&db.name, wal_before, wal_after).await),
-            per_job(database_wal(&db.name, wal_start, wal_after).await),
-        ),
-        wal: (
-            (wal_after - wal_before) as f64 / n,
-            (wal_after - wal_start) as f64 / n,
-        ),
-        pg_cpu: (ns_us(pg_own) / n, ticks_us(pg_all) / n),
-        pg_enqueue_cpu: f64::NAN,
-        coordinator_cpu: ticks_us(node) / n,
-        bench_cpu: f64::NAN,
-        requests: f64::NAN,
-        claim_to_complete: (f64::NAN, f64::NAN),
-        enqueue_to_start: (f64::NAN, f64::NAN),
-    })
+    pub(crate) claim_to_complete: (f64, f64),
+    pub(crate) enqueue_to_start: (f64, f64),
 }
 
 /// A system's name in the report, with its coordinator count beyond one.
@@ -614,7 +143,7 @@ fn label(system: &System, coordinators: usize) -> String {
     }
 }
 
-fn mode_label(ride: bool) -> &'static str {
+pub(crate) fn mode_label(ride: bool) -> &'static str {
     if ride { "finish+claim" } else { "claim, finish" }
 }
 
@@ -642,6 +171,7 @@ pub async fn report(
     coordinators: &[usize],
 ) -> anyhow::Result<Option<f64>> {
     let concurrency = u32::try_from(concurrency)?;
+    let durability = roofline::durability().await?;
     for s in systems {
         match s {
             System::Coordinator(b) => anyhow::ensure!(
@@ -660,7 +190,12 @@ pub async fn report(
     // (build, workers) → runs, each with the roofline run just before it.
     let mut runs: Vec<(BuildWorkers, Vec<(Run, f64)>)> = Vec::new();
     let mut rooflines: Vec<Roofline> = Vec::new();
+    // One steady-loop roofline per round, before its drains.
+    let mut steady: Vec<Roofline> = Vec::new();
     for round in 0..rounds {
+        let s = roofline::run_shape(roofline::Shape::Steady, jobs).await?;
+        print_roofline(&s, &format!("round {}: steady ", round + 1));
+        steady.push(s);
         for &w in workers {
             for (b, system) in systems.iter().enumerate() {
                 for &k in coordinators {
@@ -671,7 +206,7 @@ pub async fn report(
                     print_roofline(&r, &format!("round {}: ", round + 1));
                     let d = match system {
                         System::Coordinator(build) => drain(build, w, jobs, concurrency, k).await?,
-                        System::Graphile(dir) => graphile(dir, w, jobs).await?,
+                        System::Graphile(dir) => crate::graphile::drain(dir, w, jobs).await?,
                     };
                     eprintln!(
                         "  round {}: {}, {w} workers ({}): {:.0} jobs/s, ×{:.2} roofline, {:.3} xacts/job, {:.1} buffers/job, WAL {:.0}/{:.0} B/job (server {:.0}/{:.0}), PG CPU {:.1}/{:.1} µs/job, coordinator {:.1} µs/job, {:.3} req/job",
@@ -706,7 +241,8 @@ pub async fn report(
         "runlease-bench --drain: {jobs} preloaded jobs per run, drained by outside HTTP workers claiming up to {concurrency} and completing them in one /v1/finish; each coordinator build its own process on a fresh database, default settings; medians of {rounds} interleaved rounds, a roofline run before every drain"
     );
     println!(
-        "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table"
+        "roofline: pgbench, 16 clients, claim 100 with FOR UPDATE SKIP LOCKED then a guarded complete of those 100, over the same number of rows in a plain table; steady roofline (once a round): pgbench, 16 clients, insert 100, claim 100, guarded complete of 100 in a loop from an empty table shaped like runlease's, until as many rows are done; {}",
+        durability
     );
     println!(
         "WAL: over the drain / over enqueue + drain, of the run's database alone (pg_waldump) and of the whole server (pg_current_wal_lsn, other clients included); PG buffers: shared buffers the run's database's backends touched (blks_hit + blks_read), the same whatever the machine's speed; PG CPU: the run's database's backends / the whole server (postmaster and its children); bench CPU: this process (the workers)\n"
@@ -727,6 +263,21 @@ pub async fn report(
         med(&rooflines, |r| r.wal_per_job.1),
         med(&rooflines, |r| r.pg_cpu.0),
         med(&rooflines, |r| r.pg_cpu.1),
+        all.join(", ")
+    );
+    let all: Vec<String> = steady.iter().map(|r| format!("{:.0}", r.jobs_per_s)).collect();
+    println!(
+        "| PostgreSQL steady roofline (pgbench) | 16 clients | insert 100, claim 100, complete 100 | {:.0} | {:.2} | {:.3} | {:.1} | {:.0} / {:.0} | {:.0} / {:.0} | {:.1} | {:.1} | – | – | – | – | – | – | {} |",
+        med(&steady, |r| r.jobs_per_s),
+        med(&steady, |r| r.jobs_per_s) / med(&rooflines, |r| r.jobs_per_s),
+        med(&steady, |r| r.xacts_per_job),
+        med(&steady, |r| r.buffers_per_job),
+        med(&steady, |r| r.db_wal_per_job.0),
+        med(&steady, |r| r.db_wal_per_job.1),
+        med(&steady, |r| r.wal_per_job.0),
+        med(&steady, |r| r.wal_per_job.1),
+        med(&steady, |r| r.pg_cpu.0),
+        med(&steady, |r| r.pg_cpu.1),
         all.join(", ")
     );
     for ((b, w, k), v) in &runs {
@@ -762,6 +313,7 @@ pub async fn report(
         // graphile-worker has no HTTP requests nor rows to time.
         println!("{}", row.replace("NaN / NaN", "–").replace("NaN", "–"));
     }
+    print_steady(systems, &runs, &steady);
     print_paired(systems, &runs);
     // The first system's median at the most workers, one process: what a
     // push drain is set beside.
@@ -770,6 +322,25 @@ pub async fn report(
         .iter()
         .find(|((b, w, k), _)| *b == 0 && *w == most && *k == 1)
         .map(|(_, v)| med(v, |(r, _)| r.jobs_per_s)))
+}
+
+/// Each drain against the steady roofline of its round (the roofline
+/// without a finite backlog's dead index entries to walk).
+fn print_steady(systems: &[System], runs: &[(BuildWorkers, Vec<(Run, f64)>)], steady: &[Roofline]) {
+    let steady: Vec<f64> = steady.iter().map(|r| r.jobs_per_s).collect();
+    println!(
+        "\nagainst the steady roofline (pgbench, 16 clients, insert 100, claim 100, guarded complete of 100 in a loop, a table shaped like runlease's), round by round (median, range)\n"
+    );
+    println!("| system | workers | drain jobs/s ÷ steady roofline |");
+    println!("|---|---:|---:|");
+    for ((b, w, k), v) in runs {
+        let this: Vec<f64> = v.iter().map(|(r, _)| r.jobs_per_s).collect();
+        let cell = paired(&steady, &this).map_or_else(
+            || "–".to_owned(),
+            |(m, lo, hi)| format!("{m:.2} ({lo:.2}–{hi:.2})"),
+        );
+        println!("| {} | {w} | {cell} |", label(&systems[*b], *k));
+    }
 }
 
 /// Each build against the first one named, round by round: the drains of a

@@ -34,8 +34,8 @@
 //!   complete of 100, 16 clients); drain jobs/s, × roofline, PostgreSQL
 //!   transactions, WAL bytes and CPU per job, coordinator CPU, HTTP requests
 //!   per job, claim→complete and enqueue→start p50/p99; medians of
-//!   `--repeat` interleaved rounds. `--graphile tests/peers/graphile-worker`
-//!   (after `npm ci` there) adds graphile-worker 0.17 in its batched mode,
+//!   `--repeat` interleaved rounds. `--graphile bench/peers/graphile-worker`
+//!   (`npm ci` runs there first if needed) adds graphile-worker 0.17 in its batched mode,
 //!   measured the same way. `--coordinators 1,3` runs each build as that
 //!   many processes over one database, the workers spread over them (the
 //!   scale-out figures). `--push` adds a push drain of each build in the
@@ -45,6 +45,19 @@
 //!   transactions per job, and enqueue→request p50/p99 at 500 jobs/s
 //!   offered. See `drain.rs`,
 //!   `push.rs` and `roofline.rs`.
+//! - `compare [[NAME=]BINARY[,...]]`: drains of `--jobs 20000,100000` at
+//!   `--workers 16,256` for each build, graphile-worker 0.17 and both
+//!   pgbench rooflines (the finite backlog of `drain`, and the steady loop:
+//!   insert 100, claim 100, complete 100, 16 clients), as round-by-round
+//!   ratios with the targets (≥ 1.0× graphile-worker at 256 workers, ≥ 0.6×
+//!   the steady roofline at 16). See `compare.rs`.
+//! - `open-loop [[NAME=]BINARY[,...]]`: one `POST /v1/jobs` per job at a
+//!   fixed offered rate (`--rates 1000,5000,10000`, `--seconds 60`) over a
+//!   keep-alive pool, outside workers running them; enqueue→ack, →start and
+//!   →done p50/p99/max and the share acknowledged, and graphile-worker's
+//!   `addJob` at the same rates, with the targets. See `openloop.rs`.
+//! - `enqueue [[NAME=]BINARY[,...]]`: `POST /v1/jobs/batch` of 1,000 against
+//!   graphile-worker's `addJobs` of 1,000 (target ≥ 1.0×). See `enqueue.rs`.
 //! - `pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
 //!   backend's CPU) with the coordinator's claim and finish statements on one
 //!   connection, on the schema as migrated and on variants each without one
@@ -77,15 +90,23 @@
 //! target/release/runlease-bench churn --pin-minutes 10
 //! target/release/runlease-bench pg-parts --repeat 5
 //! target/release/runlease-bench sdk --jobs 5000 --repeat 3
+//! target/release/runlease-bench compare --repeat 3
+//! target/release/runlease-bench open-loop --rates 1000,5000,10000 --seconds 60
+//! target/release/runlease-bench enqueue --repeat 3
 //! target/release/runlease-bench drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod args;
 mod churn;
+mod compare;
 mod drain;
+mod enqueue;
 mod flow;
+mod graphile;
 mod history;
+mod openloop;
 mod parked;
 mod parts;
 mod push;
@@ -100,6 +121,8 @@ use std::path::PathBuf;
 
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::args::{CompareArgs, EnqueueArgs, OpenLoopArgs, builds};
 
 /// The coordinator binary's allocator, so the in-process coordinator is
 /// measured as it runs.
@@ -138,6 +161,15 @@ enum Command {
     /// Coordinator builds (and graphile-worker) draining a preloaded queue,
     /// against the PostgreSQL roofline (pgbench).
     Drain(DrainArgs),
+    /// Drains of 20,000 and 100,000 jobs at 16 and 256 workers: builds,
+    /// graphile-worker and the finite and steady rooflines, as ratios, with
+    /// the targets.
+    Compare(CompareArgs),
+    /// Jobs offered one enqueue at a time at fixed rates: enqueue→start and
+    /// →done latencies and the share acknowledged, beside graphile-worker.
+    OpenLoop(OpenLoopArgs),
+    /// Batch enqueue (1,000 per request) against graphile-worker's addJobs.
+    Enqueue(EnqueueArgs),
     /// PostgreSQL's work per job (pages, WAL, CPU) by part of the schema.
     PgParts(PgPartsArgs),
     /// Scrape latency and drain rate as terminal history grows; pruning.
@@ -225,7 +257,8 @@ struct DrainArgs {
     /// beside the bench binary).
     #[arg(value_name = "[NAME=]BINARY", value_delimiter = ',')]
     builds: Vec<String>,
-    /// Also graphile-worker, from this directory (after `npm ci` there).
+    /// Also graphile-worker, from this directory (`npm ci` runs there first
+    /// if its `node_modules` is missing; the peer is `bench/peers/graphile-worker`).
     #[arg(long, value_name = "DIR")]
     graphile: Option<PathBuf>,
     /// HTTP worker counts, one run each.
@@ -351,19 +384,12 @@ async fn main() -> anyhow::Result<()> {
         Command::Parked { claims } => parked::report(claims).await,
         Command::Flow(a) => flow::report(&a.older, a.jobs, a.repeat).await,
         Command::Drain(a) => {
-            let mut systems: Vec<_> = if a.builds.is_empty() {
-                vec![drain::System::Coordinator(drain::Build {
-                    name: "this build".to_owned(),
-                    binary: runlease_tests::process::coordinator_binary(),
-                })]
-            } else {
-                a.builds
-                    .iter()
-                    .filter(|b| !b.is_empty())
-                    .map(|b| drain::System::Coordinator(drain::Build::parse(b)))
-                    .collect()
-            };
+            let mut systems: Vec<_> = builds(&a.builds)
+                .into_iter()
+                .map(drain::System::Coordinator)
+                .collect();
             if let Some(dir) = a.graphile {
+                graphile::ensure_installed(&dir).await?;
                 systems.push(drain::System::Graphile(dir));
             }
             let pull = drain::report(
@@ -404,6 +430,43 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             Ok(())
+        }
+        Command::Compare(a) => {
+            let dir = a.peer.dir();
+            compare::report(
+                &builds(&a.builds),
+                dir.as_deref(),
+                &a.jobs,
+                &a.workers,
+                a.concurrency,
+                a.repeat,
+            )
+            .await
+        }
+        Command::OpenLoop(a) => {
+            let dir = a.peer.dir();
+            let offer = openloop::Offer {
+                rate: 0,
+                seconds: a.seconds,
+                workers: a.workers,
+                concurrency: u32::try_from(a.concurrency)?,
+                connections: 0,
+                graphile_connections: a.graphile_connections,
+                grace: std::time::Duration::from_secs(a.grace_s),
+            };
+            openloop::report(
+                &builds(&a.builds),
+                dir.as_deref(),
+                &a.rates,
+                a.connections,
+                a.repeat,
+                offer,
+            )
+            .await
+        }
+        Command::Enqueue(a) => {
+            let dir = a.peer.dir();
+            enqueue::report(&builds(&a.builds), dir.as_deref(), a.jobs, a.repeat).await
         }
         Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
         Command::History(a) => history::report(&a.sizes, a.jobs).await,
@@ -472,6 +535,31 @@ mod tests {
             panic!("not a throughput run");
         };
         assert_eq!(a.workers, [1, 16, 256, 1024]);
+    }
+
+    #[test]
+    fn the_comparisons_default_to_the_issue_shapes() {
+        let cli = Cli::try_parse_from(["runlease-bench", "compare", "a=x/c,b=y/c"]).unwrap();
+        let Command::Compare(a) = cli.command else {
+            panic!("not a comparison");
+        };
+        assert_eq!(
+            (a.jobs, a.workers, a.repeat),
+            (vec![20_000, 100_000], vec![16, 256], 3)
+        );
+        assert_eq!(builds(&a.builds).len(), 2);
+        assert!(a.peer.dir().is_some_and(|d| d.ends_with("peers/graphile-worker")));
+        let cli = Cli::try_parse_from(["runlease-bench", "open-loop", "--no-graphile"]).unwrap();
+        let Command::OpenLoop(a) = cli.command else {
+            panic!("not an open loop");
+        };
+        assert_eq!((a.rates, a.seconds), (vec![1_000, 5_000, 10_000], 60));
+        assert!(a.peer.dir().is_none());
+        assert_eq!(builds(&a.builds)[0].name, "this build");
+        assert!(
+            Cli::try_parse_from(["runlease-bench", "enqueue", "--graphile", "d", "--no-graphile"]).is_err(),
+            "a peer directory and no peer"
+        );
     }
 
     #[test]

@@ -24,6 +24,17 @@
 //! guarded complete of those 100 (`state = 'running' AND run_lease = …`),
 //! until every row is done. Jobs/s is the rows over pgbench's own elapsed
 //! time (its transactions over its tps, without connection set-up).
+//!
+//! That finite backlog, drained in id order, walks the index entries of the
+//! rows it has already claimed; the **steady** roofline (`steady`) is the
+//! whole life of a job in a loop instead, with nothing preloaded: each of 16
+//! clients repeats three transactions, insert 100, claim 100 (`FOR UPDATE
+//! SKIP LOCKED`), guarded complete of those 100, until `--jobs` rows are
+//! done, in a table shaped like runlease's own (`STEADY_SCHEMA`: queue,
+//! priority, run_at, attempt budget, lease expiry, ended rows kept; one
+//! partial index on the queued rows by queue, priority, run_at, id). Its
+//! database is set to `synchronous_commit = on`; the server's `fsync` is
+//! read and printed with the figures.
 
 use std::time::Duration;
 
@@ -54,6 +65,45 @@ CREATE TABLE roofline_jobs (
     finished_at timestamptz);
 CREATE INDEX roofline_jobs_queued ON roofline_jobs (id) WHERE state = 'queued';
 ";
+
+const STEADY_SCHEMA: &str = "
+CREATE TABLE roofline_jobs (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    queue text NOT NULL,
+    state text NOT NULL DEFAULT 'queued',
+    payload jsonb NOT NULL,
+    result jsonb,
+    priority integer NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT now(),
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    claimed_at timestamptz,
+    owned_by text,
+    run_lease bigint NOT NULL DEFAULT 0,
+    attempt integer NOT NULL DEFAULT 0,
+    max_attempts integer NOT NULL DEFAULT 3,
+    lease_expires_at timestamptz,
+    finished_at timestamptz)
+WITH (fillfactor = 90);
+CREATE INDEX roofline_jobs_claim ON roofline_jobs (queue, priority, run_at, id) WHERE state = 'queued';
+";
+
+/// The steady loop: insert 100, claim 100, guarded complete of those 100,
+/// each its own transaction.
+const STEADY_SCRIPT: &str = r"INSERT INTO roofline_jobs (queue, payload) SELECT 'bench', to_jsonb(g) FROM generate_series(1, 100) g;
+WITH c AS (SELECT id FROM roofline_jobs WHERE queue = 'bench' AND state = 'queued' AND run_at <= now() ORDER BY priority, run_at, id LIMIT 100 FOR UPDATE SKIP LOCKED), u AS (UPDATE roofline_jobs j SET state = 'running', run_lease = j.run_lease + 1, attempt = j.attempt + 1, owned_by = 'pgbench', claimed_at = now(), lease_expires_at = now() + interval '5 minutes', updated_at = now() FROM c WHERE j.id = c.id RETURNING j.id, j.run_lease) SELECT coalesce(array_agg(id), '{}') AS ids, coalesce(array_agg(run_lease), '{}') AS leases FROM u
+\gset
+UPDATE roofline_jobs j SET state = 'done', result = 'null', lease_expires_at = NULL, finished_at = now(), updated_at = now() FROM unnest(:ids::bigint[], :leases::bigint[]) AS t(id, run_lease) WHERE j.id = t.id AND j.state = 'running' AND j.run_lease = t.run_lease;
+";
+
+/// Which roofline: a preloaded backlog drained, or the steady loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// `--jobs` rows preloaded, then claimed and completed.
+    Finite,
+    /// Insert, claim, complete in a loop from an empty table.
+    Steady,
+}
 
 /// One pgbench transaction pair: the claim answers the claimed ids and
 /// leases as two arrays (`\gset`), which the guarded complete takes.
@@ -90,16 +140,38 @@ fn tps(report: &str) -> Option<f64> {
         .and_then(|t| t.parse().ok())
 }
 
-/// Runs the roofline over `jobs` rows in a database of its own.
+/// Runs the finite roofline over `jobs` rows in a database of its own.
 pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
+    run_shape(Shape::Finite, jobs).await
+}
+
+/// The server's `fsync` and `synchronous_commit` as a new connection sees them.
+pub async fn durability() -> anyhow::Result<String> {
+    let admin = runlease_tests::admin().await;
+    let f: String = admin.query_one("SHOW fsync", &[]).await?.get(0);
+    let s: String = admin.query_one("SHOW synchronous_commit", &[]).await?.get(0);
+    Ok(format!("fsync {f}, synchronous_commit {s}"))
+}
+
+/// Runs a roofline of `shape` until `jobs` rows are done, in a database of
+/// its own.
+pub async fn run_shape(shape: Shape, jobs: usize) -> anyhow::Result<Roofline> {
     let db = TestDb::empty().await;
     let client = db.client().await;
-    client.batch_execute(SCHEMA).await?;
+    let (schema, script) = match shape {
+        Shape::Finite => (SCHEMA, SCRIPT),
+        Shape::Steady => (STEADY_SCHEMA, STEADY_SCRIPT),
+    };
+    client.batch_execute(schema).await?;
+    client
+        .batch_execute(&format!("ALTER DATABASE {} SET synchronous_commit = on", db.name))
+        .await?;
     // The first write of a page after a checkpoint logs the whole page: start
     // every run (roofline and drain alike) right after one.
     client.batch_execute("CHECKPOINT").await?;
     let wal_start = wal_lsn(&client).await;
-    for chunk in 0..jobs.div_ceil(1000) {
+    let preload = if shape == Shape::Finite { jobs } else { 0 };
+    for chunk in 0..preload.div_ceil(1000) {
         let from = (chunk * 1000) as i64;
         let to = ((chunk + 1) * 1000).min(jobs) as i64 - 1;
         client
@@ -116,8 +188,8 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     let admin = runlease_tests::admin().await;
     let wal_before = wal_lsn(&admin).await;
 
-    let script = std::env::temp_dir().join(format!("{}.pgbench.sql", db.name));
-    std::fs::write(&script, SCRIPT)?;
+    let script_file = std::env::temp_dir().join(format!("{}.pgbench.sql", db.name));
+    std::fs::write(&script_file, script)?;
     // Each client claims BATCH rows per transaction pair; the last pairs find
     // fewer (or none) and end the run.
     let per_client = jobs.div_ceil(BATCH * CLIENTS);
@@ -129,7 +201,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
         .args(["-n", "-M", "prepared", "-j", "1"])
         .args(["-c", &CLIENTS.to_string(), "-t", &per_client.to_string()])
         .arg("-f")
-        .arg(&script)
+        .arg(&script_file)
         .arg(format!("{url}{sep}sslmode=disable"))
         .output()
         .await
@@ -137,7 +209,7 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     let own = cpu_own.stop().await;
     let all = server_ticks(postmaster).saturating_sub(cpu_all);
     let wal_after = wal_lsn(&admin).await;
-    let _ = std::fs::remove_file(&script);
+    let _ = std::fs::remove_file(&script_file);
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
@@ -152,8 +224,22 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
     let done = db
         .scalar("SELECT count(*) FROM roofline_jobs WHERE state = 'done'", &[])
         .await;
-    anyhow::ensure!(done as usize == jobs, "roofline: {done} of {jobs} rows done");
-    let n = jobs as f64;
+    let n = match shape {
+        Shape::Finite => {
+            anyhow::ensure!(done as usize == jobs, "roofline: {done} of {jobs} rows done");
+            jobs as f64
+        }
+        Shape::Steady => {
+            let inserted = (per_client * CLIENTS * BATCH) as i64;
+            // A claim finds fewer than 100 only where other clients hold
+            // rows locked: nearly every row inserted is done.
+            anyhow::ensure!(
+                done * 10 >= inserted * 9,
+                "steady roofline: {done} of {inserted} rows done"
+            );
+            done as f64
+        }
+    };
     let per_job = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / n);
     let db_wal_per_job = (
         per_job(database_wal(&db.name, wal_before, wal_after).await),
@@ -174,6 +260,22 @@ pub async fn run(jobs: usize) -> anyhow::Result<Roofline> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Shape, run_shape};
+
+    #[tokio::test]
+    async fn both_rooflines_finish_what_they_take_on() {
+        // Each errs unless (nearly) every row it inserted is done.
+        for shape in [Shape::Finite, Shape::Steady] {
+            let r = run_shape(shape, 3_200).await.unwrap();
+            assert!(
+                r.jobs_per_s.is_finite() && r.jobs_per_s > 0.0,
+                "{shape:?}: {}",
+                r.jobs_per_s
+            );
+            assert!(r.xacts_per_job > 0.0, "{shape:?}: no transactions counted");
+        }
+    }
+
     #[test]
     fn tps_is_read_from_pgbench_report() {
         let report = "transaction type: roofline.sql\nnumber of transactions actually processed: 208/208\nlatency average = 35.2 ms\ninitial connection time = 25.811 ms\ntps = 454.491223 (without initial connection time)\n";

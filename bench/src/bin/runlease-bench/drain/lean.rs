@@ -1,0 +1,208 @@
+//! The outside HTTP workers of a drain: bare protocol loops that claim up
+//! to `--concurrency` leases and complete them all in one `POST /v1/finish`.
+
+use std::sync::Arc;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::{CLAIM_WAIT_MS, QUEUE};
+
+#[derive(Serialize)]
+struct ClaimBody<'a> {
+    queues: [&'a str; 1],
+    worker_id: &'a str,
+    max_jobs: u32,
+    wait_ms: u64,
+}
+
+#[derive(Serialize)]
+struct FinishItemBody {
+    lease_token: String,
+    action: &'static str,
+}
+
+#[derive(Serialize)]
+struct FinishBody<'a> {
+    items: Vec<FinishItemBody>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim: Option<&'a ClaimBody<'a>>,
+}
+
+#[derive(Deserialize)]
+struct LeaseAnswer {
+    lease_token: String,
+}
+
+#[derive(Deserialize)]
+struct ClaimAnswer {
+    leases: Vec<LeaseAnswer>,
+}
+
+#[derive(Deserialize)]
+struct FinishItemAnswer {
+    status: String,
+}
+
+#[derive(Deserialize)]
+struct FinishAnswer {
+    items: Vec<FinishItemAnswer>,
+    #[serde(default)]
+    leases: Option<Vec<LeaseAnswer>>,
+}
+
+/// What the workers share: completions seen, requests sent, and when the
+/// last completion was answered.
+pub(crate) struct Progress {
+    pub(crate) target: usize,
+    pub(crate) ok: AtomicUsize,
+    pub(crate) requests: AtomicU64,
+    pub(crate) done_at: OnceLock<Instant>,
+    /// A finish the coordinator refused (4xx): the run cannot end.
+    pub(crate) refused: OnceLock<String>,
+    pub(crate) done: tokio::sync::Notify,
+}
+
+/// Does `base` answer a finish carrying `claim` with `leases`? Found out on
+/// one probe job of its own queue, which ends done either way.
+pub(crate) async fn rides(http: &reqwest::Client, base: &str) -> anyhow::Result<bool> {
+    let queue = "bench-probe";
+    let status = http
+        .post(format!("{base}/v1/jobs"))
+        .json(&json!({"queue": queue, "payload": null}))
+        .send()
+        .await?
+        .status();
+    anyhow::ensure!(status.is_success(), "probe enqueue answered {status}");
+    let claim = json!({"queues": [queue], "worker_id": "bench-probe", "max_jobs": 1, "wait_ms": 5_000});
+    let answer: Value = http
+        .post(format!("{base}/v1/claim"))
+        .json(&claim)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let token = answer["leases"][0]["lease_token"].clone();
+    anyhow::ensure!(token.is_string(), "probe claim answered {answer}");
+    let items = json!([{"lease_token": token, "action": "complete"}]);
+    let mut ride = claim.clone();
+    ride["wait_ms"] = json!(0);
+    let response = http
+        .post(format!("{base}/v1/finish"))
+        .json(&json!({"items": items, "claim": ride}))
+        .send()
+        .await?;
+    if response.status().is_success() {
+        let body: Value = response.json().await?;
+        anyhow::ensure!(body["items"][0]["status"] == "ok", "probe finish answered {body}");
+        return Ok(body.get("leases").is_some_and(Value::is_array));
+    }
+    // An older build refuses the unknown field; finish the probe without it.
+    let body: Value = http
+        .post(format!("{base}/v1/finish"))
+        .json(&json!({"items": items}))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    anyhow::ensure!(body["items"][0]["status"] == "ok", "probe finish answered {body}");
+    Ok(false)
+}
+
+/// A bare worker until `stop`: claim up to `max_jobs`, complete them in one
+/// finish (with the next claim on it when `ride`). Answers its
+/// claim→complete latencies (ms).
+pub(crate) async fn worker(
+    http: reqwest::Client,
+    base: Arc<str>,
+    id: String,
+    max_jobs: u32,
+    ride: bool,
+    progress: Arc<Progress>,
+    stop: CancellationToken,
+) -> Vec<f64> {
+    let claim = ClaimBody {
+        queues: [QUEUE],
+        worker_id: &id,
+        max_jobs,
+        wait_ms: CLAIM_WAIT_MS,
+    };
+    let ride_claim = ClaimBody { wait_ms: 0, ..claim };
+    let (claim_url, finish_url) = (format!("{base}/v1/claim"), format!("{base}/v1/finish"));
+    let mut held: Vec<String> = Vec::new();
+    let mut claimed_at = Instant::now();
+    let mut latencies = Vec::new();
+    loop {
+        if held.is_empty() {
+            progress.requests.fetch_add(1, Ordering::Relaxed);
+            let sent = http.post(&claim_url).json(&claim).send();
+            let answer = tokio::select! {
+                () = stop.cancelled() => return latencies,
+                r = sent => r,
+            };
+            let Ok(answer) = answer else { continue };
+            let Ok(answer) = answer.json::<ClaimAnswer>().await else {
+                continue;
+            };
+            claimed_at = Instant::now();
+            held = answer.leases.into_iter().map(|l| l.lease_token).collect();
+            if held.is_empty() {
+                continue;
+            }
+        }
+        let body = FinishBody {
+            items: held
+                .iter()
+                .map(|t| FinishItemBody {
+                    lease_token: t.clone(),
+                    action: "complete",
+                })
+                .collect(),
+            claim: ride.then_some(&ride_claim),
+        };
+        progress.requests.fetch_add(1, Ordering::Relaxed);
+        let sent = http.post(&finish_url).json(&body).send();
+        let answer = tokio::select! {
+            () = stop.cancelled() => return latencies,
+            r = sent => r,
+        };
+        // A finish is safe to repeat with the same tokens: go round again.
+        let Ok(answer) = answer else { continue };
+        let status = answer.status();
+        if status.is_client_error() {
+            let body = answer.text().await.unwrap_or_default();
+            let _ = progress
+                .refused
+                .set(format!("a finish answered {status}: {body}"));
+            progress.done.notify_one();
+            return latencies;
+        }
+        if !status.is_success() {
+            continue;
+        }
+        let Ok(answer) = answer.json::<FinishAnswer>().await else {
+            continue;
+        };
+        let now = Instant::now();
+        let ok = answer.items.iter().filter(|i| i.status == "ok").count();
+        let ms = (now - claimed_at).as_secs_f64() * 1e3;
+        latencies.extend(std::iter::repeat_n(ms, ok));
+        if progress.ok.fetch_add(ok, Ordering::Relaxed) + ok >= progress.target {
+            let _ = progress.done_at.set(now);
+            progress.done.notify_one();
+        }
+        held = answer
+            .leases
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| l.lease_token)
+            .collect();
+        claimed_at = now;
+    }
+}
