@@ -5,11 +5,13 @@
 
 import { h } from "./dom.js";
 import * as fmt from "./format.js";
+import { dependencyPanel, retryPolicy } from "./links.js";
 
-export const STATES = ["queued", "running", "done", "failed", "cancelled", "enqueue_failed"];
+export const STATES = ["blocked", "queued", "running", "done", "failed", "cancelled", "enqueue_failed"];
 export const TERMINAL = ["done", "failed", "cancelled"];
 export const RETRYABLE = ["failed", "cancelled"];
 export const STATE_LABEL = {
+  blocked: "Blocked",
   queued: "Queued",
   running: "Running",
   done: "Done",
@@ -19,6 +21,7 @@ export const STATE_LABEL = {
 };
 // Shapes beside the colours, so a state reads without colour too.
 export const STATE_ICON = {
+  blocked: "⧖",
   queued: "◷",
   running: "▶",
   done: "✓",
@@ -34,6 +37,8 @@ export const OUTCOME_LABEL = {
   cancelled: "cancelled",
 };
 export const REFRESH_MS = 3000;
+// Most dependents a job answer lists.
+const MAX_DEPENDENTS_SHOWN = 100;
 export const PAGE_SIZE = 50;
 export const UUID = /^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/i;
 
@@ -296,6 +301,7 @@ export function queueView(data, route, now) {
       fact("Limits", limits(q.settings)),
     ),
     ...endpointFacts(q, now),
+    retryPolicy(q.settings, queueHref),
     h("div", { class: "chips", role: "group", "aria-label": "Filter by state" }, chip("All", [], counted(STATES)), STATES.map((s) => chip(STATE_LABEL[s], [s], q.counts[s]))),
     h(
       "div",
@@ -432,7 +438,7 @@ function timeline(job, now) {
 
 export function jobView(data, now) {
   const j = data.job;
-  const cancellable = ["queued", "enqueue_failed", "running"].includes(j.state) && !j.cancel_requested;
+  const cancellable = ["blocked", "queued", "enqueue_failed", "running"].includes(j.state) && !j.cancel_requested;
   const retryable = RETRYABLE.includes(j.state);
   const total = (j.finished_at ? Date.parse(j.finished_at) : now) - Date.parse(j.created_at);
   const block = (key, title, value, cls) => h("section", { class: "panel" }, h("h2", {}, title), h("pre", { class: cls || null, "data-block": key }, value));
@@ -466,6 +472,7 @@ export function jobView(data, now) {
       j.concurrency_key ? fact("Concurrency key", h("span", { class: "mono" }, j.concurrency_key)) : null,
     ),
     j.error ? block("error", j.state === "failed" ? "Error" : "Last error", j.error, "error") : null,
+    dependencyPanel(j, stateBadge, MAX_DEPENDENTS_SHOWN),
     timeline(j, now),
     h("div", { class: "blocks" }, block("payload", "Payload", fmt.json(j.payload)), block("progress", "Progress", fmt.json(j.progress)), block("result", "Result", fmt.json(j.result))),
   ];

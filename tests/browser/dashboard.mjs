@@ -5,7 +5,7 @@
 //   node dashboard.mjs '<json plan>'
 //
 // The plan names the coordinator (`base`), the scenario (`admin`,
-// `producer`, `open`, `endpoint`), the keys, the figures the page must show and where
+// `producer`, `open`, `endpoint`, `graph`), the keys, the figures the page must show and where
 // screenshots go. The script fails (exit 1, the reason on stderr) when a
 // step's condition is not met in time, when the page logs a console error
 // or throws, when it requests anything not served by the coordinator, or
@@ -433,9 +433,51 @@ async function endpoint(browser) {
   await context.close();
 }
 
+/**
+ * A job's dependency graph: the job page lists the jobs it waits on and the
+ * jobs waiting on it, each with its state now and a link to its page; a
+ * dependency's page links back. The queue page counts blocked jobs and shows
+ * the queue's retry policy. `plan.graph`: {job, dependencies: [{id, state}],
+ * dependents: [{id, state}]}; `plan.queue`, `plan.blocked`, `plan.policy`
+ * (pieces of text the retry policy facts must hold).
+ */
+async function graph(browser) {
+  const { context, page } = await openPage(browser, "light");
+  const g = plan.graph;
+  const listed = ([sel, links]) => {
+    const items = [...document.querySelectorAll(`${sel} li.dep-node`)];
+    return (
+      items.length === links.length &&
+      links.every((l) => items.some((li) => li.getAttribute("data-job") === l.id && li.getAttribute("data-state") === l.state && li.querySelector("a")?.getAttribute("href") === `#/jobs/${l.id}`))
+    );
+  };
+  await page.goto(`${plan.base}/ui#/jobs/${g.job}`);
+  await until(page, "the job's dependencies with their states", listed, ["#dep-on", g.dependencies]);
+  await until(page, "the job's dependents with their states", listed, ["#dep-by", g.dependents]);
+  await shot(page, "dependencies");
+  // Follow a dependency: its page names this job among its dependents.
+  const first = g.dependencies[0].id;
+  await page.click(`#dep-on li[data-job="${first}"] a`);
+  await until(page, "the dependency's page links back", ([id]) => !!document.querySelector(`#dep-by li[data-job="${id}"] a[href="#/jobs/${id}"]`), [g.job]);
+  // And a dependent's page names it among its dependencies.
+  await page.goto(`${plan.base}/ui#/jobs/${g.dependents[0].id}`);
+  await until(page, "the dependent's page links back", ([id]) => !!document.querySelector(`#dep-on li[data-job="${id}"] a`), [g.job]);
+  // The queue page: blocked jobs have a filter of their own, and the retry policy is shown.
+  await page.goto(`${plan.base}/ui#/queues/${encodeURIComponent(plan.queue)}`);
+  await until(page, `${plan.blocked} blocked on the queue page`, ([n]) => document.querySelector('.chips [data-filter="blocked"] .chip-n')?.textContent === String(n), [plan.blocked]);
+  await until(page, "the retry policy", ([pieces]) => {
+    const facts = document.querySelector("#retry-policy");
+    return facts && pieces.every((p) => facts.innerText.includes(p));
+  }, [plan.policy]);
+  await shot(page, "retry-policy");
+  measured.dependencies_checked = g.dependencies.length + g.dependents.length;
+  checkProblems("graph");
+  await context.close();
+}
+
 const browser = await chromium.launch({ executablePath: CHROMIUM, args: FLAGS, headless: true });
 try {
-  const scenarios = { admin, producer, open, endpoint };
+  const scenarios = { admin, producer, open, endpoint, graph };
   const run = scenarios[plan.scenario];
   check(run, `unknown scenario ${plan.scenario}`);
   await run(browser);

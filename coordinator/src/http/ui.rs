@@ -50,6 +50,7 @@ const ASSETS: &[Asset] = &[
     asset!("dom.js", JAVASCRIPT),
     asset!("views.js", JAVASCRIPT),
     asset!("format.js", JAVASCRIPT),
+    asset!("links.js", JAVASCRIPT),
     asset!("icon.svg", SVG),
 ];
 

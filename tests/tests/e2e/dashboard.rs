@@ -77,7 +77,7 @@ fn install() -> PathBuf {
 }
 
 /// Where this test's screenshots go.
-fn screenshots(db: &TestDb) -> PathBuf {
+pub(crate) fn screenshots(db: &TestDb) -> PathBuf {
     match std::env::var("RUNLEASE_SCREENSHOTS") {
         Ok(dir) if !dir.is_empty() => repo().join(dir),
         _ => std::env::temp_dir().join(format!("runlease-dashboard-{}", db.name)),
@@ -85,7 +85,7 @@ fn screenshots(db: &TestDb) -> PathBuf {
 }
 
 /// Runs the browser script with `plan`; answers what it measured.
-async fn drive(plan: Value) -> Value {
+pub(crate) async fn drive(plan: Value) -> Value {
     let script = install();
     let started = Instant::now();
     let child = tokio::process::Command::new("node")
@@ -119,7 +119,7 @@ async fn drive(plan: Value) -> Value {
     report
 }
 
-async fn coordinator(db: &TestDb, keys: bool) -> CoordinatorProcess {
+pub(crate) async fn coordinator(db: &TestDb, keys: bool) -> CoordinatorProcess {
     let mut env = vec![
         // Leases held by the test's "workers" must not expire meanwhile.
         ("RUNLEASE_LEASE_TTL_MS", "600000".to_owned()),

@@ -14,6 +14,7 @@ mod cli_endpoints;
 mod cli_operations;
 mod cli_schedules;
 mod dashboard;
+mod dashboard_graph;
 mod database_faults;
 mod dead_letters;
 mod dependencies;
