@@ -22,7 +22,8 @@ CREATE TYPE public.job_state AS ENUM (
     'done',
     'failed',
     'cancelled',
-    'enqueue_failed'
+    'enqueue_failed',
+    'blocked'
 );
 
 -- Name: job_attempts_insert(); Type: FUNCTION; Schema: public; Owner: -
@@ -128,9 +129,14 @@ CREATE TABLE public.jobs (
     concurrency_key text,
     traceparent text,
     final_outcome public.attempt_outcome,
+    dependencies integer DEFAULT 0 NOT NULL,
+    dependencies_pending integer DEFAULT 0 NOT NULL,
+    dependents integer DEFAULT 0 NOT NULL,
+    on_dependency_failure text,
     CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_cancel_request_when_running CHECK (((cancel_requested_at IS NULL) OR (state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])))),
     CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < max_attempts))),
+    CONSTRAINT jobs_dependencies CHECK ((((dependencies >= 0) AND (dependencies <= 100)) AND ((dependencies_pending >= 0) AND (dependencies_pending <= dependencies)) AND (dependents >= 0) AND ((on_dependency_failure IS NULL) = (dependencies = 0)) AND ((on_dependency_failure IS NULL) OR (on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))) AND (((state)::text = 'blocked'::text) = (dependencies_pending > 0)))),
     CONSTRAINT jobs_done_has_result CHECK (((state <> 'done'::public.job_state) OR (result IS NOT NULL))),
     CONSTRAINT jobs_idempotency_key_len CHECK (((idempotency_key IS NULL) OR ((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 255)))),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -168,6 +174,13 @@ UNION ALL
     jobs.state AS state_after
    FROM public.jobs
   WHERE (jobs.final_outcome IS NOT NULL);
+
+-- Name: job_dependencies; Type: TABLE; Schema: public; Owner: -
+
+CREATE TABLE public.job_dependencies (
+    job_id uuid NOT NULL,
+    depends_on_id uuid NOT NULL
+);
 
 -- Name: job_tallies; Type: TABLE; Schema: public; Owner: -
 
@@ -252,6 +265,11 @@ CREATE TABLE public.schedules (
 ALTER TABLE ONLY public.job_attempt_log
     ADD CONSTRAINT job_attempt_log_pkey PRIMARY KEY (job_id, run_lease);
 
+-- Name: job_dependencies job_dependencies_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+
+ALTER TABLE ONLY public.job_dependencies
+    ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on_id);
+
 -- Name: jobs jobs_concurrency_key_len; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE public.jobs
@@ -286,6 +304,14 @@ ALTER TABLE ONLY public.runlease_migrations
 
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+-- Name: job_dependencies_depends_on_idx; Type: INDEX; Schema: public; Owner: -
+
+CREATE INDEX job_dependencies_depends_on_idx ON public.job_dependencies USING btree (depends_on_id, job_id);
+
+-- Name: jobs_blocked_idx; Type: INDEX; Schema: public; Owner: -
+
+CREATE INDEX jobs_blocked_idx ON public.jobs USING btree (queue) WHERE (dependencies_pending > 0);
 
 -- Name: jobs_claim_idx; Type: INDEX; Schema: public; Owner: -
 

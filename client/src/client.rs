@@ -200,7 +200,9 @@ impl Client {
         .await
     }
 
-    /// Enqueues up to 1000 jobs in one transaction, answered in order.
+    /// Enqueues up to 1000 jobs in one transaction, answered in order (a
+    /// job's `ref`, if it gave one, is its place in the list). Jobs may
+    /// depend on earlier ones by `ref` (`depends_on`).
     pub async fn enqueue_batch(&self, mut jobs: Vec<EnqueueJobRequest>) -> Result<Vec<Job>> {
         for job in &mut jobs {
             job.idempotency_key.get_or_insert_with(new_idempotency_key);
@@ -215,7 +217,7 @@ impl Client {
                 Duration::ZERO,
             )
             .await?;
-        Ok(answer.jobs)
+        Ok(answer.jobs.into_iter().map(|b| b.job).collect())
     }
 
     /// Reads a job.

@@ -17,6 +17,7 @@
 //! - [`reaper`]: takes back expired leases.
 //! - [`prune`]: retention: deletes terminal jobs past their queue's retention.
 //! - [`scheduler`]: the schedule loop: one job per fire time.
+//! - [`settled`]: wake-ups and metrics of jobs whose dependencies settled.
 //! - [`batch`]: gathering claims, heartbeats and finishes into shared statements.
 //! - [`wake`]: wake-ups of parked long-polls (local, Redis) and the repair loop.
 //! - [`metrics`]: Prometheus metrics (queue labels capped).
@@ -50,6 +51,7 @@ pub mod metrics;
 pub mod prune;
 pub mod reaper;
 pub mod scheduler;
+pub mod settled;
 pub mod store;
 pub mod telemetry;
 pub mod token;
@@ -134,12 +136,20 @@ pub async fn serve(
         config.server.slo,
         config.server.metrics_max_queues,
     ));
+    let (settled_sink, settled) = tokio::sync::mpsc::unbounded_channel();
     let store = connect_and_migrate(&config)
         .await?
         .count_timeouts_in(metrics.db_timeouts.clone())
-        .count_retries_in(metrics.db_retries.clone());
+        .count_retries_in(metrics.db_retries.clone())
+        .report_settled_to(settled_sink);
     let tracker = TaskTracker::new();
     let wake = connect_redis(&config, &metrics, &tracker, &shutdown)?;
+    tracker.spawn(settled::run(
+        settled,
+        wake.clone(),
+        metrics.clone(),
+        shutdown.child_token(),
+    ));
     let flow = FlowControl::new(store.clone(), wake.clone(), metrics.clone());
     let parts = batch::Parts {
         store,

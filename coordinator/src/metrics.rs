@@ -169,6 +169,10 @@ pub struct Metrics {
     pub cancelled: Capped<QueueLabels, Counter>,
     /// Leases given back by their worker.
     pub released: Capped<QueueLabels, Counter>,
+    /// Blocked jobs queued when their last dependency ended.
+    pub unblocked: Capped<QueueLabels, Counter>,
+    /// Blocked jobs cancelled because a dependency failed.
+    pub dependency_cancels: Capped<QueueLabels, Counter>,
     /// Leases the reaper took back.
     pub leases_expired: Capped<QueueLabels, Counter>,
     /// Worker calls refused as `lease_lost`.
@@ -277,6 +281,8 @@ impl Metrics {
             retried: Capped::new(cap.clone()),
             cancelled: Capped::new(cap.clone()),
             released: Capped::new(cap.clone()),
+            unblocked: Capped::new(cap.clone()),
+            dependency_cancels: Capped::new(cap.clone()),
             leases_expired: Capped::new(cap.clone()),
             lease_lost: Family::default(),
             forged_tokens: Counter::default(),
@@ -383,6 +389,12 @@ impl Metrics {
             queue: queue.to_owned(),
         };
         match (via, state) {
+            (Via::Dependency, JobState::Queued) => {
+                self.unblocked.get_or_create(&labels).inc();
+            }
+            (Via::Dependency, _) => {
+                self.dependency_cancels.get_or_create(&labels).inc();
+            }
             (Via::Worker(FinishAction::Release), JobState::Queued) => {
                 self.released.get_or_create(&labels).inc();
             }
@@ -441,6 +453,9 @@ pub enum Via {
     Reap,
     /// A producer's cancel.
     Cancel,
+    /// The end of the job's dependencies (queued from `blocked`, or
+    /// cancelled by a failed one).
+    Dependency,
 }
 
 /// Counts a parked long-poll for as long as it lives.

@@ -13,6 +13,10 @@ use crate::ids::{JobId, QueueName, RunLease, WorkerId};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JobState {
+    /// Waiting for its dependencies to end; never claimed. Left when the
+    /// statement that ends its last dependency moves it on (to `queued`,
+    /// or `cancelled` when a dependency failed), or by a cancel.
+    Blocked,
     /// Waiting to be claimed (once `run_at` has passed). Left by a claim or a cancel.
     Queued,
     /// Held by a worker under a lease. Left by complete, fail, release, the
@@ -31,7 +35,8 @@ pub enum JobState {
 
 impl JobState {
     /// Every state, in lifecycle order.
-    pub const ALL: [JobState; 6] = [
+    pub const ALL: [JobState; 7] = [
+        JobState::Blocked,
         JobState::Queued,
         JobState::EnqueueFailed,
         JobState::Running,
@@ -43,6 +48,7 @@ impl JobState {
     /// The name used on the wire and in PostgreSQL.
     pub fn as_str(self) -> &'static str {
         match self {
+            JobState::Blocked => "blocked",
             JobState::Queued => "queued",
             JobState::Running => "running",
             JobState::Done => "done",
@@ -202,6 +208,74 @@ pub struct Job {
     /// them page by page from `GET /v1/jobs/{id}/attempts`.
     #[serde(default)]
     pub earlier_attempts: bool,
+    /// What a failed dependency does to the job (absent: it has none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_dependency_failure: Option<OnDependencyFailure>,
+    /// The jobs it depends on, with their states now (absent from a
+    /// listing's jobs; empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<JobLink>,
+    /// The jobs that depend on it, with their states now: at most
+    /// [`crate::limits::MAX_DEPENDENTS_SHOWN`], oldest first (absent from a
+    /// listing's jobs; empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependents: Vec<JobLink>,
+}
+
+/// What a dependency that ends `failed` or `cancelled`, or is deleted, does
+/// to a job that waits on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnDependencyFailure {
+    /// The job is cancelled, its error naming the dependency, and so on
+    /// down to the jobs that wait on it.
+    #[default]
+    Cancel,
+    /// The failed dependency counts as met: the job runs anyway.
+    Run,
+}
+
+impl OnDependencyFailure {
+    /// The name used on the wire and in PostgreSQL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnDependencyFailure::Cancel => "cancel",
+            OnDependencyFailure::Run => "run",
+        }
+    }
+}
+
+impl FromStr for OnDependencyFailure {
+    type Err = UnknownState;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "cancel" => Ok(OnDependencyFailure::Cancel),
+            "run" => Ok(OnDependencyFailure::Run),
+            other => Err(UnknownState(other.to_owned())),
+        }
+    }
+}
+
+/// A job a dependency links to, as a job answer shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobLink {
+    /// The other job.
+    pub id: JobId,
+    /// Its state now; `None` once it has been deleted.
+    pub state: Option<JobState>,
+}
+
+/// One dependency of a leased job, as its lease carries it: each has
+/// ended (`done`, or `failed`/`cancelled`/deleted where the job runs
+/// anyway).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LeaseDependency {
+    /// The dependency.
+    pub id: JobId,
+    /// Its state; `None` once it has been deleted.
+    pub state: Option<JobState>,
+    /// What it returned, if it is done.
+    pub result: Option<Value>,
 }
 
 #[cfg(test)]
@@ -218,6 +292,10 @@ mod tests {
         assert!(JobState::Done.is_terminal());
         assert!(JobState::Cancelled.is_terminal());
         assert!(!JobState::EnqueueFailed.is_terminal());
+        assert!(!JobState::Blocked.is_terminal());
+        assert_eq!("blocked".parse::<JobState>(), Ok(JobState::Blocked));
+        assert_eq!("run".parse::<OnDependencyFailure>(), Ok(OnDependencyFailure::Run));
+        assert_eq!(OnDependencyFailure::default().as_str(), "cancel");
         assert!("paused".parse::<JobState>().is_err());
     }
 }

@@ -6,7 +6,8 @@
 //!
 //! Layout:
 //! - [`ids`]: `JobId`, `RunLease`, `WorkerId`, `QueueName`, `LeaseToken`.
-//! - [`job`]: `JobState`, the `Job` answer and its `Attempt` chronology.
+//! - [`job`]: `JobState`, the `Job` answer, its `Attempt` chronology and
+//!   its dependencies.
 //! - [`producer`]: enqueue, batch enqueue, queue listing.
 //! - [`admin`]: job listing, bulk actions, queue settings.
 //! - [`schedules`]: cron schedules.
@@ -29,5 +30,5 @@ pub mod worker;
 
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use ids::{JobId, LeaseToken, QueueName, RunLease, WorkerId};
-pub use job::{Attempt, AttemptOutcome, Job, JobState};
+pub use job::{Attempt, AttemptOutcome, Job, JobLink, JobState, LeaseDependency, OnDependencyFailure};
 pub use trace::TraceParent;

@@ -10,6 +10,12 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 pub const MAX_CONCURRENCY_KEY_LEN: usize = 255;
 /// Most jobs in one `POST /v1/jobs/batch`.
 pub const MAX_BATCH_JOBS: usize = 1000;
+/// Most dependencies (`depends_on`) of one job.
+pub const MAX_DEPENDENCIES: usize = 100;
+/// Longest `ref` of a job in a batch, in bytes.
+pub const MAX_REF_LEN: usize = 128;
+/// Most dependents a job answer lists.
+pub const MAX_DEPENDENTS_SHOWN: usize = 100;
 /// Most leases one claim may ask for (`max_jobs`).
 pub const MAX_CLAIM_JOBS: u32 = 1000;
 /// Most queues one claim may name.

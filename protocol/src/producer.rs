@@ -41,6 +41,20 @@ pub struct EnqueueJobRequest {
     /// 1 to 255 bytes, no NUL.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub concurrency_key: Option<String>,
+    /// A name for the job, unique in its batch, that later jobs of the
+    /// same batch may name in `depends_on` (1 to 128 bytes).
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub job_ref: Option<String>,
+    /// The jobs this one waits for: `ref`s of earlier jobs of the same
+    /// batch, or ids of existing jobs (at most 100). While any of them has
+    /// not ended the job is `blocked`; when the last one ends `done` it is
+    /// queued.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
+    /// What a dependency that fails, is cancelled or is deleted does to it
+    /// (default `cancel`). Only with `depends_on`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_dependency_failure: Option<crate::job::OnDependencyFailure>,
 }
 
 impl EnqueueJobRequest {
@@ -56,6 +70,9 @@ impl EnqueueJobRequest {
             timeout_ms: None,
             idempotency_key: None,
             concurrency_key: None,
+            job_ref: None,
+            depends_on: Vec::new(),
+            on_dependency_failure: None,
         }
     }
 }
@@ -72,7 +89,18 @@ pub struct EnqueueBatchRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct EnqueueBatchResponse {
     /// The jobs, in request order.
-    pub jobs: Vec<Job>,
+    pub jobs: Vec<BatchJob>,
+}
+
+/// One job of a batch's answer: the job, with the `ref` its request gave.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchJob {
+    /// The request's `ref`, if it gave one.
+    #[serde(rename = "ref", default, skip_serializing_if = "Option::is_none")]
+    pub job_ref: Option<String>,
+    /// The job.
+    #[serde(flatten)]
+    pub job: Job,
 }
 
 /// Query of `GET /v1/jobs/{id}`.

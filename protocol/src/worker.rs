@@ -68,6 +68,10 @@ pub struct Lease {
     /// the worker's span for this job joins that trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub traceparent: Option<TraceParent>,
+    /// The job's dependencies, each ended, with its state and result
+    /// (absent: the job has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dependencies: Vec<crate::job::LeaseDependency>,
 }
 
 /// `POST /v1/heartbeat`: renew many leases at once.

@@ -219,6 +219,8 @@ mod tests {
             timeout_ms: None,
             traceparent: None,
             max_attempts: 3,
+            has_dependencies: false,
+            dependencies: Vec::new(),
         }
     }
 

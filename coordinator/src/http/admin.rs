@@ -89,7 +89,7 @@ fn parse_states(raw: Option<&str>) -> Result<Vec<JobState>, ApiError> {
     for name in raw.split(',').map(str::trim) {
         let state: JobState = name.parse().map_err(|_| {
             ApiError::invalid(format!(
-                "state {name:?} is not a job state; use queued, enqueue_failed, running, done, failed or cancelled (comma-separated)"
+                "state {name:?} is not a job state; use blocked, queued, enqueue_failed, running, done, failed or cancelled (comma-separated)"
             ))
         })?;
         if !states.contains(&state) {

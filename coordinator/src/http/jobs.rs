@@ -10,7 +10,7 @@ use runlease_protocol::limits::{
     MAX_CONCURRENCY_KEY_LEN, MAX_DELAY_MS, MAX_IDEMPOTENCY_KEY_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS,
 };
 use runlease_protocol::producer::{
-    EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
+    BatchJob, EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
     ListAttemptsResponse,
 };
 use runlease_protocol::{ErrorCode, Job, JobId, RunLease, TraceParent};
@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
 use crate::http::AppState;
+use crate::http::dependencies;
 use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, require};
 use crate::http::views;
@@ -101,6 +102,7 @@ fn validate_enqueue(req: EnqueueJobRequest, leases: &LeaseSettings) -> Result<Ne
         idempotency_key: req.idempotency_key,
         concurrency_key: req.concurrency_key,
         traceparent: None,
+        dependencies: None,
     })
 }
 
@@ -168,7 +170,10 @@ pub async fn enqueue(
     JsonBody(req): JsonBody<EnqueueJobRequest>,
 ) -> Result<(StatusCode, Json<Job>), ApiError> {
     require(&caller, Action::Enqueue)?;
-    let job = new_job(&state, &caller, req, traceparent.as_ref())?;
+    let deps = dependencies::resolve(std::slice::from_ref(&req))
+        .map_err(|e| ApiError::invalid(e.trim_start_matches("jobs[0]: ")))?;
+    let mut job = new_job(&state, &caller, req, traceparent.as_ref())?;
+    job.dependencies = deps.into_iter().next().flatten();
     let mut enqueued = state.store.enqueue(vec![job]).await?;
     announce(&state, &mut enqueued).await?;
     let Some(first) = enqueued.into_iter().next() else {
@@ -196,23 +201,35 @@ pub async fn enqueue_batch(
             "jobs must hold 1 to {MAX_BATCH_JOBS} jobs"
         )));
     }
+    let deps = dependencies::resolve(&req.jobs).map_err(ApiError::invalid)?;
+    let refs: Vec<Option<String>> = req.jobs.iter().map(|r| r.job_ref.clone()).collect();
     let jobs = req
         .jobs
         .into_iter()
+        .zip(deps)
         .enumerate()
-        .map(|(i, r)| {
-            new_job(&state, &caller, r, traceparent.as_ref()).map_err(|e| ApiError {
+        .map(|(i, (r, deps))| {
+            let mut job = new_job(&state, &caller, r, traceparent.as_ref()).map_err(|e| ApiError {
                 message: format!("jobs[{i}]: {}", e.message),
                 ..e
-            })
+            })?;
+            job.dependencies = deps;
+            Ok(job)
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, ApiError>>()?;
     let mut enqueued = state.store.enqueue(jobs).await?;
     announce(&state, &mut enqueued).await?;
     Ok((
         StatusCode::CREATED,
         Json(EnqueueBatchResponse {
-            jobs: enqueued.into_iter().map(|e| views::job(e.job)).collect(),
+            jobs: enqueued
+                .into_iter()
+                .zip(refs)
+                .map(|(e, job_ref)| BatchJob {
+                    job_ref,
+                    job: views::job(e.job),
+                })
+                .collect(),
         }),
     ))
 }

@@ -18,10 +18,10 @@ use uuid::Uuid;
 
 use crate::auth::{Action, Caller};
 use crate::batch::claims::ClaimAsk;
-use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, require};
 use crate::http::finish::NUL_REFUSED;
+use crate::http::{AppState, views};
 use crate::metrics::{ActionLabels, QueueLabels};
 use crate::store::leases::{LeaseRef, Renewal};
 use crate::store::rows::ClaimedJob;
@@ -172,6 +172,7 @@ pub(super) fn leases_of(state: &AppState, worker: &WorkerId, records: Vec<Claime
                 heartbeat_interval_ms: millis(terms.heartbeat_interval),
                 timeout_ms: millis(timeout),
                 traceparent: job.traceparent,
+                dependencies: job.dependencies.into_iter().map(views::lease_dependency).collect(),
             }
         })
         .collect()

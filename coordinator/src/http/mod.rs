@@ -3,6 +3,7 @@
 //! - [`error`]: `ApiError`, the one error body.
 //! - [`extract`]: JSON, path, query and caller extractors that answer with it.
 //! - [`jobs`]: producer endpoints.
+//! - [`dependencies`]: the dependencies of an enqueue's jobs, checked.
 //! - [`leases`]: worker endpoints: claim, heartbeat.
 //! - [`finish`]: complete, fail, release and finish.
 //! - [`ops`]: health, readiness, metrics, queue figures, `/openapi.yaml`.
@@ -14,6 +15,7 @@
 //! - [`serve`]: the accept loop: connection cap, header and idle deadlines.
 
 pub mod admin;
+pub mod dependencies;
 pub mod error;
 pub mod extract;
 pub mod finish;

@@ -1,8 +1,9 @@
 //! The store's rows as the protocol answers them: the one place a job row
 //! becomes a wire `Job`.
 
-use runlease_protocol::{Attempt, Job};
+use runlease_protocol::{Attempt, Job, JobLink, LeaseDependency};
 
+use crate::store::dependencies::{DependencyRow, Link};
 use crate::store::rows::{AttemptRow, JobRow};
 
 /// A job row (with its chronology attached) as the protocol's job.
@@ -30,6 +31,26 @@ pub fn job(row: JobRow) -> Job {
         traceparent: row.traceparent,
         attempts: row.attempts.into_iter().map(attempt).collect(),
         earlier_attempts: row.earlier_attempts,
+        on_dependency_failure: row.on_dependency_failure,
+        dependencies: row.dependencies.into_iter().map(link).collect(),
+        dependents: row.dependents.into_iter().map(link).collect(),
+    }
+}
+
+/// A dependency link as the protocol's.
+pub fn link(l: Link) -> JobLink {
+    JobLink {
+        id: l.id,
+        state: l.state,
+    }
+}
+
+/// A leased job's dependency as its lease carries it.
+pub fn lease_dependency(d: DependencyRow) -> LeaseDependency {
+    LeaseDependency {
+        id: d.id,
+        state: d.state,
+        result: d.result,
     }
 }
 

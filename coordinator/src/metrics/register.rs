@@ -52,6 +52,16 @@ impl Metrics {
             self.cancelled.clone(),
         );
         registry.register(
+            "jobs_unblocked",
+            "Blocked jobs queued when their last dependency ended",
+            self.unblocked.clone(),
+        );
+        registry.register(
+            "jobs_dependency_cancelled",
+            "Blocked jobs cancelled because a dependency failed, was cancelled or was deleted",
+            self.dependency_cancels.clone(),
+        );
+        registry.register(
             "jobs_released",
             "Leases released by their worker (no attempt charged)",
             self.released.clone(),

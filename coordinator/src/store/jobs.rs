@@ -3,10 +3,12 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
+use runlease_protocol::limits::MAX_DEPENDENTS_SHOWN;
 use runlease_protocol::{JobId, JobState, QueueName, RunLease, TraceParent};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::store::dependencies::{self, Dependencies, EnqueueColumns};
 use crate::store::listing::BulkAction;
 use crate::store::rows::{
     ATTEMPTS_ASKED, AttemptRow, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
@@ -40,6 +42,8 @@ pub struct NewJob {
     pub concurrency_key: Option<String>,
     /// The producer's W3C trace context.
     pub traceparent: Option<TraceParent>,
+    /// What it waits for, if anything.
+    pub dependencies: Option<Dependencies>,
 }
 
 /// A job answered by an enqueue: new, or the original of a repeated key.
@@ -76,7 +80,7 @@ pub enum RetryOutcome {
 /// The jobs that hold the idempotency keys of `skipped` (jobs an enqueue
 /// did not insert), with their chronology, by (queue, key).
 async fn originals_of(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &deadpool_postgres::ClientWrapper,
     skipped: &[&NewJob],
 ) -> Result<HashMap<(String, String), JobRow>, StoreError> {
     let mut originals = HashMap::new();
@@ -100,55 +104,69 @@ async fn originals_of(
     Ok(originals)
 }
 
+/// Runs `job_enqueue.sql` for `jobs` in `tx`, with the dependency
+/// columns where some job has dependencies.
+async fn insert_jobs(
+    tx: &Tallied<'_>,
+    jobs: &[NewJob],
+    deps: Option<&EnqueueColumns>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
+    let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
+    let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
+    let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
+    let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
+    let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
+    let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
+    let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
+    let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
+    let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
+    let traceparents: Vec<Option<&str>> = jobs
+        .iter()
+        .map(|j| j.traceparent.as_ref().map(TraceParent::as_str))
+        .collect();
+    tx.query(
+        &sql::JOB_ENQUEUE,
+        &[
+            &ids,
+            &queues,
+            &payloads,
+            &priorities,
+            &run_at,
+            &delays,
+            &max_attempts,
+            &timeouts,
+            &keys,
+            &concurrency,
+            &traceparents,
+            &deps.map(|d| &d.states),
+            &deps.map(|d| &d.dependencies),
+            &deps.map(|d| &d.pending),
+            &deps.map(|d| &d.dependents),
+            &deps.map(|d| &d.on_failure),
+            &deps.map(|d| &d.errors),
+        ],
+    )
+    .await
+}
+
 impl Store {
-    /// Enqueues jobs in one transaction (one statement), answering them in
-    /// request order. Jobs whose idempotency key exists answer the original.
+    /// Enqueues jobs in one transaction, answering them in request order.
+    /// Jobs whose idempotency key exists answer the original. A job with
+    /// dependencies starts `blocked`, `queued` (all of them ended, met) or
+    /// `cancelled` (one failed already): its existing dependencies are
+    /// locked and read first (store::dependencies).
     pub async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<Enqueued>, StoreError> {
         let jobs = &jobs;
         self.timed("enqueue", || async move {
-            let mut client = self.conn().await?;
-            let tx = client.transaction().await?;
-            let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
-            let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
-            let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
-            let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
-            let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
-            let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
-            let max_attempts: Vec<i32> = jobs.iter().map(|j| j.max_attempts).collect();
-            let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
-            let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
-            let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
-            let traceparents: Vec<Option<&str>> = jobs
-                .iter()
-                .map(|j| j.traceparent.as_ref().map(TraceParent::as_str))
-                .collect();
-            let stmt = tx.prepare_cached(sql::JOB_ENQUEUE).await?;
-            let rows = tx
-                .query(
-                    &stmt,
-                    &[
-                        &ids,
-                        &queues,
-                        &payloads,
-                        &priorities,
-                        &run_at,
-                        &delays,
-                        &max_attempts,
-                        &timeouts,
-                        &keys,
-                        &concurrency,
-                        &traceparents,
-                    ],
-                )
-                .await?;
-            let mut inserted: HashMap<JobId, JobRow> =
-                JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
-
-            // Jobs skipped for an existing idempotency key: read the originals.
-            let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
-            let originals = originals_of(&tx, &skipped).await?;
-            tx.commit().await?;
-
+            let client = self.conn().await?;
+            let tx = Tallied::new(&client);
+            let outcome = async {
+                tx.begin(Open::States).await?;
+                self.enqueue_in(&tx, jobs).await
+            }
+            .await;
+            let (mut inserted, originals) = tx.end(outcome).await?;
             jobs.iter()
                 .map(|j| {
                     if let Some(job) = inserted.remove(&j.id) {
@@ -169,6 +187,45 @@ impl Store {
                 .collect()
         })
         .await
+    }
+
+    /// [`Store::enqueue`] in `tx`: the jobs inserted, by id, and the
+    /// originals of those skipped for their idempotency key.
+    async fn enqueue_in(
+        &self,
+        tx: &Tallied<'_>,
+        jobs: &[NewJob],
+    ) -> Result<(HashMap<JobId, JobRow>, HashMap<(String, String), JobRow>), StoreError> {
+        let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+        let deps: Vec<Option<&Dependencies>> = jobs.iter().map(|j| j.dependencies.as_ref()).collect();
+        let with_deps = deps.iter().any(Option::is_some);
+        let columns = if with_deps {
+            let (lock, counts) = dependencies::existing_of(&deps);
+            let existing = dependencies::lock_existing(tx, &lock, &counts).await?;
+            Some(EnqueueColumns::new(
+                &ids,
+                &deps,
+                dependencies::plan(&ids, &deps, &existing),
+            ))
+        } else {
+            None
+        };
+        let rows = insert_jobs(tx, jobs, columns.as_ref()).await?;
+        let inserted: HashMap<JobId, JobRow> =
+            JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
+        if let Some(c) = &columns
+            && !c.edges.0.is_empty()
+        {
+            let made: Vec<Uuid> = inserted.keys().map(|id| id.0).collect();
+            let stmt = tx.client().prepare_cached(sql::JOB_DEPENDENCIES_INSERT).await?;
+            tx.client()
+                .execute(&stmt, &[&c.edges.0, &c.edges.1, &made])
+                .await?;
+        }
+        // Jobs skipped for an existing idempotency key: read the originals.
+        let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
+        let originals = originals_of(tx.client(), &skipped).await?;
+        Ok((inserted, originals))
     }
 
     /// Marks jobs `enqueue_failed` (their wake-up did not go out); returns
@@ -283,7 +340,10 @@ impl Store {
             let records = JobRow::from_rows(&client.query(&stmt, &[&ids]).await?)?;
             let stmt = client.prepare_cached(sql::ATTEMPT_LIST).await?;
             let attempts = attempts_by_job(&client.query(&stmt, &[&ids, &ATTEMPTS_ASKED]).await?)?;
-            Ok(assemble(records, &attempts))
+            let mut jobs = assemble(records, &attempts);
+            let most = i32::try_from(MAX_DEPENDENTS_SHOWN).unwrap_or(i32::MAX);
+            dependencies::attach_links(&client, &mut jobs, most).await?;
+            Ok(jobs)
         })
         .await
     }

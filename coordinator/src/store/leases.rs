@@ -16,7 +16,7 @@ use crate::flow;
 use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
 use crate::store::tally::{Open, Prepared, Tallied};
-use crate::store::{Store, StoreError, ms, query_changes, sql};
+use crate::store::{Store, StoreError, dependencies, ms, sql};
 
 /// What a claim handed out, and what held it back.
 #[derive(Debug, Default)]
@@ -363,6 +363,10 @@ fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
         let action: String = col(row, "action")?;
+        if action == "dependency" {
+            // A dependent the finish settled (dependencies::after_finish).
+            continue;
+        }
         let action: FinishAction = action
             .parse()
             .map_err(|e: runlease_protocol::worker::UnknownAction| StoreError::Database(e.to_string()))?;
@@ -495,6 +499,15 @@ impl Store {
             };
         }
         claimed.sort_by_key(|(slot, _)| *slot);
+        // The limited path's leases (the shared statement's have theirs).
+        let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().map(|(_, j)| j).collect();
+        if leased
+            .iter()
+            .any(|j| j.has_dependencies && j.dependencies.is_empty())
+        {
+            let client = self.conn().await?;
+            dependencies::attach_to_leases(&client, &mut leased).await?;
+        }
         answer.rows = claimed;
         Ok(answer)
     }
@@ -733,11 +746,20 @@ impl Store {
                 let held_back = self
                     .claim_limited_groups(&tx, claims, limited, &mut claimed)
                     .await?;
-                Ok::<_, StoreError>((finished, claimed, held_back))
+                // Dependents the finish left to settle, in its transaction.
+                let (mut settled, next) = dependencies::after_finish(&finished)?;
+                settled.extend(dependencies::settle(&tx, next).await?);
+                Ok::<_, StoreError>((finished, claimed, held_back, settled))
             }
             .await;
             // Any part refused rolls the whole transaction back.
-            let (finished, claimed, held_back) = tx.end(sent).await?;
+            let (finished, mut claimed, held_back, settled) = tx.end(sent).await?;
+            self.report_settled(settled);
+            let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
+            if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
+                self.release_claimed(claims, &claimed).await;
+                return Err(e);
+            }
             let answered = async {
                 let applied = applied_rows(&finished)?;
                 endings(&client, items, applied).await
@@ -885,14 +907,33 @@ impl Store {
         }
     }
 
-    /// Reaps up to `limit` expired leases; returns the jobs as the reaper left them.
+    /// Reaps up to `limit` expired leases; returns the jobs as the reaper
+    /// left them. The dependents of a job it failed or cancelled are
+    /// settled in the same transaction.
     pub async fn reap(&self, limit: i64) -> Result<Vec<JobRow>, StoreError> {
-        self.timed("reap", || async move {
-            let client = self.conn().await?;
-            let timeout = ms(self.lease_settings().default_timeout);
-            let rows = query_changes(&client, &sql::LEASE_REAP, &[&limit, &timeout]).await?;
-            JobRow::from_rows(&rows)
-        })
-        .await
+        let (rows, settled) = self
+            .timed("reap", || async move {
+                let client = self.conn().await?;
+                let timeout = ms(self.lease_settings().default_timeout);
+                let tx = Tallied::new(&client);
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&limit, &timeout];
+                let (begun, reaped) =
+                    tokio::join!(tx.begin(Open::States), tx.query(&sql::LEASE_REAP, &params));
+                let outcome = async {
+                    let rows = JobRow::from_rows(&begun.and(reaped)?)?;
+                    let ended = rows
+                        .iter()
+                        .filter(|r| r.state.is_terminal() && r.dependent_count > 0)
+                        .map(|r| (r.id.0, dependencies::ended_as(r.state)))
+                        .collect();
+                    let settled = dependencies::settle(&tx, ended).await?;
+                    Ok((rows, settled))
+                }
+                .await;
+                tx.end(outcome).await
+            })
+            .await?;
+        self.report_settled(settled);
+        Ok(rows)
     }
 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 use crate::store::prune::delete_jobs;
 use crate::store::rows::{DbJobState, JobRow, col, queue_col};
 use crate::store::tally::{Open, Tallied};
-use crate::store::{Store, StoreError, query_changes, sql};
+use crate::store::{Store, StoreError, dependencies, sql};
 
 /// The smallest UUIDv7 of millisecond `t` (its random bits all zero).
 fn v7_floor(t: DateTime<Utc>) -> Uuid {
@@ -322,34 +322,65 @@ impl Store {
         ids: &[Uuid],
         states: Option<&[&str]>,
     ) -> Result<Vec<JobChange>, StoreError> {
-        self.timed("bulk", || async move {
-            if ids.is_empty() {
-                return Ok(Vec::new());
-            }
-            let client = self.conn().await?;
-            let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
-            let (rows, with_times) = match action {
-                BulkAction::Retry => (
-                    query_changes(&client, &sql::JOB_RETRY, &[&ids, &states]).await?,
-                    true,
-                ),
-                BulkAction::Cancel => (
-                    query_changes(&client, &sql::JOB_CANCEL, &[&ids, &states]).await?,
-                    true,
-                ),
-                BulkAction::Delete => {
-                    // The jobs, then their attempts, in one transaction.
-                    let tx = Tallied::new(&client);
-                    let outcome = async {
-                        tx.begin(Open::Deletes).await?;
-                        delete_jobs(&tx, &sql::JOB_DELETE, &[&ids, &states]).await
-                    }
-                    .await;
-                    (tx.end(outcome).await?, false)
+        let (changes, settled) = self
+            .timed("bulk", || async move {
+                if ids.is_empty() {
+                    return Ok((Vec::new(), Vec::new()));
                 }
-            };
-            rows.iter().map(|r| JobChange::from_row(r, with_times)).collect()
-        })
-        .await
+                let client = self.conn().await?;
+                let states: Option<Vec<&str>> = states.map(<[&str]>::to_vec);
+                let (stmt, open, with_times) = match action {
+                    BulkAction::Retry => (&sql::JOB_RETRY, Open::States, true),
+                    BulkAction::Cancel => (&sql::JOB_CANCEL, Open::States, true),
+                    BulkAction::Delete => (&sql::JOB_DELETE, Open::Deletes, false),
+                };
+                let tx = Tallied::new(&client);
+                let outcome = async {
+                    tx.begin(open).await?;
+                    let rows = match action {
+                        // The jobs, then their attempts, in one transaction.
+                        BulkAction::Delete => delete_jobs(&tx, stmt, &[&ids, &states]).await?,
+                        _ => tx.query(stmt, &[&ids, &states]).await?,
+                    };
+                    let changes = rows
+                        .iter()
+                        .map(|r| JobChange::from_row(r, with_times))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    // Their dependents, settled in the same transaction.
+                    let settled = dependencies::settle(&tx, ended_with_dependents(action, &rows)?).await?;
+                    Ok((changes, settled))
+                }
+                .await;
+                tx.end(outcome).await
+            })
+            .await?;
+        self.report_settled(settled);
+        Ok(changes)
     }
+}
+
+/// The jobs a bulk action's rows ended that have dependents to settle: a
+/// job cancelled, or deleted while blocked (the dependents of a job deleted
+/// after it ended were settled when it ended); none for a retry.
+fn ended_with_dependents(
+    action: BulkAction,
+    rows: &[tokio_postgres::Row],
+) -> Result<Vec<dependencies::Ended>, StoreError> {
+    let how = match action {
+        BulkAction::Retry => return Ok(Vec::new()),
+        BulkAction::Cancel => "cancelled",
+        BulkAction::Delete => "deleted",
+    };
+    let mut ended = Vec::new();
+    for row in rows {
+        let state: DbJobState = col(row, "state")?;
+        let settles = match action {
+            BulkAction::Delete => state.0 == JobState::Blocked,
+            _ => state.0 == JobState::Cancelled,
+        };
+        if settles && col::<i32>(row, "dependents")? > 0 {
+            ended.push((col(row, "id")?, how));
+        }
+    }
+    Ok(ended)
 }

@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009", "attempts_without_foreign_key"),
     migration!(10, "0010", "attempt_tallies_explicit"),
     migration!(11, "0011", "endpoints"),
+    migration!(12, "0012", "dependencies"),
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

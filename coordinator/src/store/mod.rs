@@ -6,6 +6,8 @@
 //! - [`migrate`]: the migrator.
 //! - [`rows`]: PostgreSQL rows to protocol types.
 //! - [`jobs`]: producer operations (enqueue, get, cancel, retry).
+//! - [`dependencies`]: job dependencies: an enqueue's plan, the settling of
+//!   dependents, the look-ups of leases and job answers.
 //! - [`leases`]: worker operations (claim, heartbeat, complete, fail, release) and the reaper's statement.
 //! - [`queues`]: queue figures (live indexes and tallies) and settings.
 //! - [`listing`]: listing a queue's jobs, bulk actions.
@@ -14,6 +16,7 @@
 //! - [`tally`]: the tallies as values, and the transactions that write them.
 
 pub mod connect;
+pub mod dependencies;
 pub mod jobs;
 pub mod leases;
 pub mod listing;
@@ -232,6 +235,7 @@ pub struct Store {
     call_timeout: Duration,
     timeouts: Family<OperationLabels, Counter>,
     retries: Family<OperationLabels, Counter>,
+    settled: Option<tokio::sync::mpsc::UnboundedSender<Vec<dependencies::Settled>>>,
 }
 
 /// Tries of a store operation that hit a deadlock or a serialization failure
@@ -247,6 +251,32 @@ impl Store {
             call_timeout,
             timeouts: Family::default(),
             retries: Family::default(),
+            settled: None,
+        }
+    }
+
+    /// Sends the jobs whose dependencies settled (queued or cancelled by
+    /// the statement that ended their dependencies) to `sink`, after the
+    /// transaction that settled them commits: their wake-ups and metrics
+    /// are sent from there, whichever operation ended the dependency.
+    pub fn report_settled_to(
+        mut self,
+        sink: tokio::sync::mpsc::UnboundedSender<Vec<dependencies::Settled>>,
+    ) -> Self {
+        self.settled = Some(sink);
+        self
+    }
+
+    /// Reports jobs settled by a committed transaction (see
+    /// [`Store::report_settled_to`]).
+    pub(crate) fn report_settled(&self, settled: Vec<dependencies::Settled>) {
+        if settled.is_empty() {
+            return;
+        }
+        if let Some(sink) = &self.settled
+            && sink.send(settled).is_err()
+        {
+            tracing::debug!("settled dependents not announced: the announcer has stopped");
         }
     }
 

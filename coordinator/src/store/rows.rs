@@ -7,13 +7,16 @@ use std::error::Error;
 
 use chrono::{DateTime, Utc};
 use runlease_protocol::limits::MAX_ATTEMPTS_PER_JOB_ANSWER;
-use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, TraceParent, WorkerId};
+use runlease_protocol::{
+    AttemptOutcome, JobId, JobState, OnDependencyFailure, QueueName, RunLease, TraceParent, WorkerId,
+};
 use serde_json::Value;
 use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Type};
 use uuid::Uuid;
 
 use crate::store::StoreError;
+use crate::store::dependencies::{DependencyRow, Link};
 
 /// `job_state` as PostgreSQL sends it (an enum's binary form is its label).
 pub struct DbJobState(pub JobState);
@@ -96,6 +99,17 @@ pub struct JobRow {
     pub attempts: Vec<AttemptRow>,
     /// Older ended attempts exist than those in `attempts`.
     pub earlier_attempts: bool,
+    /// What a failed dependency does to it (`None`: it has none).
+    pub on_dependency_failure: Option<OnDependencyFailure>,
+    /// How many dependencies it has.
+    pub dependency_count: i32,
+    /// How many dependents it was given.
+    pub dependent_count: i32,
+    /// Its dependencies with their states; empty until attached
+    /// ([`crate::store::dependencies::attach_links`]).
+    pub dependencies: Vec<Link>,
+    /// Its first dependents with their states; empty until attached.
+    pub dependents: Vec<Link>,
 }
 
 /// One attempt of a job: a `job_attempts` row, or the running attempt that
@@ -137,6 +151,16 @@ fn traceparent_col(row: &Row) -> Result<Option<TraceParent>, StoreError> {
     Ok(text.and_then(|t| TraceParent::parse(t).ok()))
 }
 
+/// Reads column `name` of `row`, or the type's default when the statement
+/// does not answer that column (the dependency columns, which statements
+/// that list their columns leave out where they do not concern them).
+fn col_or_default<'a, T: FromSql<'a> + Default>(row: &'a Row, name: &str) -> Result<T, StoreError> {
+    match row.columns().iter().position(|c| c.name() == name) {
+        Some(i) => row.try_get(i).map_err(bad_row),
+        None => Ok(T::default()),
+    }
+}
+
 /// Reads column `name` of `row`; a missing or mistyped column is a store fault.
 pub fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, StoreError> {
     row.try_get(name).map_err(bad_row)
@@ -171,6 +195,14 @@ impl JobRow {
             traceparent: traceparent_col(row)?,
             attempts: Vec::new(),
             earlier_attempts: false,
+            on_dependency_failure: col_or_default::<Option<String>>(row, "on_dependency_failure")?
+                .map(|p| p.parse())
+                .transpose()
+                .map_err(bad_row)?,
+            dependency_count: col_or_default(row, "dependencies")?,
+            dependent_count: col_or_default(row, "dependents")?,
+            dependencies: Vec::new(),
+            dependents: Vec::new(),
         })
     }
 
@@ -218,6 +250,10 @@ pub struct ClaimedJob {
     pub traceparent: Option<TraceParent>,
     /// Attempts the job may have in all.
     pub max_attempts: i32,
+    /// Whether it has dependencies (then a look-up fills `dependencies`).
+    pub has_dependencies: bool,
+    /// Its dependencies, each ended, with their states and results.
+    pub dependencies: Vec<DependencyRow>,
 }
 
 impl ClaimedJob {
@@ -233,6 +269,8 @@ impl ClaimedJob {
             timeout_ms: col(row, "timeout_ms")?,
             traceparent: traceparent_col(row)?,
             max_attempts: col(row, "max_attempts")?,
+            has_dependencies: col_or_default::<i32>(row, "dependencies")? > 0,
+            dependencies: Vec::new(),
         })
     }
 }
@@ -294,7 +332,14 @@ impl JobRow {
 impl ClaimedJob {
     /// About how many bytes the job takes in a claim's answer.
     pub fn answer_bytes(&self) -> usize {
-        FIXED_FIELD_BYTES + json_len(&self.payload) + self.progress.as_ref().map_or(0, json_len)
+        FIXED_FIELD_BYTES
+            + json_len(&self.payload)
+            + self.progress.as_ref().map_or(0, json_len)
+            + self
+                .dependencies
+                .iter()
+                .map(|d| FIXED_FIELD_BYTES / 4 + d.result.as_ref().map_or(0, json_len))
+                .sum::<usize>()
     }
 }
 

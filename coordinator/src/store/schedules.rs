@@ -208,6 +208,7 @@ impl Store {
                     concurrency_key: None,
                     // A schedule's jobs start traces of their own.
                     traceparent: None,
+                    dependencies: None,
                 };
                 // Committed before the schedule moves on: a crash in between
                 // repeats this fire time, and its key answers the same job.

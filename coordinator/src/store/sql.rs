@@ -7,8 +7,25 @@ use crate::store::tally::{self, Changes};
 
 /// The server a connection reached and whether it takes writes (`/readyz`).
 pub const SERVER_STATUS: &str = include_str!("sql/server_status.sql");
-/// Enqueue jobs (multi-row insert from arrays).
-pub const JOB_ENQUEUE: &str = include_str!("sql/job_enqueue.sql");
+/// Enqueue jobs (multi-row insert from arrays); a job whose dependency
+/// already failed enters `cancelled`.
+pub const JOB_ENQUEUE: Changes = Changes::new(include_str!("sql/job_enqueue.sql"), tally::entered);
+/// Lock the existing dependencies of an enqueue and count its dependents.
+pub const JOB_DEPENDENCIES_LOCK: &str = include_str!("sql/job_dependencies_lock.sql");
+/// Record the dependency edges of enqueued jobs.
+pub const JOB_DEPENDENCIES_INSERT: &str = include_str!("sql/job_dependencies_insert.sql");
+/// The dependencies of jobs, with their states and results.
+pub const JOB_DEPENDENCIES_OF: &str = include_str!("sql/job_dependencies_of.sql");
+/// The dependents of jobs, with their states.
+pub const JOB_DEPENDENTS_OF: &str = include_str!("sql/job_dependents_of.sql");
+/// Settle the dependents of jobs an earlier statement of the transaction ended.
+pub const JOB_DEPENDENTS_SETTLED: Changes = Changes::new(
+    concat!(
+        include_str!("sql/job_dependents_settle.sql"),
+        include_str!("sql/job_dependents_settled.sql")
+    ),
+    tally::entered,
+);
 /// Read jobs by (queue, idempotency key).
 pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempotency_key.sql");
 /// Read jobs by id.
@@ -67,7 +84,14 @@ pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
 /// End leases: complete, fail or release, each item its own action.
-pub const LEASE_FINISH: Changes = Changes::new(include_str!("sql/lease_finish.sql"), tally::finished);
+/// The dependents of the jobs it ends settled in the same statement.
+pub const LEASE_FINISH: Changes = Changes::new(
+    concat!(
+        include_str!("sql/job_dependents_settle.sql"),
+        include_str!("sql/lease_finish.sql")
+    ),
+    tally::finished,
+);
 /// What became of leases a finish did not match.
 pub const LEASE_FINISH_MISSED: &str = include_str!("sql/lease_finish_missed.sql");
 /// Reap expired leases.
@@ -134,7 +158,12 @@ pub const CLOCK_NOW: &str = include_str!("sql/clock_now.sql");
 
 /// Every statement with its name, for the test that prepares them all.
 pub const ALL: &[(&str, &str)] = &[
-    ("job_enqueue", JOB_ENQUEUE),
+    ("job_enqueue", JOB_ENQUEUE.sql()),
+    ("job_dependencies_lock", JOB_DEPENDENCIES_LOCK),
+    ("job_dependencies_insert", JOB_DEPENDENCIES_INSERT),
+    ("job_dependencies_of", JOB_DEPENDENCIES_OF),
+    ("job_dependents_of", JOB_DEPENDENTS_OF),
+    ("job_dependents_settled", JOB_DEPENDENTS_SETTLED.sql()),
     ("job_get_by_idempotency_key", JOB_GET_BY_IDEMPOTENCY_KEY),
     ("job_get", JOB_GET),
     ("job_cancel", JOB_CANCEL.sql()),
@@ -186,6 +215,8 @@ pub const ALL: &[(&str, &str)] = &[
 /// The statements of [`ALL`] that are [`Changes`]: only these may set
 /// `state` or delete jobs.
 pub const CHANGES: &[&str] = &[
+    "job_enqueue",
+    "job_dependents_settled",
     "job_cancel",
     "job_retry",
     "job_mark_enqueue_failed",
@@ -216,7 +247,8 @@ mod tests {
     }
 
     /// Whether `code` sets `state` of jobs (in the SET list of an update
-    /// of jobs, up to its FROM, WHERE or RETURNING) or deletes jobs.
+    /// of jobs, up to its FROM, WHERE or RETURNING), inserts jobs (which
+    /// may enter a terminal state at once) or deletes jobs.
     fn changes_states(code: &str) -> bool {
         let sets_state = code.match_indices("update jobs ").any(|(at, _)| {
             let rest = &code[at..];
@@ -229,7 +261,7 @@ mod tests {
             let list = &set[..end];
             list.starts_with("state =") || list.contains(", state =")
         });
-        sets_state || code.contains("delete from jobs ")
+        sets_state || code.contains("delete from jobs ") || code.contains("insert into jobs ")
     }
 
     #[test]

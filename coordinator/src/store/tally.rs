@@ -58,7 +58,7 @@ impl Tally {
             JobState::Done => Some(Tally::Done),
             JobState::Failed => Some(Tally::Failed),
             JobState::Cancelled => Some(Tally::Cancelled),
-            JobState::Queued | JobState::Running | JobState::EnqueueFailed => None,
+            JobState::Blocked | JobState::Queued | JobState::Running | JobState::EnqueueFailed => None,
         }
     }
 }
@@ -182,7 +182,9 @@ pub fn retried(row: &Row, delta: &mut Delta) -> Result<(), StoreError> {
 }
 
 /// A finished attempt (`lease_finish.sql`): the job's terminal state, and a
-/// retry where a fail queued the job again.
+/// retry where a fail queued the job again. Its rows of settled dependents
+/// (action `dependency`) count the state each entered: `cancelled` counts,
+/// `queued` (from `blocked`) and `blocked` do not.
 pub fn finished(row: &Row, delta: &mut Delta) -> Result<(), StoreError> {
     entered(row, delta)?;
     let action: &str = col(row, "action")?;
@@ -394,7 +396,12 @@ mod tests {
 
     #[test]
     fn only_terminal_states_have_a_tally() {
-        for state in [JobState::Queued, JobState::Running, JobState::EnqueueFailed] {
+        for state in [
+            JobState::Blocked,
+            JobState::Queued,
+            JobState::Running,
+            JobState::EnqueueFailed,
+        ] {
             assert_eq!(Tally::terminal(state), None);
         }
         assert_eq!(Tally::terminal(JobState::Done), Some(Tally::Done));

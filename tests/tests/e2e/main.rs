@@ -15,6 +15,8 @@ mod cli_operations;
 mod cli_schedules;
 mod dashboard;
 mod database_faults;
+mod dependencies;
+mod dependency_races;
 mod dispatch;
 mod edge_runtimes;
 mod endpoints;

@@ -175,6 +175,19 @@ async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
             let riding = generic_plan(&client, statement, args).await;
             client.batch_execute("COMMIT").await.unwrap();
             for plan in [plan, riding] {
+                // The finish's own update (the plan before its later CTEs:
+                // the attempt log, and the dependents it settles, which
+                // lock the blocked jobs they settle in a pass of their own).
+                let plan = match plan.find("CTE recorded") {
+                    Some(end) if name == "lease_finish" => {
+                        assert!(
+                            plan.contains("job_dependencies_depends_on_idx"),
+                            "{name}:\n{plan}"
+                        );
+                        plan[..end].to_owned()
+                    }
+                    _ => plan,
+                };
                 assert!(!plan.contains("Semi Join"), "{name}:\n{plan}");
                 assert!(!plan.contains("Seq Scan on jobs"), "{name}:\n{plan}");
                 assert!(!plan.contains("jobs_running_idx"), "{name}:\n{plan}");
@@ -388,7 +401,7 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
         .await
         .unwrap();
     // The version 2 columns of every row (later migrations add columns).
-    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome')::text, ',' ORDER BY j.id)) FROM jobs j";
+    let snapshot = "SELECT md5(string_agg((to_jsonb(j) - 'concurrency_key' - 'traceparent' - 'final_outcome' - 'dependencies' - 'dependencies_pending' - 'dependents' - 'on_dependency_failure')::text, ',' ORDER BY j.id)) FROM jobs j";
     let attempts = "SELECT md5(string_agg(a::text, ',' ORDER BY a.job_id, a.run_lease)) FROM job_attempts a";
     let before: (String, String) = (
         client.query_one(snapshot, &[]).await.unwrap().get(0),

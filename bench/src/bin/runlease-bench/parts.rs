@@ -216,7 +216,7 @@ async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Mea
     let db = TestDb::new().await;
     {
         let client = db.client().await;
-        let enqueue = client.prepare(sql::JOB_ENQUEUE).await?;
+        let enqueue = client.prepare(sql::JOB_ENQUEUE.sql()).await?;
         for chunk in 0..jobs.div_ceil(1000) {
             enqueue_rows(&client, &enqueue, QUEUE, (jobs - chunk * 1000).min(1000), false).await?;
         }

@@ -39,7 +39,7 @@ pub async fn run(jobs: usize) -> Raw {
         // Every job is enqueued: the first connections take the remainder.
         let share = jobs / CONNECTIONS + usize::from(c < jobs % CONNECTIONS);
         tasks.push(tokio::spawn(async move {
-            let stmt = client.prepare(sql::JOB_ENQUEUE).await.unwrap();
+            let stmt = client.prepare(sql::JOB_ENQUEUE.sql()).await.unwrap();
             let mut left = share;
             while left > 0 {
                 let n = left.min(PER_STATEMENT);
@@ -177,6 +177,8 @@ pub async fn enqueue_rows(
         .map(|_| keyed.then(|| format!("rl-client-{}", Uuid::new_v4().simple())))
         .collect();
     let none: Vec<Option<&str>> = vec![None; n];
+    // No dependencies: the statement's dependency columns are NULL arrays.
+    let (no_text, no_int): (Option<Vec<&str>>, Option<Vec<i32>>) = (None, None);
     client
         .execute(
             enqueue,
@@ -192,6 +194,12 @@ pub async fn enqueue_rows(
                 &keys,
                 &none,
                 &none,
+                &no_text,
+                &no_int,
+                &no_int,
+                &no_int,
+                &no_text,
+                &no_text,
             ],
         )
         .await?;

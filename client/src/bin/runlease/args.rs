@@ -403,7 +403,7 @@ pub enum JobsCommand {
         #[arg(long)]
         queue: String,
         /// Only jobs in these states, comma-separated or repeated (default:
-        /// every state): queued, enqueue_failed, running, done, failed, cancelled.
+        /// every state): blocked, queued, enqueue_failed, running, done, failed, cancelled.
         #[arg(long, value_delimiter = ',', value_parser = parse_state)]
         state: Vec<JobState>,
         /// Jobs per page, 1 to 500 (default 50; 500 with --all).
@@ -446,7 +446,7 @@ pub struct BulkArgs {
     #[arg(long)]
     pub queue: String,
     /// The states to match, comma-separated or repeated (at least one):
-    /// queued, enqueue_failed, running, done, failed, cancelled.
+    /// blocked, queued, enqueue_failed, running, done, failed, cancelled.
     #[arg(long, required = true, value_delimiter = ',', value_parser = parse_state)]
     pub state: Vec<JobState>,
     /// Only this job; repeat for several (at most 10,000).

@@ -2,7 +2,10 @@
 -- been terminal longer than the retention, oldest first. The store takes
 -- the rows answered off their state's tally (tally::deleted) and deletes
 -- their job_attempt_log rows (job_attempts_delete.sql, by the ids answered
--- here) in the same transaction (tally::Open::Deletes).
+-- here) in the same transaction (tally::Open::Deletes). A pruned job's own
+-- dependency edges go with it. Only terminal jobs are pruned: a blocked job
+-- is never, while it waits; and a pruned job's dependents were settled when
+-- it ended.
 -- $1 text queue, $2 text state (done, failed or cancelled), $3 bigint
 -- retention ms (> 0), $4 int limit.
 -- Index: jobs_prune_idx (queue, state, finished_at) WHERE terminal: a range
@@ -25,6 +28,10 @@ WITH doomed AS (
     DELETE FROM jobs j
     USING doomed d
     WHERE j.id = d.id
-    RETURNING j.id, j.queue, j.state
+    RETURNING j.id, j.queue, j.state, j.dependencies
+), unlinked AS (
+    DELETE FROM job_dependencies e
+    USING gone g
+    WHERE g.dependencies > 0 AND e.job_id = g.id
 )
 SELECT id, queue, state FROM gone

@@ -94,5 +94,5 @@ FROM numbered n
 WHERE j.id = n.id
 -- What a lease carries (ClaimedJob), not the whole row.
 RETURNING j.id, j.queue, j.run_lease, j.payload, j.attempt, j.progress, j.timeout_ms, j.traceparent,
-          j.max_attempts,
+          j.max_attempts, j.dependencies,
           n.ord AS slot

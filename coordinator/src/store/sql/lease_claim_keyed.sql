@@ -87,5 +87,5 @@ FROM picked p
 WHERE j.id = p.id AND j.state IN ('queued', 'enqueue_failed')
 -- What a lease carries (ClaimedJob), not the whole row.
 RETURNING j.id, j.queue, j.run_lease, j.payload, j.attempt, j.progress, j.timeout_ms, j.traceparent,
-          j.max_attempts,
+          j.max_attempts, j.dependencies,
           p.ord AS slot

@@ -35,7 +35,18 @@
 -- can deadlock. The guard and the next state are computed on the row the
 -- update locked: a row changed meanwhile by a committed statement is
 -- checked again as it is now.
-WITH input AS (
+-- Dependents: follows job_dependents_settle.sql. The jobs this statement
+-- ends with dependents (`ended`) have those dependents settled by this
+-- same statement: the last dependency to end `done` queues its job here.
+-- A job ended with `dependents` moved since this statement's snapshot (a
+-- dependent enqueued between the snapshot and the lock, which the snapshot
+-- cannot see) is left out of `ended` and answered `raced`: the store
+-- settles its dependents with a statement of its own, in this transaction,
+-- whose snapshot sees them. Rows of settled dependents are answered after
+-- the items' rows, with action 'dependency'. Jobs without dependents pay
+-- for none of it: `ended` filters on the row's `dependents` before any
+-- lookup.
+, input AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
                 $6::boolean[], $7::bigint[], $8::jsonb[])
@@ -85,7 +96,7 @@ WITH input AS (
       AND CASE WHEN j.state = 'running' THEN j.run_lease = i.run_lease ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
-              j.traceparent IS NOT NULL AS traced
+              j.traceparent IS NOT NULL AS traced, j.dependents
 ), recorded AS (
     INSERT INTO job_attempt_log (job_id, run_lease, worker_id, claimed_at, finished_at, outcome, error, state_after)
     SELECT id, run_lease, owned_by, claimed_at, now(),
@@ -97,5 +108,22 @@ WITH input AS (
            state
     FROM finished
     WHERE state NOT IN ('done', 'failed')
+), raced AS (
+    -- `s` is the row in this statement's snapshot, `f` as the update left it.
+    SELECT f.id, f.state
+    FROM finished f
+    JOIN jobs s ON s.id = f.id
+    WHERE f.dependents > 0 AND f.state IN ('done', 'failed', 'cancelled')
+      AND s.dependents <> f.dependents
+), ended AS (
+    SELECT f.id, f.state::text AS state
+    FROM finished f
+    WHERE f.dependents > 0 AND f.state IN ('done', 'failed', 'cancelled')
+      AND f.id NOT IN (SELECT id FROM raced)
 )
-SELECT id, run_lease, action, queue, state, created_at, finished_at, traced FROM finished
+SELECT f.id, f.run_lease, f.action, f.queue, f.state, f.created_at, f.finished_at, f.traced,
+       f.dependents, f.id IN (SELECT id FROM raced) AS raced
+FROM finished f
+UNION ALL
+SELECT id, run_lease, 'dependency', queue, state, created_at, finished_at, traced, dependents, false
+FROM settled

@@ -3,7 +3,8 @@
 -- reads only indexes over live rows, so its cost follows the backlog and the
 -- running jobs, never the history.
 -- No parameters.
--- Index: jobs_claim_idx (claimable rows) and jobs_running_idx (running rows):
+-- Index: jobs_claim_idx (claimable rows), jobs_running_idx (running rows)
+-- and jobs_blocked_idx (blocked rows: those with dependencies pending):
 -- each branch's predicate is its index's, so the planner can take them
 -- whatever the statistics of the terminal rows.
 -- Locking: none.
@@ -17,4 +18,9 @@ UNION ALL
 SELECT queue, 'running', count(*)::bigint, NULL::bigint
 FROM jobs
 WHERE state = 'running'
+GROUP BY queue
+UNION ALL
+SELECT queue, 'blocked', count(*)::bigint, NULL::bigint
+FROM jobs
+WHERE dependencies_pending > 0
 GROUP BY queue

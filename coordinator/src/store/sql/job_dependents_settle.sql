@@ -1,0 +1,73 @@
+-- The opening of a statement that settles the dependents of jobs that
+-- ended: the statement goes on from it and defines `ended` (id uuid, state
+-- text: 'done', 'failed', 'cancelled' or 'deleted'), the jobs it ended
+-- whose `dependents` is not 0, each row locked (by it, or by an earlier
+-- statement of its transaction). RECURSIVE lets these CTEs come first and
+-- read `ended`, defined after them.
+-- Each blocked job that waits on an ended job is settled, once, for all
+-- the ended jobs it waits on (the UPDATE below changes a row once, however
+-- many ended dependencies it has): a dependency ended 'done' is met; one
+-- ended otherwise fails, which cancels the job when its
+-- on_dependency_failure is 'cancel' (its error names the dependency) and
+-- counts as met when it is 'run'. A job with no dependency left pending is
+-- queued (claimable from now on, or at its own later run_at).
+-- The jobs it cancels are answered with their `dependents`: the store
+-- settles their dependents in turn, a level per statement, in the same
+-- transaction (the graph has no cycles: a job depends only on jobs that
+-- existed before it, or on earlier jobs of its batch).
+-- Answers, in `settled`: id, run_lease, queue, state (queued, cancelled,
+-- or still blocked), created_at, finished_at, dependents, traced.
+-- Tallies: a job it cancels enters `cancelled` (tally::entered, or
+-- tally::finished, where its rows are answered beside the finish's).
+-- Index: job_dependencies_depends_on_idx (the edges of each ended job),
+-- then jobs_pkey.
+-- Locking: the waiting jobs are locked in id order (`waiters`), after the
+-- ended ones, so two statements that settle dependents of the same jobs
+-- cannot deadlock on them. Their state and count are read on the locked
+-- row as it is now: of two statements that end a job's last two
+-- dependencies at once, the second waits for the first's commit and then
+-- sees its count, so exactly one of them queues the job. The edges are
+-- read in the statement's snapshot: a dependent enqueued after it (under
+-- the dependency's row lock, which bumps `dependents`) is not seen, and
+-- the statement that ended the dependency must say so (lease_finish.sql
+-- answers `raced`) for the store to settle again after it.
+WITH RECURSIVE waiting AS (
+    SELECT d.job_id, e.id AS dependency, e.state
+    FROM ended e
+    JOIN job_dependencies d ON d.depends_on_id = e.id
+), waiters AS MATERIALIZED (
+    SELECT j.id
+    FROM jobs j
+    WHERE j.id IN (SELECT job_id FROM waiting) AND j.state = 'blocked'
+    ORDER BY j.id
+    FOR UPDATE
+), counted AS (
+    SELECT w.job_id, count(*)::int AS n,
+           (array_agg('dependency ' || w.dependency::text || ' '
+                      || CASE w.state WHEN 'cancelled' THEN 'was cancelled'
+                                      WHEN 'deleted' THEN 'was deleted'
+                                      ELSE 'failed' END
+                      ORDER BY w.dependency) FILTER (WHERE w.state <> 'done'))[1] AS failure
+    FROM waiting w
+    GROUP BY w.job_id
+), settled AS (
+    UPDATE jobs j SET
+        state = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN 'cancelled'::job_state
+                     WHEN j.dependencies_pending <= c.n THEN 'queued'::job_state
+                     ELSE 'blocked'::job_state END,
+        dependencies_pending = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN 0
+                                    ELSE greatest(j.dependencies_pending - c.n, 0) END,
+        error = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN c.failure
+                     ELSE j.error END,
+        finished_at = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN now()
+                           ELSE j.finished_at END,
+        run_at = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN j.run_at
+                      WHEN j.dependencies_pending <= c.n THEN greatest(j.run_at, now())
+                      ELSE j.run_at END,
+        updated_at = now()
+    FROM waiters l
+    JOIN counted c ON c.job_id = l.id
+    WHERE j.id = l.id AND j.state = 'blocked'
+    RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at, j.dependents,
+              j.traceparent IS NOT NULL AS traced
+)
