@@ -58,6 +58,11 @@
 //!   `addJob` at the same rates, with the targets. See `openloop.rs`.
 //! - `enqueue [[NAME=]BINARY[,...]]`: `POST /v1/jobs/batch` of 1,000 against
 //!   graphile-worker's `addJobs` of 1,000 (target ≥ 1.0×). See `enqueue.rs`.
+//! - `graph [[NAME=]BINARY]`: a fan-out/fan-in of `--jobs` (10,000)
+//!   dependent jobs (one root, leaves, `--fan-in` merges, one final job)
+//!   drained by `--workers` (256) outside HTTP workers, against a plain
+//!   drain of as many independent jobs in the same round; jobs/s of each
+//!   and the ratio (target ≥ 0.7×). See `graph.rs`.
 //! - `pg-parts`: PostgreSQL's work per job (shared buffers, WAL, the
 //!   backend's CPU) with the coordinator's claim and finish statements on one
 //!   connection, on the schema as migrated and on variants each without one
@@ -93,6 +98,7 @@
 //! target/release/runlease-bench compare --repeat 3
 //! target/release/runlease-bench open-loop --rates 1000,5000,10000 --seconds 60
 //! target/release/runlease-bench enqueue --repeat 3
+//! target/release/runlease-bench graph --repeat 3
 //! target/release/runlease-bench drain old=../old/runlease-coordinator,new=target/release/runlease-coordinator --repeat 3
 //! ```
 
@@ -104,6 +110,7 @@ mod compare;
 mod drain;
 mod enqueue;
 mod flow;
+mod graph;
 mod graphile;
 mod history;
 mod openloop;
@@ -170,6 +177,8 @@ enum Command {
     OpenLoop(OpenLoopArgs),
     /// Batch enqueue (1,000 per request) against graphile-worker's addJobs.
     Enqueue(EnqueueArgs),
+    /// A fan-out/fan-in of dependent jobs against a plain drain of as many.
+    Graph(GraphArgs),
     /// PostgreSQL's work per job (pages, WAL, CPU) by part of the schema.
     PgParts(PgPartsArgs),
     /// Scrape latency and drain rate as terminal history grows; pruning.
@@ -284,6 +293,29 @@ struct DrainArgs {
     /// Seconds of the push latency phase (500 jobs/s offered).
     #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<u64>::new().range(1..=600))]
     push_latency_s: u64,
+}
+
+#[derive(Args)]
+struct GraphArgs {
+    /// `[NAME=]BINARY` of the coordinator build (default: this build's,
+    /// beside the bench binary).
+    #[arg(value_name = "[NAME=]BINARY")]
+    build: Option<String>,
+    /// Jobs in the graph, and in the plain drain.
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
+    jobs: usize,
+    /// Merges, each waiting on its share of the leaves (at most 100 each).
+    #[arg(long, default_value_t = 100, value_parser = at_least_one())]
+    fan_in: usize,
+    /// HTTP workers.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one())]
+    workers: usize,
+    /// Leases each worker claims and finishes at once.
+    #[arg(long, default_value_t = 8)]
+    concurrency: u32,
+    /// Interleaved rounds; the report ends with their medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    repeat: usize,
 }
 
 #[derive(Args)]
@@ -467,6 +499,10 @@ async fn main() -> anyhow::Result<()> {
         Command::Enqueue(a) => {
             let dir = a.peer.dir();
             enqueue::report(&builds(&a.builds), dir.as_deref(), a.jobs, a.repeat).await
+        }
+        Command::Graph(a) => {
+            let build = builds(a.build.as_slice()).remove(0);
+            graph::run(&build, a.workers, a.jobs, a.fan_in, a.concurrency, a.repeat).await
         }
         Command::PgParts(a) => parts::report(a.jobs, a.slots, a.repeat).await,
         Command::History(a) => history::report(&a.sizes, a.jobs).await,
