@@ -41,9 +41,13 @@ ALTER TABLE jobs ADD CONSTRAINT jobs_dependencies CHECK (
 -- dependency is gone); the statements that delete jobs delete their rows.
 -- No foreign keys: a dependency may be deleted before its dependents, and
 -- the ends of jobs without dependencies pay for no trigger.
+-- settled: the edge has been counted for its dependent, when its dependency
+-- ended (or at enqueue, when it had already ended): a dependency that ends
+-- again after an admin retry is not counted a second time.
 CREATE TABLE job_dependencies (
     job_id        uuid NOT NULL,
     depends_on_id uuid NOT NULL,
+    settled       boolean NOT NULL DEFAULT false,
     PRIMARY KEY (job_id, depends_on_id)
 );
 

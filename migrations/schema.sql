@@ -79,6 +79,10 @@ CREATE TABLE public.jobs (
     concurrency_key text,
     traceparent text,
     final_outcome public.attempt_outcome,
+    dependencies integer DEFAULT 0 NOT NULL,
+    dependencies_pending integer DEFAULT 0 NOT NULL,
+    dependents integer DEFAULT 0 NOT NULL,
+    on_dependency_failure text,
     backoff_base_ms bigint,
     backoff_max_ms bigint,
     backoff_factor double precision,
@@ -89,6 +93,7 @@ CREATE TABLE public.jobs (
     CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_cancel_request_when_running CHECK (((cancel_requested_at IS NULL) OR (state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])))),
     CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < max_attempts))),
+    CONSTRAINT jobs_dependencies CHECK ((((dependencies >= 0) AND (dependencies <= 100)) AND ((dependencies_pending >= 0) AND (dependencies_pending <= dependencies)) AND (dependents >= 0) AND ((on_dependency_failure IS NULL) = (dependencies = 0)) AND ((on_dependency_failure IS NULL) OR (on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))) AND (((state)::text = 'blocked'::text) = (dependencies_pending > 0)))),
     CONSTRAINT jobs_done_has_result CHECK (((state <> 'done'::public.job_state) OR (result IS NOT NULL))),
     CONSTRAINT jobs_idempotency_key_len CHECK (((idempotency_key IS NULL) OR ((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 255)))),
     CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
@@ -227,53 +232,6 @@ CREATE TABLE public.job_attempt_sweeps (
     requested_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
--- Name: jobs; Type: TABLE; Schema: public; Owner: -
-
-CREATE TABLE public.jobs (
-    id uuid NOT NULL,
-    queue text NOT NULL,
-    state public.job_state DEFAULT 'queued'::public.job_state NOT NULL,
-    payload jsonb NOT NULL,
-    result jsonb,
-    error text,
-    priority integer DEFAULT 0 NOT NULL,
-    run_at timestamp with time zone DEFAULT now() NOT NULL,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    claimed_at timestamp with time zone,
-    owned_by text,
-    run_lease bigint DEFAULT 0 NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer NOT NULL,
-    timeout_ms bigint,
-    lease_expires_at timestamp with time zone,
-    progress jsonb,
-    idempotency_key text,
-    cancel_requested_at timestamp with time zone,
-    finished_at timestamp with time zone,
-    dispatched_run_at timestamp with time zone,
-    concurrency_key text,
-    traceparent text,
-    final_outcome public.attempt_outcome,
-    dependencies integer DEFAULT 0 NOT NULL,
-    dependencies_pending integer DEFAULT 0 NOT NULL,
-    dependents integer DEFAULT 0 NOT NULL,
-    on_dependency_failure text,
-    CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
-    CONSTRAINT jobs_cancel_request_when_running CHECK (((cancel_requested_at IS NULL) OR (state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])))),
-    CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < max_attempts))),
-    CONSTRAINT jobs_dependencies CHECK ((((dependencies >= 0) AND (dependencies <= 100)) AND ((dependencies_pending >= 0) AND (dependencies_pending <= dependencies)) AND (dependents >= 0) AND ((on_dependency_failure IS NULL) = (dependencies = 0)) AND ((on_dependency_failure IS NULL) OR (on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))) AND (((state)::text = 'blocked'::text) = (dependencies_pending > 0)))),
-    CONSTRAINT jobs_done_has_result CHECK (((state <> 'done'::public.job_state) OR (result IS NOT NULL))),
-    CONSTRAINT jobs_idempotency_key_len CHECK (((idempotency_key IS NULL) OR ((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 255)))),
-    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
-    CONSTRAINT jobs_queue_len CHECK (((octet_length(queue) >= 1) AND (octet_length(queue) <= 128))),
-    CONSTRAINT jobs_run_lease_nonnegative CHECK ((run_lease >= 0)),
-    CONSTRAINT jobs_running_has_lease CHECK ((((state = 'running'::public.job_state) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::public.job_state) OR ((owned_by IS NOT NULL) AND (claimed_at IS NOT NULL) AND (run_lease >= 1) AND (attempt >= 1))))),
-    CONSTRAINT jobs_terminal_has_finished_at CHECK (((state = ANY (ARRAY['done'::public.job_state, 'failed'::public.job_state, 'cancelled'::public.job_state])) = (finished_at IS NOT NULL))),
-    CONSTRAINT jobs_timeout_positive CHECK (((timeout_ms IS NULL) OR (timeout_ms > 0)))
-)
-WITH (fillfactor='90');
-
 -- Name: job_attempts; Type: VIEW; Schema: public; Owner: -
 
 CREATE VIEW public.job_attempts AS
@@ -312,7 +270,8 @@ UNION ALL
 
 CREATE TABLE public.job_dependencies (
     job_id uuid NOT NULL,
-    depends_on_id uuid NOT NULL
+    depends_on_id uuid NOT NULL,
+    settled boolean DEFAULT false NOT NULL
 );
 
 -- Name: job_tallies; Type: TABLE; Schema: public; Owner: -

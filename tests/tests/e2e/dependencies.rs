@@ -471,3 +471,41 @@ async fn the_cli_shows_a_jobs_dependencies_and_dependents_and_lists_blocked_jobs
         assert!(listed.contains(&id.to_string()), "{listed}");
     }
 }
+
+#[tokio::test]
+async fn a_failed_dependency_retried_and_done_is_not_counted_twice() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    // r waits on a and b under `run`: a failing counts as met once.
+    let jobs = batch(
+        &c.api,
+        json!([
+            {"queue": "t", "payload": 0, "ref": "a", "max_attempts": 1},
+            {"queue": "t2", "payload": 1, "ref": "b"},
+            {"queue": "t", "payload": 2, "depends_on": ["a", "b"], "on_dependency_failure": "run"},
+        ]),
+    )
+    .await;
+    let ids = ids_of(&jobs);
+    let lease = c.api.claim_one("t", "w").await;
+    assert_eq!(lease.job_id.0, ids[0]);
+    assert_eq!(c.api.fail(&lease, "boom", false, None).await.0, 200);
+    assert_eq!(c.api.job(ids[2]).await.state, JobState::Blocked);
+
+    // An admin retries a, and it is done this time: r still waits on b.
+    let (status, body) = c.api.post(&format!("/v1/jobs/{}/retry", ids[0]), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let lease = c.api.claim_one("t", "w").await;
+    assert_eq!(lease.job_id.0, ids[0]);
+    assert_eq!(c.api.complete(&lease, json!("ok")).await.0, 200);
+    assert_eq!(
+        c.api.job(ids[2]).await.state,
+        JobState::Blocked,
+        "a dependency that ended twice counts once"
+    );
+
+    // b done: r queued.
+    let lease = c.api.claim_one("t2", "w").await;
+    assert_eq!(c.api.complete(&lease, json!("ok")).await.0, 200);
+    assert_eq!(c.api.job(ids[2]).await.state, JobState::Queued);
+}

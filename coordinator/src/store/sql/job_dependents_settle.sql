@@ -32,9 +32,12 @@
 -- the statement that ended the dependency must say so (lease_finish.sql
 -- answers `raced`) for the store to settle again after it.
 WITH RECURSIVE waiting AS (
+    -- Edges not counted yet: a dependency that ended before (and was
+    -- retried by an admin since) counts once.
     SELECT d.job_id, e.id AS dependency, e.state
     FROM ended e
     JOIN job_dependencies d ON d.depends_on_id = e.id
+    WHERE NOT d.settled
 ), waiters AS MATERIALIZED (
     -- Reached from the edges, one jobs_pkey lookup each; the state test
     -- sits in a CASE so that the planner never walks every blocked job
@@ -74,4 +77,10 @@ WITH RECURSIVE waiting AS (
     WHERE j.id = l.id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at, j.dependents,
               j.traceparent IS NOT NULL AS traced
+), edges_settled AS (
+    -- The edges just counted, of the dependents settled (locked, blocked).
+    UPDATE job_dependencies d SET settled = true
+    FROM waiting w
+    JOIN settled s ON s.id = w.job_id
+    WHERE d.job_id = w.job_id AND d.depends_on_id = w.dependency
 )
