@@ -226,7 +226,13 @@ impl Store {
         } else {
             None
         };
-        let rows = insert_jobs(tx, jobs, columns.as_ref(), self.lease_settings().default_max_attempts).await?;
+        let rows = insert_jobs(
+            tx,
+            jobs,
+            columns.as_ref(),
+            self.lease_settings().default_max_attempts,
+        )
+        .await?;
         let inserted: HashMap<JobId, JobRow> =
             JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
         if let Some(c) = &columns

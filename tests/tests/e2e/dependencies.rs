@@ -493,7 +493,10 @@ async fn a_failed_dependency_retried_and_done_is_not_counted_twice() {
     assert_eq!(c.api.job(ids[2]).await.state, JobState::Blocked);
 
     // An admin retries a, and it is done this time: r still waits on b.
-    let (status, body) = c.api.post(&format!("/v1/jobs/{}/retry", ids[0]), &json!({})).await;
+    let (status, body) = c
+        .api
+        .post(&format!("/v1/jobs/{}/retry", ids[0]), &json!({}))
+        .await;
     assert_eq!(status, 200, "{body}");
     let lease = c.api.claim_one("t", "w").await;
     assert_eq!(lease.job_id.0, ids[0]);

@@ -113,8 +113,8 @@ fn openapi_yaml_states_the_limits_of_limits_rs() {
         MAX_LEASES_PER_REQUEST, MAX_LIST_LIMIT, MAX_QUEUE_NAME_LEN, MAX_RATE, MAX_RETENTION_MS,
         MAX_RUNNING_LIMIT, MAX_SCHEDULE_NAME_LEN, MAX_TIMEOUT_MS, MAX_WAIT_MS, MAX_WORKER_ID_LEN,
     };
-    use runlease_protocol::limits::{MAX_DEPENDENCIES, MAX_DEPENDENTS_SHOWN, MAX_REF_LEN};
     use runlease_protocol::limits::{MAX_BACKOFF_FACTOR, MAX_BACKOFF_MS, MAX_RETRY_WINDOW_MS};
+    use runlease_protocol::limits::{MAX_DEPENDENCIES, MAX_DEPENDENTS_SHOWN, MAX_REF_LEN};
     let expected = [
         format!("maxLength: {MAX_QUEUE_NAME_LEN}"),
         format!("maxLength: {MAX_WORKER_ID_LEN}"),

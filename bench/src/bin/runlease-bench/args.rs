@@ -115,3 +115,27 @@ pub fn builds(specs: &[String]) -> Vec<drain::Build> {
         named
     }
 }
+
+/// Options of `graph`.
+#[derive(Args)]
+pub struct GraphArgs {
+    /// `[NAME=]BINARY` of the coordinator build (default: this build's,
+    /// beside the bench binary).
+    #[arg(value_name = "[NAME=]BINARY")]
+    pub build: Option<String>,
+    /// Jobs in the graph, and in the plain drain.
+    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
+    pub jobs: usize,
+    /// Merges, each waiting on its share of the leaves (at most 100 each).
+    #[arg(long, default_value_t = 100, value_parser = at_least_one())]
+    pub fan_in: usize,
+    /// HTTP workers.
+    #[arg(long, default_value_t = 256, value_parser = at_least_one())]
+    pub workers: usize,
+    /// Leases each worker claims and finishes at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: u32,
+    /// Interleaved rounds; the report ends with their medians.
+    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
+    pub repeat: usize,
+}

@@ -68,7 +68,10 @@ async fn waits(db: &TestDb) -> anyhow::Result<(f64, f64)> {
 
 /// Enqueues the graph of `n` jobs with `merges` merges; answers its count.
 async fn enqueue_graph(http: &reqwest::Client, base: &str, n: usize, merges: usize) -> anyhow::Result<usize> {
-    anyhow::ensure!(merges >= 1 && n >= merges + 3, "--jobs must exceed --fan-in by at least 3");
+    anyhow::ensure!(
+        merges >= 1 && n >= merges + 3,
+        "--jobs must exceed --fan-in by at least 3"
+    );
     let leaves = n - merges - 2;
     let per_merge = leaves.div_ceil(merges);
     anyhow::ensure!(
@@ -86,12 +89,19 @@ async fn enqueue_graph(http: &reqwest::Client, base: &str, n: usize, merges: usi
             .await?;
         let ids: Vec<String> = answer["jobs"]
             .as_array()
-            .map(|a| a.iter().filter_map(|j| j["id"].as_str().map(str::to_owned)).collect())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|j| j["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
             .unwrap_or_default();
         anyhow::Ok(ids)
     };
     let root = post(vec![json!({"queue": QUEUE, "payload": "root"})]).await?;
-    let root = root.first().cloned().ok_or_else(|| anyhow::anyhow!("the root was not answered"))?;
+    let root = root
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("the root was not answered"))?;
     let mut leaf_ids = Vec::with_capacity(leaves);
     for start in (0..leaves).step_by(BATCH) {
         let jobs = (start..(start + BATCH).min(leaves))
@@ -108,7 +118,10 @@ async fn enqueue_graph(http: &reqwest::Client, base: &str, n: usize, merges: usi
             .collect();
         merge_ids.extend(post(jobs).await?);
     }
-    post(vec![json!({"queue": QUEUE, "payload": "final", "depends_on": merge_ids})]).await?;
+    post(vec![
+        json!({"queue": QUEUE, "payload": "final", "depends_on": merge_ids}),
+    ])
+    .await?;
     Ok(1 + leaf_ids.len() + merge_ids.len() + 1)
 }
 
@@ -184,10 +197,17 @@ async fn drain(
     let done: i64 = db
         .client()
         .await
-        .query_one("SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'done'", &[&QUEUE])
+        .query_one(
+            "SELECT count(*) FROM jobs WHERE queue = $1 AND state = 'done'",
+            &[&QUEUE],
+        )
         .await?
         .get(0);
-    anyhow::ensure!(done as usize == target, "{}: {done} of {target} jobs done", build.name);
+    anyhow::ensure!(
+        done as usize == target,
+        "{}: {done} of {target} jobs done",
+        build.name
+    );
     process.terminate();
     let wait = if graph { waits(&db).await? } else { (0.0, 0.0) };
     Ok((target as f64 / elapsed.as_secs_f64(), wait))
@@ -195,15 +215,22 @@ async fn drain(
 
 /// The `graph` subcommand: `repeat` rounds of a plain drain and a graph of
 /// `jobs`, then the medians.
-pub async fn run(build: &Build, workers: usize, jobs: usize, merges: usize, concurrency: u32, repeat: usize) -> anyhow::Result<()> {
+pub async fn run(
+    build: &Build,
+    workers: usize,
+    jobs: usize,
+    merges: usize,
+    concurrency: u32,
+    repeat: usize,
+) -> anyhow::Result<()> {
     println!(
         "graph: {jobs} jobs (1 root, leaves, {merges} merges, 1 final) against {jobs} plain jobs; {workers} workers claiming up to {concurrency}; build {} ({})",
         build.name,
         build.binary.display()
     );
     println!(
-        "{:>5} {:>12} {:>12} {:>8}   {}",
-        "round", "plain jobs/s", "graph jobs/s", "ratio", "graph: claim after the last dependency ended, ms p50 / max"
+        "{:>5} {:>12} {:>12} {:>8}   graph: from a job's last dependency's end to its claim, ms p50 / max",
+        "round", "plain jobs/s", "graph jobs/s", "ratio"
     );
     let mut rounds = Vec::with_capacity(repeat);
     for r in 1..=repeat {
@@ -221,6 +248,8 @@ pub async fn run(build: &Build, workers: usize, jobs: usize, merges: usize, conc
     let graph = median(rounds.iter().map(|r| r.graph).collect());
     let ratios = median(rounds.iter().map(|r| r.graph / r.plain).collect());
     let wait = median(rounds.iter().map(|r| r.wait.0).collect());
-    println!("median {plain:>11.0} {graph:>12.0} {ratios:>7.2}x   {wait:.1} p50   (target: graph >= 0.7x plain)");
+    println!(
+        "median {plain:>11.0} {graph:>12.0} {ratios:>7.2}x   {wait:.1} p50   (target: graph >= 0.7x plain)"
+    );
     Ok(())
 }

@@ -129,7 +129,7 @@ use std::path::PathBuf;
 use clap::builder::RangedU64ValueParser;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::args::{CompareArgs, EnqueueArgs, OpenLoopArgs, builds};
+use crate::args::{CompareArgs, EnqueueArgs, GraphArgs, OpenLoopArgs, builds};
 
 /// The coordinator binary's allocator, so the in-process coordinator is
 /// measured as it runs.
@@ -293,29 +293,6 @@ struct DrainArgs {
     /// Seconds of the push latency phase (500 jobs/s offered).
     #[arg(long, default_value_t = 10, value_parser = RangedU64ValueParser::<u64>::new().range(1..=600))]
     push_latency_s: u64,
-}
-
-#[derive(Args)]
-struct GraphArgs {
-    /// `[NAME=]BINARY` of the coordinator build (default: this build's,
-    /// beside the bench binary).
-    #[arg(value_name = "[NAME=]BINARY")]
-    build: Option<String>,
-    /// Jobs in the graph, and in the plain drain.
-    #[arg(long, default_value_t = 10_000, value_parser = at_least_one())]
-    jobs: usize,
-    /// Merges, each waiting on its share of the leaves (at most 100 each).
-    #[arg(long, default_value_t = 100, value_parser = at_least_one())]
-    fan_in: usize,
-    /// HTTP workers.
-    #[arg(long, default_value_t = 256, value_parser = at_least_one())]
-    workers: usize,
-    /// Leases each worker claims and finishes at once.
-    #[arg(long, default_value_t = 8)]
-    concurrency: u32,
-    /// Interleaved rounds; the report ends with their medians.
-    #[arg(long, default_value_t = 1, value_parser = at_least_one())]
-    repeat: usize,
 }
 
 #[derive(Args)]
