@@ -22,8 +22,10 @@ function append(el, children) {
   }
 }
 
-/** Makes `parent`'s children look like `next`, reusing the nodes it can. */
+/** Makes `parent`'s children look like `next` (nodes; nulls and nested
+ * arrays allowed, as `h` takes them), reusing the nodes it can. */
 export function patch(parent, next) {
+  next = next.flat(Infinity).filter((n) => n !== null && n !== undefined && n !== false);
   const old = Array.from(parent.childNodes);
   next.forEach((n, i) => {
     const o = old[i];

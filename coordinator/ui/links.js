@@ -70,7 +70,7 @@ export function retryPolicy(settings, queueHref) {
   const fact = (label, value) => h("div", { class: "fact" }, h("dt", {}, label), h("dd", {}, value));
   return h(
     "section",
-    { class: "panel endpoint-facts", id: "retry-policy", "aria-labelledby": "retry-policy-h" },
+    { class: "panel retry-facts", id: "retry-policy", "aria-labelledby": "retry-policy-h" },
     h("h2", { id: "retry-policy-h" }, "Retry policy"),
     h(
       "dl",

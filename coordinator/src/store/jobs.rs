@@ -167,6 +167,21 @@ async fn insert_jobs(
     .await
 }
 
+/// A job of the enqueue that was inserted and depends on an earlier job of
+/// the same enqueue that was skipped for its idempotency key (its edge
+/// would name a job that was never written): their positions.
+fn skipped_dependency(
+    ids: &[JobId],
+    edges: &(Vec<Uuid>, Vec<Uuid>),
+    inserted: &HashMap<JobId, JobRow>,
+) -> Option<(usize, usize)> {
+    let position = |id: &Uuid| ids.iter().position(|j| j.0 == *id);
+    edges.0.iter().zip(&edges.1).find_map(|(dependent, dependency)| {
+        let (d, k) = (position(dependent)?, position(dependency)?);
+        (inserted.contains_key(&ids[d]) && !inserted.contains_key(&ids[k])).then_some((d, k))
+    })
+}
+
 impl Store {
     /// Enqueues jobs in one transaction, answering them in request order.
     /// Jobs whose idempotency key exists answer the original. A job with
@@ -238,6 +253,13 @@ impl Store {
         if let Some(c) = &columns
             && !c.edges.0.is_empty()
         {
+            if let Some((dependent, dependency)) = skipped_dependency(&ids, &c.edges, &inserted) {
+                // Nothing is written: the transaction rolls back.
+                return Err(StoreError::Rejected(format!(
+                    "jobs[{dependent}] depends on jobs[{dependency}], whose idempotency key names a job that already exists: \
+                     name that job's id in depends_on instead"
+                )));
+            }
             let made: Vec<Uuid> = inserted.keys().map(|id| id.0).collect();
             let stmt = tx.client().prepare_cached(sql::JOB_DEPENDENCIES_INSERT).await?;
             tx.client()

@@ -26,16 +26,20 @@ async fn through_proxy(
     .await
 }
 
-/// Enqueues 200 jobs at once, so the pool holds several connections, all
-/// of them used just now.
+/// Enqueues 200 jobs at once, each its own batch request (single
+/// enqueues would share transactions, and so connections), so the pool
+/// holds several connections, all of them used just now.
 async fn warm_pool(api: &Api) {
     let mut set = tokio::task::JoinSet::new();
     for i in 0..200 {
         let api = api.clone();
         set.spawn(async move {
-            api.post("/v1/jobs", &json!({"queue": "warm", "payload": i}))
-                .await
-                .0
+            api.post(
+                "/v1/jobs/batch",
+                &json!({"jobs": [{"queue": "warm", "payload": i}]}),
+            )
+            .await
+            .0
         });
     }
     while let Some(status) = set.join_next().await {

@@ -512,3 +512,50 @@ async fn a_failed_dependency_retried_and_done_is_not_counted_twice() {
     assert_eq!(c.api.complete(&lease, json!("ok")).await.0, 200);
     assert_eq!(c.api.job(ids[2]).await.state, JobState::Queued);
 }
+
+#[tokio::test]
+async fn a_dependency_on_a_job_skipped_for_its_idempotency_key_is_refused_and_nothing_written() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let first = batch(
+        &c.api,
+        json!([{"queue": "k", "payload": 0, "idempotency_key": "once"}]),
+    )
+    .await;
+    // The same key again with a job depending on it: the keyed job would be
+    // skipped and the dependent would wait on a job that was never written.
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [
+                {"queue": "k", "payload": 1, "ref": "a", "idempotency_key": "once"},
+                {"queue": "k", "payload": 2, "depends_on": ["a"]},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("jobs[1] depends on jobs[0]"),
+        "{body}"
+    );
+    let jobs: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(jobs, 1, "nothing of the refused batch is written");
+    // Naming the original by id works.
+    let ids = ids_of(&first);
+    let jobs = batch(
+        &c.api,
+        json!([{"queue": "k", "payload": 2, "depends_on": [ids[0]]}]),
+    )
+    .await;
+    assert_eq!(jobs[0]["state"], "blocked");
+}

@@ -147,6 +147,7 @@ pub async fn complete(
                 &none_json,
                 &1_000i64,
                 &300_000i64,
+                &4i32,
             ],
         )
         .await?;
@@ -177,8 +178,11 @@ pub async fn enqueue_rows(
         .map(|_| keyed.then(|| format!("rl-client-{}", Uuid::new_v4().simple())))
         .collect();
     let none: Vec<Option<&str>> = vec![None; n];
-    // No dependencies: the statement's dependency columns are NULL arrays.
+    // No dependencies: the statement's dependency columns are NULL arrays;
+    // no retry policy of their own: NULL for each job.
     let (no_text, no_int): (Option<Vec<&str>>, Option<Vec<i32>>) = (None, None);
+    let no_ms: Vec<Option<i64>> = vec![None; n];
+    let no_float: Vec<Option<f64>> = vec![None; n];
     client
         .execute(
             enqueue,
@@ -200,6 +204,12 @@ pub async fn enqueue_rows(
                 &no_int,
                 &no_text,
                 &no_text,
+                &4i32,
+                &no_ms,
+                &no_ms,
+                &no_float,
+                &no_float,
+                &no_ms,
             ],
         )
         .await?;
