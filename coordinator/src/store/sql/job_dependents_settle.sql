@@ -38,18 +38,10 @@ WITH RECURSIVE waiting AS (
     FROM ended e
     JOIN job_dependencies d ON d.depends_on_id = e.id
     WHERE NOT d.settled
-), waiters AS MATERIALIZED (
-    -- Reached from the edges, one jobs_pkey lookup each; the state test
-    -- sits in a CASE so that the planner never walks every blocked job
-    -- through an index on the state instead.
-    SELECT j.id
-    FROM (SELECT DISTINCT job_id FROM waiting) w
-    JOIN jobs j ON j.id = w.job_id
-    WHERE CASE WHEN j.state = 'blocked' THEN true ELSE false END
-    ORDER BY j.id
-    FOR UPDATE OF j
 ), counted AS (
-    SELECT w.job_id, count(*)::int AS n,
+    -- Per waiting job: how many of its dependencies ended here, which they
+    -- are, and the first that failed.
+    SELECT w.job_id, count(*)::int AS n, array_agg(w.dependency) AS dependencies,
            (array_agg('dependency ' || w.dependency::text || ' '
                       || CASE w.state WHEN 'cancelled' THEN 'was cancelled'
                                       WHEN 'deleted' THEN 'was deleted'
@@ -57,6 +49,18 @@ WITH RECURSIVE waiting AS (
                       ORDER BY w.dependency) FILTER (WHERE w.state <> 'done'))[1] AS failure
     FROM waiting w
     GROUP BY w.job_id
+), waiters AS MATERIALIZED (
+    -- Reached from the counts, one jobs_pkey lookup each (the statement
+    -- runs with nested loops only: every join here has an index on its
+    -- inner side, so a fan-out of thousands costs thousands of lookups,
+    -- not their square); the state test sits in a CASE so that the planner
+    -- never walks every blocked job through an index on the state instead.
+    SELECT j.id, c.n, c.dependencies, c.failure
+    FROM counted c
+    JOIN jobs j ON j.id = c.job_id
+    WHERE CASE WHEN j.state = 'blocked' THEN true ELSE false END
+    ORDER BY j.id
+    FOR UPDATE OF j
 ), settled AS (
     UPDATE jobs j SET
         state = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN 'cancelled'::job_state
@@ -72,15 +76,14 @@ WITH RECURSIVE waiting AS (
                       WHEN j.dependencies_pending <= c.n THEN greatest(j.run_at, now())
                       ELSE j.run_at END,
         updated_at = now()
-    FROM waiters l
-    JOIN counted c ON c.job_id = l.id
-    WHERE j.id = l.id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
+    FROM waiters c
+    WHERE j.id = c.id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at, j.dependents,
               j.traceparent IS NOT NULL AS traced
 ), edges_settled AS (
-    -- The edges just counted, of the dependents settled (locked, blocked).
+    -- The edges just counted, of the dependents settled (each waiter, locked
+    -- and blocked, is settled): job_dependencies_pkey per waiter.
     UPDATE job_dependencies d SET settled = true
-    FROM waiting w
-    JOIN settled s ON s.id = w.job_id
-    WHERE d.job_id = w.job_id AND d.depends_on_id = w.dependency
+    FROM waiters c
+    WHERE d.job_id = c.id AND d.depends_on_id = ANY (c.dependencies)
 )
