@@ -16,6 +16,7 @@
 //! - [`schedules`]: cron schedules and their fire pass.
 //! - [`tally`]: the tallies as values, and the transactions that write them.
 
+pub mod claims;
 pub mod connect;
 pub mod dependencies;
 pub mod jobs;

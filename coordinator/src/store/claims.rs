@@ -1,0 +1,378 @@
+//! Claims: leases handed out by the claim statements, for unlimited
+//! queues in one shared statement and for queues with flow-control limits
+//! (running caps, rate limits, concurrency keys) in a transaction of their own.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use runlease_protocol::{QueueName, WorkerId};
+
+use crate::flow;
+use crate::store::leases::{ClaimGroup, LeaseRef, Outcome};
+use crate::store::queues::RateLimit;
+use crate::store::rows::{ClaimedJob, col};
+use crate::store::tally::{Open, Prepared, Tallied};
+use crate::store::{Store, StoreError, dependencies, ms, sql};
+
+/// What a claim handed out, and what held it back.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    /// Each lease with the slot (0-based) it filled, in slot order.
+    pub rows: Vec<(usize, ClaimedJob)>,
+    /// Slots a queue's limits held back, by queue and kind of limit.
+    pub held_back: Vec<(QueueName, LimitKind, usize)>,
+    /// When a rate-limited queue has its next token: a parked claim should
+    /// look again then, not only at its re-check timer.
+    pub retry_in: Option<Duration>,
+}
+
+/// The flow-control limits a claim can be held back by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LimitKind {
+    /// The queue's `max_running`.
+    MaxRunning,
+    /// The queue's `max_running_per_key`.
+    PerKey,
+    /// The queue's rate limit.
+    Rate,
+}
+
+impl LimitKind {
+    /// The name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LimitKind::MaxRunning => "max_running",
+            LimitKind::PerKey => "max_running_per_key",
+            LimitKind::Rate => "rate_limit",
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct LimitedClaim {
+    rows: Vec<(usize, ClaimedJob)>,
+    held_back: Vec<(LimitKind, usize)>,
+    retry_in: Option<Duration>,
+}
+
+/// A limited queue's `max_running_per_key` and its other limits, from its
+/// locked settings row (`queue_limits_lock.sql`); `None` while it is paused.
+fn limits_of(row: &tokio_postgres::Row) -> Result<Option<(Option<i32>, flow::Limits)>, StoreError> {
+    if col::<bool>(row, "paused")? {
+        return Ok(None);
+    }
+    let rate_limit = match (
+        col::<Option<f64>>(row, "rate_per_s")?,
+        col::<Option<i32>>(row, "rate_burst")?,
+    ) {
+        (Some(per_s), Some(burst)) => Some(RateLimit { per_s, burst }),
+        _ => None,
+    };
+    let limits = flow::Limits {
+        max_running: col(row, "max_running")?,
+        rate_limit,
+        tokens: col(row, "rate_tokens")?,
+        refilled_at: col(row, "rate_refilled_at")?,
+    };
+    Ok(Some((col(row, "max_running_per_key")?, limits)))
+}
+
+/// Reads claim rows: each job with the slot (0-based) it filled.
+pub(super) fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let slot: i64 = col(row, "slot")?;
+            Ok((usize::try_from(slot - 1).unwrap_or(0), ClaimedJob::from_row(row)?))
+        })
+        .collect()
+}
+
+/// Runs `lease_claim.sql` (`claim`, prepared on `tx`) in `tx`; `limited`
+/// is the claim time of the limited path (which serves limited queues),
+/// `None` for the shared statement.
+pub(super) async fn claim_rows(
+    tx: &Tallied<'_>,
+    claim: &Prepared,
+    queues: &[&str],
+    slots: &[&WorkerId],
+    time_left_ms: Option<u64>,
+    leases: &crate::store::LeaseSettings,
+    limited: Option<DateTime<Utc>>,
+) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
+    let serve_limited = limited.is_some();
+    let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+    let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+        &queues,
+        &workers,
+        &ms(leases.ttl),
+        &ms(leases.default_timeout),
+        &time_left,
+        &serve_limited,
+        &limited,
+    ];
+    slotted(&tx.run(claim, &params).await?)
+}
+
+impl Store {
+    /// Claims up to one lease per slot (each slot names its worker) from
+    /// `queues`, answering each lease with the slot (0-based) it filled,
+    /// in slot order. Queues without limits share one statement; each of
+    /// `limited` (queues this coordinator knows to have flow-control limits)
+    /// is then served, with the slots left, by the limited path.
+    pub async fn claim(
+        &self,
+        queues: &[QueueName],
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+        limited: &[QueueName],
+    ) -> Result<Claimed, StoreError> {
+        // The shared statement: the lease transaction with no items to
+        // write before its claim (see `write_leases`).
+        let group = ClaimGroup {
+            queues,
+            slots: slots.to_vec(),
+            time_left_ms,
+        };
+        // Queues that all take the limited path have nothing for the shared
+        // statement (it skips them): no transaction of its own for it.
+        let mut claimed = if !limited.is_empty() && queues.iter().all(|q| limited.contains(q)) {
+            Vec::new()
+        } else {
+            let (_, mut groups, _) = self
+                .write_leases("claim", &[], std::slice::from_ref(&group), &[])
+                .await?;
+            groups.pop().unwrap_or_default()
+        };
+        let mut answer = Claimed::default();
+        for queue in limited.iter().filter(|q| queues.contains(q)) {
+            let taken: Vec<usize> = claimed.iter().map(|(slot, _)| *slot).collect();
+            let free: Vec<usize> = (0..slots.len()).filter(|i| !taken.contains(i)).collect();
+            if free.is_empty() {
+                break;
+            }
+            let free_slots: Vec<&WorkerId> = free.iter().map(|&i| slots[i]).collect();
+            let limited = match self
+                .timed("claim", || self.claim_limited(queue, &free_slots, time_left_ms))
+                .await
+            {
+                Ok(limited) => limited,
+                // Leases already committed (the shared statement, or other
+                // limited queues) are answered: dropping them would leave
+                // their jobs running with no holder until they expire.
+                Err(e) if !claimed.is_empty() => {
+                    tracing::warn!(%queue, error = %e, "the limited claim failed; answering the leases already claimed");
+                    break;
+                }
+                Err(e) => return Err(e),
+            };
+            for (slot, row) in limited.rows {
+                claimed.push((free[slot], row));
+            }
+            answer.held_back.extend(
+                limited
+                    .held_back
+                    .into_iter()
+                    .map(|(kind, n)| (queue.clone(), kind, n)),
+            );
+            answer.retry_in = match (answer.retry_in, limited.retry_in) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        claimed.sort_by_key(|(slot, _)| *slot);
+        // The limited path's leases (the shared statement's have theirs).
+        let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().map(|(_, j)| j).collect();
+        if leased
+            .iter()
+            .any(|j| j.has_dependencies && j.dependencies.is_empty())
+        {
+            let client = self.conn().await?;
+            dependencies::attach_to_leases(&client, &mut leased).await?;
+        }
+        answer.rows = claimed;
+        Ok(answer)
+    }
+
+    /// The limited path: one queue, its settings row locked for the whole
+    /// transaction (claims of a limited queue run one at a time, on every
+    /// coordinator), the running jobs counted after the lock, at most what
+    /// `max_running` and the rate limit's tokens allow started, per-key
+    /// limits applied by the keyed statement, the bucket charged.
+    async fn claim_limited(
+        &self,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+    ) -> Result<LimitedClaim, StoreError> {
+        let client = self.conn().await?;
+        let tx = Tallied::new(&client);
+        let outcome = async {
+            tx.begin(Open::States).await?;
+            self.claim_limited_in(&tx, queue, slots, time_left_ms).await
+        }
+        .await;
+        tx.end(outcome).await
+    }
+
+    /// [`Store::claim_limited`] in `tx`.
+    async fn claim_limited_in(
+        &self,
+        tx: &Tallied<'_>,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+    ) -> Result<LimitedClaim, StoreError> {
+        let client = tx.client();
+        let mut outcome = LimitedClaim::default();
+        let stmt = client.prepare_cached(sql::QUEUE_LIMITS_LOCK).await?;
+        let Some(limits) = client.query_opt(&stmt, &[&queue.as_str()]).await? else {
+            // No settings (any more): no limits; the shared statement serves it.
+            return Ok(outcome);
+        };
+        let Some((per_key, limits)) = limits_of(&limits)? else {
+            // Paused: nothing starts.
+            return Ok(outcome);
+        };
+        let stmt = client.prepare_cached(sql::QUEUE_RUNNING_COUNT).await?;
+        let count = client.query_one(&stmt, &[&queue.as_str()]).await?;
+        let at: DateTime<Utc> = col(&count, "at")?;
+        let admission = flow::admit(&limits, slots.len(), col(&count, "running")?, at);
+        outcome.held_back = admission.held_back;
+        outcome.retry_in = admission.retry_in;
+        if admission.allowed == 0 {
+            return Ok(outcome);
+        }
+        let admitted = &slots[..admission.allowed.min(slots.len())];
+        let rows = match per_key {
+            None => {
+                // Planned as the shared claim is (lease_claim.sql).
+                client.batch_execute(sql::CLAIM_PLANNING).await?;
+                let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
+                let terms = self.lease_settings();
+                claim_rows(
+                    tx,
+                    &claim,
+                    &[queue.as_str()],
+                    admitted,
+                    time_left_ms,
+                    terms,
+                    Some(at),
+                )
+                .await?
+            }
+            Some(per_key) => {
+                let rows = self
+                    .claim_keyed(tx, queue, admitted, time_left_ms, per_key, at)
+                    .await?;
+                if rows.len() < admitted.len() {
+                    // Fewer than the other limits allow: keys at their limit
+                    // (or simply no more due jobs).
+                    outcome.held_back.push((LimitKind::PerKey, 0));
+                }
+                rows
+            }
+        };
+        if let Some(tokens) = admission.tokens {
+            let left = (tokens - rows.len() as f64).max(0.0);
+            let stmt = client.prepare_cached(sql::QUEUE_RATE_TAKE).await?;
+            client.execute(&stmt, &[&queue.as_str(), &left, &at]).await?;
+        }
+        outcome.rows = rows;
+        Ok(outcome)
+    }
+
+    /// The claim of a queue with `max_running_per_key` (`lease_claim_keyed.sql`),
+    /// in the limited path's transaction: one lease per slot at most, no key
+    /// past `per_key` running jobs.
+    async fn claim_keyed(
+        &self,
+        tx: &Tallied<'_>,
+        queue: &QueueName,
+        slots: &[&WorkerId],
+        time_left_ms: Option<u64>,
+        per_key: i32,
+        at: DateTime<Utc>,
+    ) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
+        let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
+        let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
+        let terms = self.lease_settings();
+        let allowed = i32::try_from(slots.len()).unwrap_or(i32::MAX);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [
+            &queue.as_str(),
+            &workers,
+            &ms(terms.ttl),
+            &ms(terms.default_timeout),
+            &time_left,
+            &per_key,
+            &allowed,
+            &at,
+        ];
+        slotted(&tx.query(&sql::LEASE_CLAIM_KEYED, &params).await?)
+    }
+
+    /// The limited path of each claim whose queues `limited` names (the
+    /// limited ones of `claims[i]` in `limited[i]`), in `tx` after the
+    /// shared statement: queue by queue, on the slots still free, as
+    /// [`Store::claim`] does in transactions of their own. Each claim's
+    /// leases stay in slot order. Answers what the limits held back.
+    pub(super) async fn claim_limited_groups(
+        &self,
+        tx: &Tallied<'_>,
+        claims: &[ClaimGroup<'_>],
+        limited: &[Vec<QueueName>],
+        claimed: &mut [Vec<(usize, ClaimedJob)>],
+    ) -> Result<Vec<(QueueName, LimitKind, usize)>, StoreError> {
+        let mut held_back = Vec::new();
+        if limited.iter().all(Vec::is_empty) {
+            return Ok(held_back);
+        }
+        // Planned as in a transaction of its own (the keyed claim with the
+        // server's settings; the plain one sets the claim's again).
+        tx.client().batch_execute(sql::CLAIM_PLANNING_RESET).await?;
+        for ((group, queues), rows) in claims.iter().zip(limited).zip(claimed.iter_mut()) {
+            for queue in queues.iter().filter(|q| group.queues.contains(q)) {
+                let free: Vec<usize> = (0..group.slots.len())
+                    .filter(|i| !rows.iter().any(|(slot, _)| slot == i))
+                    .collect();
+                if free.is_empty() {
+                    break;
+                }
+                let free_slots: Vec<&WorkerId> = free.iter().map(|&i| group.slots[i]).collect();
+                let got = self
+                    .claim_limited_in(tx, queue, &free_slots, group.time_left_ms)
+                    .await?;
+                rows.extend(got.rows.into_iter().map(|(slot, row)| (free[slot], row)));
+                held_back.extend(
+                    got.held_back
+                        .into_iter()
+                        .map(|(kind, n)| (queue.clone(), kind, n)),
+                );
+            }
+            rows.sort_by_key(|(slot, _)| *slot);
+        }
+        Ok(held_back)
+    }
+
+    /// Releases leases that were claimed but never handed out (no attempt
+    /// charged); where that fails, they expire.
+    pub async fn give_back(&self, leases: Vec<LeaseRef>) {
+        let items: Vec<(LeaseRef, Outcome)> = leases
+            .into_iter()
+            .map(|lease| {
+                (
+                    lease,
+                    Outcome::Release {
+                        progress: None,
+                        delay_ms: None,
+                    },
+                )
+            })
+            .collect();
+        let refs: Vec<&(LeaseRef, Outcome)> = items.iter().collect();
+        if let Err(e) = self.finish(&refs).await {
+            tracing::warn!(error = %e, leases = refs.len(), "could not release leases never handed out; they will expire");
+        }
+    }
+}
