@@ -416,7 +416,7 @@ CREATE INDEX job_dependencies_depends_on_idx ON public.job_dependencies USING bt
 
 -- Name: jobs_blocked_idx; Type: INDEX; Schema: public; Owner: -
 
-CREATE INDEX jobs_blocked_idx ON public.jobs USING btree (queue) WHERE (dependencies_pending > 0);
+CREATE INDEX jobs_blocked_idx ON public.jobs USING btree (queue) WHERE (state > 'enqueue_failed'::public.job_state);
 
 -- Name: jobs_claim_idx; Type: INDEX; Schema: public; Owner: -
 

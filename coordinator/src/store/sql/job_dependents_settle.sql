@@ -20,7 +20,7 @@
 -- Tallies: a job it cancels enters `cancelled` (tally::entered, or
 -- tally::finished, where its rows are answered beside the finish's).
 -- Index: job_dependencies_depends_on_idx (the edges of each ended job),
--- then jobs_pkey.
+-- then jobs_pkey; the edges counted are marked by their tuple ids.
 -- Locking: the waiting jobs are locked in id order (`waiters`), after the
 -- ended ones, so two statements that settle dependents of the same jobs
 -- cannot deadlock on them. Their state and count are read on the locked
@@ -34,14 +34,14 @@
 WITH RECURSIVE waiting AS (
     -- Edges not counted yet: a dependency that ended before (and was
     -- retried by an admin since) counts once.
-    SELECT d.job_id, e.id AS dependency, e.state
+    SELECT d.job_id, e.id AS dependency, e.state, d.ctid AS edge
     FROM ended e
     JOIN job_dependencies d ON d.depends_on_id = e.id
     WHERE NOT d.settled
 ), counted AS (
     -- Per waiting job: how many of its dependencies ended here, which they
     -- are, and the first that failed.
-    SELECT w.job_id, count(*)::int AS n, array_agg(w.dependency) AS dependencies,
+    SELECT w.job_id, count(*)::int AS n, array_agg(w.edge) AS edges,
            (array_agg('dependency ' || w.dependency::text || ' '
                       || CASE w.state WHEN 'cancelled' THEN 'was cancelled'
                                       WHEN 'deleted' THEN 'was deleted'
@@ -55,7 +55,7 @@ WITH RECURSIVE waiting AS (
     -- inner side, so a fan-out of thousands costs thousands of lookups,
     -- not their square); the state test sits in a CASE so that the planner
     -- never walks every blocked job through an index on the state instead.
-    SELECT j.id, c.n, c.dependencies, c.failure
+    SELECT j.id, c.n, c.edges, c.failure
     FROM counted c
     JOIN jobs j ON j.id = c.job_id
     WHERE CASE WHEN j.state = 'blocked' THEN true ELSE false END
@@ -82,8 +82,12 @@ WITH RECURSIVE waiting AS (
               j.traceparent IS NOT NULL AS traced
 ), edges_settled AS (
     -- The edges just counted, of the dependents settled (each waiter, locked
-    -- and blocked, is settled): job_dependencies_pkey per waiter.
+    -- and blocked, is settled), each reached by the tuple `waiting` read (a
+    -- job may wait on a hundred others: looked up by the dependent, every
+    -- edge counted would read all of them). No other statement changes an
+    -- edge of a job whose row this one holds locked: the tuple read is the
+    -- edge as it is.
     UPDATE job_dependencies d SET settled = true
-    FROM waiters c
-    WHERE d.job_id = c.id AND d.depends_on_id = ANY (c.dependencies)
+    FROM waiters c, unnest(c.edges) AS e(edge)
+    WHERE d.ctid = e.edge
 )

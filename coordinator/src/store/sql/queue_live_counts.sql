@@ -4,7 +4,7 @@
 -- running jobs, never the history.
 -- No parameters.
 -- Index: jobs_claim_idx (claimable rows), jobs_running_idx (running rows)
--- and jobs_blocked_idx (blocked rows: those with dependencies pending):
+-- and jobs_blocked_idx (blocked rows: the only state after enqueue_failed):
 -- each branch's predicate is its index's, so the planner can take them
 -- whatever the statistics of the terminal rows.
 -- Locking: none.
@@ -22,5 +22,5 @@ GROUP BY queue
 UNION ALL
 SELECT queue, 'blocked', count(*)::bigint, NULL::bigint
 FROM jobs
-WHERE dependencies_pending > 0
+WHERE state > 'enqueue_failed'
 GROUP BY queue
