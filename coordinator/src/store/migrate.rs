@@ -43,7 +43,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(11, "0011", "endpoints"),
     migration!(12, "0012", "dependencies"),
     migration!(13, "0013", "retry_policy"),
-    migration!(14, "0014", "blocked_index"),
+    migration!(14, "0014", "dependents_in_place"),
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -10,4 +10,4 @@ export { Producer, type EnqueueRequest, type WaitOptions } from "./producer.js";
 export { pushHandler, type PushHandlerOptions, type PushRequestOptions, type PushBody } from "./push.js";
 export { verify as verifySignature, sign as signPayload } from "./signature.js";
 export { Worker, type Handler, type WorkerEvent, type WorkerOptions } from "./worker.js";
-export type { Attempt, FinishAnswer, FinishItem, Job, JobState, Json, Lease } from "./types.js";
+export type { Attempt, Dependency, FinishAnswer, FinishItem, Job, JobState, Json, Lease } from "./types.js";

@@ -1,6 +1,6 @@
 import { LeaseAborted, RunleaseError, type AbortReason } from "./errors.js";
 import { sleep, type Transport } from "./http.js";
-import type { FinishAnswer, FinishItem, Lease } from "./types.js";
+import type { Dependency, FinishAnswer, FinishItem, Lease } from "./types.js";
 
 /** Returned by `JobContext.release`: a handler that returns it releases its lease. */
 export class Release {
@@ -18,6 +18,8 @@ export interface JobContext<P = unknown> {
   /** The checkpoint an earlier attempt saved, or null. */
   readonly progress: unknown;
   readonly traceparent: string | undefined;
+  /** The jobs this one waited on (id, state, result), or an empty list. */
+  readonly dependencies: readonly Dependency[];
   /**
    * Fires when the lease is lost, a cancel was requested, the coordinator was
    * unreachable for a whole lease TTL, or a drain ran out of time; its
@@ -87,6 +89,7 @@ export class HeldLease {
       attempt: lease.attempt,
       progress: lease.progress,
       traceparent: lease.traceparent,
+      dependencies: lease.dependencies ?? [],
       signal: this.controller.signal,
       checkpoint: (progress: unknown) => {
         this.pendingProgress = progress;

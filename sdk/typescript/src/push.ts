@@ -1,7 +1,7 @@
 import { Transport } from "./http.js";
 import { finishWithRetry, Heartbeater, HeldLease, outcomeOf, type JobContext } from "./lease.js";
 import { verify } from "./signature.js";
-import type { Lease } from "./types.js";
+import type { Dependency, Lease } from "./types.js";
 import type { Handler } from "./worker.js";
 
 /** Settings of a push handler. */
@@ -33,7 +33,16 @@ export interface PushRequestOptions {
 
 /** The body the coordinator pushes to an endpoint. */
 export interface PushBody {
-  job: { id: string; queue: string; payload: unknown; attempt: number; max_attempts: number; progress: unknown; traceparent?: string };
+  job: {
+    id: string;
+    queue: string;
+    payload: unknown;
+    attempt: number;
+    max_attempts: number;
+    progress: unknown;
+    traceparent?: string;
+    dependencies?: Dependency[];
+  };
   lease: { lease_token: string; run_lease: number; lease_ttl_ms: number; heartbeat_interval_ms: number };
   coordinator_url: string;
 }
@@ -84,6 +93,7 @@ export function pushHandler<P = unknown>(
       heartbeat_interval_ms: body.lease.heartbeat_interval_ms,
       timeout_ms: 0,
       ...(body.job.traceparent === undefined ? {} : { traceparent: body.job.traceparent }),
+      ...(body.job.dependencies === undefined ? {} : { dependencies: body.job.dependencies }),
     };
     const held = new HeldLease(lease);
     const settled = (async () => {

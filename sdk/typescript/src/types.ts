@@ -52,6 +52,16 @@ export interface Lease {
   heartbeat_interval_ms: number;
   timeout_ms: number;
   traceparent?: string;
+  /** Present when the job was enqueued with dependencies: each one's id, state and result. */
+  dependencies?: Dependency[];
+}
+
+/** A dependency of a leased job, as the coordinator saw it when it handed out the lease. */
+export interface Dependency {
+  id: string;
+  /** Null when the dependency was deleted. */
+  state: JobState | null;
+  result: unknown;
 }
 
 /** One finishing outcome, as `/v1/finish` takes it. */

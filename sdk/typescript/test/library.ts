@@ -74,6 +74,38 @@ export const libraryTests: LibraryTest[] = [
     },
   },
   {
+    name: "a_dependent_runs_after_its_dependency_and_sees_its_result",
+    async run(env) {
+      const q = queue("deps");
+      const p = new Producer(conn(env));
+      const [first, second] = await p.enqueueBatch([
+        { queue: q, payload: { step: 1 }, ref: "first" },
+        { queue: q, payload: { step: 2 }, depends_on: ["first"] },
+      ]);
+      match(second, { state: "blocked" });
+      const seen: { id: string; dependencies: unknown }[] = [];
+      const worker = new Worker({
+        ...conn(env),
+        queues: [q],
+        concurrency: 2,
+        waitMs: 500,
+        handler: (j: JobContext) => {
+          seen.push({ id: j.id, dependencies: j.dependencies });
+          return { step: (j.payload as { step: number }).step };
+        },
+      });
+      void worker.run();
+      match(await p.waitForResult(second!.id, { timeoutMs: 15_000 }), { state: "done", result: { step: 2 } });
+      await worker.stop();
+      match(
+        seen.map((s) => s.id),
+        [first!.id, second!.id],
+      );
+      match(seen[0]!.dependencies, []);
+      match(seen[1]!.dependencies, [{ id: first!.id, state: "done", result: { step: 1 } }]);
+    },
+  },
+  {
     name: "worker_bounds_concurrency_and_sends_outcomes_with_claims",
     async run(env) {
       const q = queue("concurrency");

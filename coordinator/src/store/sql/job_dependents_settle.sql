@@ -21,9 +21,9 @@
 -- tally::finished, where its rows are answered beside the finish's).
 -- Index: job_dependencies_depends_on_idx (the edges of each ended job),
 -- then jobs_pkey; the edges counted are marked by their tuple ids.
--- Locking: the waiting jobs are locked in id order (`waiters`), after the
--- ended ones, so two statements that settle dependents of the same jobs
--- cannot deadlock on them. Their state and count are read on the locked
+-- Locking: the waiting jobs are locked in id order (`settled` updates them
+-- in the order of `counted`), after the ended ones, so two statements that
+-- settle dependents of the same jobs cannot deadlock on them. Their state and count are read on the locked
 -- row as it is now: of two statements that end a job's last two
 -- dependencies at once, the second waits for the first's commit and then
 -- sees its count, so exactly one of them queues the job. The edges are
@@ -38,9 +38,10 @@ WITH RECURSIVE waiting AS (
     FROM ended e
     JOIN job_dependencies d ON d.depends_on_id = e.id
     WHERE NOT d.settled
-), counted AS (
-    -- Per waiting job: how many of its dependencies ended here, which they
-    -- are, and the first that failed.
+), counted AS MATERIALIZED (
+    -- Per waiting job, in id order (the order `settled` locks them in): how
+    -- many of its dependencies ended here, the tuples of those edges, and
+    -- the first that failed.
     SELECT w.job_id, count(*)::int AS n, array_agg(w.edge) AS edges,
            (array_agg('dependency ' || w.dependency::text || ' '
                       || CASE w.state WHEN 'cancelled' THEN 'was cancelled'
@@ -49,18 +50,7 @@ WITH RECURSIVE waiting AS (
                       ORDER BY w.dependency) FILTER (WHERE w.state <> 'done'))[1] AS failure
     FROM waiting w
     GROUP BY w.job_id
-), waiters AS MATERIALIZED (
-    -- Reached from the counts, one jobs_pkey lookup each (the statement
-    -- runs with nested loops only: every join here has an index on its
-    -- inner side, so a fan-out of thousands costs thousands of lookups,
-    -- not their square); the state test sits in a CASE so that the planner
-    -- never walks every blocked job through an index on the state instead.
-    SELECT j.id, c.n, c.edges, c.failure
-    FROM counted c
-    JOIN jobs j ON j.id = c.job_id
-    WHERE CASE WHEN j.state = 'blocked' THEN true ELSE false END
-    ORDER BY j.id
-    FOR UPDATE OF j
+    ORDER BY w.job_id
 ), settled AS (
     UPDATE jobs j SET
         state = CASE WHEN c.failure IS NOT NULL AND j.on_dependency_failure = 'cancel' THEN 'cancelled'::job_state
@@ -76,18 +66,25 @@ WITH RECURSIVE waiting AS (
                       WHEN j.dependencies_pending <= c.n THEN greatest(j.run_at, now())
                       ELSE j.run_at END,
         updated_at = now()
-    FROM waiters c
-    WHERE j.id = c.id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
+    -- Reached from the counts in their order, one jobs_pkey lookup each
+    -- (the statement runs with nested loops only: every join here has an
+    -- index on its inner side, so a fan-out of thousands costs thousands
+    -- of lookups, not their square); the state test sits in a CASE so that
+    -- the planner never walks every blocked job through an index on the
+    -- state instead. Each row is locked as the update reaches it, and its
+    -- state and count are read as the lock found them.
+    FROM counted c
+    WHERE j.id = c.job_id AND CASE WHEN j.state = 'blocked' THEN true ELSE false END
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at, j.dependents,
-              j.traceparent IS NOT NULL AS traced
+              j.traceparent IS NOT NULL AS traced, c.edges
 ), edges_settled AS (
-    -- The edges just counted, of the dependents settled (each waiter, locked
-    -- and blocked, is settled), each reached by the tuple `waiting` read (a
+    -- The edges just counted, of the dependents settled (each one locked
+    -- and still blocked), each reached by the tuple `waiting` read (a
     -- job may wait on a hundred others: looked up by the dependent, every
     -- edge counted would read all of them). No other statement changes an
     -- edge of a job whose row this one holds locked: the tuple read is the
     -- edge as it is.
     UPDATE job_dependencies d SET settled = true
-    FROM waiters c, unnest(c.edges) AS e(edge)
+    FROM settled c, unnest(c.edges) AS e(edge)
     WHERE d.ctid = e.edge
 )
