@@ -3,9 +3,9 @@
 //! and the look-ups of a lease and of a job answer.
 //!
 //! A job with dependencies that have not all ended is `blocked`. The
-//! statement that ends a dependency settles its blocked dependents in the
-//! same transaction (`job_dependents_settle.sql`): a finish in its own
-//! statement, a reap, cancel or delete in the statement after it. Only jobs
+//! transaction that ends a dependency (a finish, a reap, a cancel, a
+//! delete) settles its blocked dependents with the statement after the one
+//! that ended it (`job_dependents_settled.sql`, ADR 030). Only jobs
 //! whose `dependents` column is not 0 are looked at, so jobs without
 //! dependents pay for nothing; a claim looks dependencies up only for jobs
 //! whose `dependencies` column is not 0.
@@ -298,24 +298,20 @@ pub async fn settle(tx: &Tallied<'_>, mut ended: Vec<Ended>) -> Result<Vec<Settl
     Ok(settled)
 }
 
-/// What `lease_finish.sql` answered about dependents: the jobs it settled
-/// itself (rows with action `dependency`), and those left to settle after
-/// it (its own cancels' dependents, and the dependents of a job ended
-/// `raced`).
-pub fn after_finish(rows: &[tokio_postgres::Row]) -> Result<(Vec<Settled>, Vec<Ended>), StoreError> {
-    let mut settled = Vec::new();
-    let mut next = Vec::new();
+/// The jobs `lease_finish.sql` ended (its `rows`) that have dependents:
+/// the next statement of its transaction settles those ([`settle`]).
+pub fn ended_by_finish(rows: &[tokio_postgres::Row]) -> Result<Vec<Ended>, StoreError> {
+    let mut ended = Vec::new();
     for row in rows {
-        let action: &str = col(row, "action")?;
-        if action == "dependency" {
-            settled.extend(Settled::from_row(row)?);
-            next.extend(cancelled_with_dependents(std::slice::from_ref(row))?);
-        } else if col::<bool>(row, "raced")? {
-            let state = col::<DbJobState>(row, "state")?.0;
-            next.push((col(row, "id")?, ended_as(state)));
+        if col::<i32>(row, "dependents")? == 0 {
+            continue;
+        }
+        let state = col::<DbJobState>(row, "state")?.0;
+        if matches!(state, JobState::Done | JobState::Failed | JobState::Cancelled) {
+            ended.push((col(row, "id")?, ended_as(state)));
         }
     }
-    Ok((settled, next))
+    Ok(ended)
 }
 
 /// One dependency of a leased job.

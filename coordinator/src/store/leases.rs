@@ -11,7 +11,7 @@ use runlease_protocol::{AttemptOutcome, JobId, JobState, QueueName, RunLease, Wo
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::retry::DeadLetter;
+use crate::store::retry::{self, DeadLetter};
 use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, JobRow, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
@@ -191,7 +191,6 @@ struct FinishArgs<'a> {
     progress: Vec<Option<&'a Value>>,
     backoff_base: i64,
     backoff_cap: i64,
-    default_max_attempts: i32,
 }
 
 impl<'a> FinishArgs<'a> {
@@ -208,7 +207,6 @@ impl<'a> FinishArgs<'a> {
             progress: Vec::with_capacity(n),
             backoff_base: ms(terms.backoff_base),
             backoff_cap: ms(terms.backoff_cap),
-            default_max_attempts: terms.default_max_attempts,
         };
         // The items in (job, lease) order, each (job, lease) once: its
         // first item (a stable sort keeps the items' own order among
@@ -245,7 +243,7 @@ impl<'a> FinishArgs<'a> {
         args
     }
 
-    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 11] {
+    fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 10] {
         [
             &self.ids,
             &self.leases,
@@ -257,7 +255,6 @@ impl<'a> FinishArgs<'a> {
             &self.progress,
             &self.backoff_base,
             &self.backoff_cap,
-            &self.default_max_attempts,
         ]
     }
 }
@@ -271,10 +268,6 @@ fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
         let action: String = col(row, "action")?;
-        if action == "dependency" {
-            // A dependent the finish settled (dependencies::after_finish).
-            continue;
-        }
         let action: FinishAction = action
             .parse()
             .map_err(|e: runlease_protocol::worker::UnknownAction| StoreError::Database(e.to_string()))?;
@@ -458,9 +451,11 @@ impl Store {
                 let held_back = self
                     .claim_limited_groups(&tx, claims, limited, &mut claimed)
                     .await?;
-                // Dependents the finish left to settle, in its transaction.
-                let (mut settled, next) = dependencies::after_finish(&finished)?;
-                settled.extend(dependencies::settle(&tx, next).await?);
+                // In the finish's transaction: the follow-ups of jobs it
+                // failed for good, and the dependents of jobs it ended.
+                retry::enqueue_after_finish(&tx, &finished, self.lease_settings().default_max_attempts)
+                    .await?;
+                let settled = dependencies::settle(&tx, dependencies::ended_by_finish(&finished)?).await?;
                 Ok::<_, StoreError>((finished, claimed, held_back, settled))
             }
             .await;

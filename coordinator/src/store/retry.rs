@@ -9,8 +9,9 @@ use runlease_protocol::{Backoff, JobId, QueueName};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::store::StoreError;
 use crate::store::rows::col;
+use crate::store::tally::Tallied;
+use crate::store::{StoreError, sql};
 
 /// A queue's retry policy: what the jobs enqueued on it without their own
 /// take.
@@ -87,4 +88,69 @@ impl DeadLetter {
             _ => Ok(None),
         }
     }
+}
+
+/// The dead-letter follow-ups to enqueue after a finish: one per job it
+/// failed for good on a queue with a dead-letter queue (parallel arrays,
+/// the parameters of `job_dead_letter.sql`).
+#[derive(Debug, Default)]
+struct FollowUps {
+    ids: Vec<Uuid>,
+    queues: Vec<String>,
+    failed: Vec<Uuid>,
+    failed_queues: Vec<String>,
+    leases: Vec<i64>,
+    payloads: Vec<serde_json::Value>,
+    errors: Vec<Option<String>>,
+    attempts: Vec<i32>,
+    traceparents: Vec<Option<String>>,
+}
+
+/// Enqueues, in `tx`, the dead-letter follow-ups of the jobs that
+/// `lease_finish.sql` (its `rows`) failed for good on a queue with a
+/// dead-letter queue: a statement only when there is one. A follow-up whose
+/// queue sets no attempt budget takes `default_max_attempts`.
+pub async fn enqueue_after_finish(
+    tx: &Tallied<'_>,
+    rows: &[Row],
+    default_max_attempts: i32,
+) -> Result<(), StoreError> {
+    let mut f = FollowUps::default();
+    for row in rows {
+        let (Some(id), Some(queue)) = (
+            optional::<Uuid>(row, "dead_letter_id")?,
+            optional::<String>(row, "dead_letter_queue")?,
+        ) else {
+            continue;
+        };
+        f.ids.push(id);
+        f.queues.push(queue);
+        f.failed.push(col(row, "id")?);
+        f.failed_queues.push(col(row, "queue")?);
+        f.leases.push(col(row, "run_lease")?);
+        f.payloads.push(col(row, "payload")?);
+        f.errors.push(col(row, "error")?);
+        f.attempts.push(col(row, "attempt")?);
+        f.traceparents.push(col(row, "traceparent")?);
+    }
+    if f.ids.is_empty() {
+        return Ok(());
+    }
+    tx.query(
+        &sql::JOB_DEAD_LETTER,
+        &[
+            &f.ids,
+            &f.queues,
+            &f.failed,
+            &f.failed_queues,
+            &f.leases,
+            &f.payloads,
+            &f.errors,
+            &f.attempts,
+            &f.traceparents,
+            &default_max_attempts,
+        ],
+    )
+    .await?;
+    Ok(())
 }

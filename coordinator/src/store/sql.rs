@@ -19,13 +19,10 @@ pub const JOB_DEPENDENCIES_OF: &str = include_str!("sql/job_dependencies_of.sql"
 /// The dependents of jobs, with their states.
 pub const JOB_DEPENDENTS_OF: &str = include_str!("sql/job_dependents_of.sql");
 /// Settle the dependents of jobs an earlier statement of the transaction ended.
-pub const JOB_DEPENDENTS_SETTLED: Changes = Changes::new(
-    concat!(
-        include_str!("sql/job_dependents_settle.sql"),
-        include_str!("sql/job_dependents_settled.sql")
-    ),
-    tally::entered,
-);
+pub const JOB_DEPENDENTS_SETTLED: Changes =
+    Changes::new(include_str!("sql/job_dependents_settled.sql"), tally::entered);
+/// Enqueue the dead-letter follow-ups of jobs a finish failed for good.
+pub const JOB_DEAD_LETTER: Changes = Changes::new(include_str!("sql/job_dead_letter.sql"), tally::no_tally);
 /// Read jobs by (queue, idempotency key).
 pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempotency_key.sql");
 /// Read jobs by id.
@@ -84,14 +81,7 @@ pub const QUEUE_RATE_TAKE: &str = include_str!("sql/queue_rate_take.sql");
 /// Renew leases.
 pub const LEASE_HEARTBEAT: &str = include_str!("sql/lease_heartbeat.sql");
 /// End leases: complete, fail or release, each item its own action.
-/// The dependents of the jobs it ends settled in the same statement.
-pub const LEASE_FINISH: Changes = Changes::new(
-    concat!(
-        include_str!("sql/job_dependents_settle.sql"),
-        include_str!("sql/lease_finish.sql")
-    ),
-    tally::finished,
-);
+pub const LEASE_FINISH: Changes = Changes::new(include_str!("sql/lease_finish.sql"), tally::finished);
 /// What became of leases a finish did not match.
 pub const LEASE_FINISH_MISSED: &str = include_str!("sql/lease_finish_missed.sql");
 /// Reap expired leases.
@@ -166,6 +156,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("job_dependencies_of", JOB_DEPENDENCIES_OF),
     ("job_dependents_of", JOB_DEPENDENTS_OF),
     ("job_dependents_settled", JOB_DEPENDENTS_SETTLED.sql()),
+    ("job_dead_letter", JOB_DEAD_LETTER.sql()),
     ("job_get_by_idempotency_key", JOB_GET_BY_IDEMPOTENCY_KEY),
     ("job_get", JOB_GET),
     ("job_cancel", JOB_CANCEL.sql()),
@@ -220,6 +211,7 @@ pub const ALL: &[(&str, &str)] = &[
 pub const CHANGES: &[&str] = &[
     "job_enqueue",
     "job_dependents_settled",
+    "job_dead_letter",
     "job_cancel",
     "job_retry",
     "job_mark_enqueue_failed",

@@ -1,6 +1,6 @@
 //! Dependencies: what ending a job does to the jobs that wait on it, in the
-//! same statement that ends it (the finish statement of a batch, the
-//! reaper's write, a cancel), and the enqueue of a job that depends on
+//! same transaction that ends it (the finish of a batch, the reaper's
+//! write, a cancel: the statement after the one that ends the job), and the enqueue of a job that depends on
 //! others. A dependent's row is written under its own row lock and guarded
 //! on `state = 'blocked'`, so each of these is part of the ending step.
 
@@ -42,7 +42,7 @@ impl ProtocolModel {
     /// `job` has just ended (`done`, `failed` or `cancelled`) in the step
     /// being taken, by coordinator `via` when a finish commit ended it: each
     /// job still `blocked` on it with the edge not yet accounted for counts
-    /// it, in the same statement. Done, or failed under `run`: the counter
+    /// it, in the same transaction. Done, or failed under `run`: the counter
     /// goes down and the job is promoted to `queued` at 0. Failed or
     /// cancelled under `cancel`: the job is cancelled, and so on down the
     /// graph.
@@ -94,7 +94,7 @@ impl ProtocolModel {
                 }
             } else {
                 // The dependent is cancelled, its error naming `job`; what
-                // waits on it is settled in the same statement.
+                // waits on it is settled in the same transaction.
                 dependent.state = JobState::Cancelled;
                 self.settle(n, d, via);
             }

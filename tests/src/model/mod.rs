@@ -61,7 +61,7 @@ pub enum Variant {
     /// No reaper at all: a lease whose holder vanished is never taken back.
     /// Breaks only liveness; it shows the liveness check is not vacuous.
     NoReaper,
-    /// Dependents are promoted outside the statement that ends their last
+    /// Dependents are promoted outside the transaction that ends their last
     /// dependency `done`: the commit notes them in the coordinator's memory,
     /// and after it a check reads the dependencies' states and, in another
     /// transaction, writes the job `queued` (read, then write by id).

@@ -369,7 +369,7 @@ impl ProtocolModel {
                     let ended = row.state.is_terminal();
                     end_attempt(&mut n, job, Ended::LeaseExpired, read);
                     if ended {
-                        // The same statement settles what waits on the job.
+                        // The same transaction settles what waits on the job.
                         self.settle(&mut n, usize::from(job), None);
                     }
                 }
@@ -442,7 +442,7 @@ impl ProtocolModel {
             let row_lease = row.run_lease;
             end_attempt(n, item.job, outcome, item.run_lease);
             if state.is_terminal() {
-                // The same statement settles what waits on the job: promotes
+                // The same transaction settles what waits on the job: promotes
                 // it, or cancels it down the graph.
                 self.settle(n, usize::from(item.job), Some(c));
             }

@@ -20,20 +20,19 @@
 -- retryable, $7 bigint[] retry_after_ms (a fail's delay, NULL: backoff; a release's, NULL: none), $8 jsonb[] progress
 -- (parallel arrays, one element per item; fields an action does not use are
 -- NULL), $9 bigint default backoff base ms, $10 bigint default backoff cap
--- ms (for a job whose policy sets none), $11 int default attempt budget (of
--- a dead-letter follow-up whose queue sets none).
+-- ms (for a job whose policy sets none).
 -- The store sends the items sorted by (id, run_lease), each pair once (the
 -- first item a request batch holds for it): this statement neither sorts
 -- nor removes repeats. (Were a pair repeated, the row would still be
 -- updated once, by the first.)
 -- Tallies: the store counts each row answered (tally::finished): the
--- job's terminal state, and a retry where a fail queued the job again. A
--- dead-letter follow-up is queued: no tally.
+-- job's terminal state, and a retry where a fail queued the job again.
 -- Answers one row per item that took effect, with what a finish answer needs
--- (and the follow-up it enqueued, if any); items absent from the answer are
--- stale or already applied.
+-- and what the store's next statements in the same transaction need (see
+-- Dependents and Follow-ups below); items absent from the answer are stale
+-- or already applied.
 -- Index: jobs_pkey, one lookup per item; for a job failed for good,
--- queue_settings_pkey and jobs_idempotency_key_uniq (its follow-up).
+-- queue_settings_pkey (its queue's dead-letter queue).
 -- Locking: the update locks each row as it reaches it, in id order (the
 -- items, sorted by id, are joined to jobs_pkey by a nested loop in their
 -- order, one lookup per item; the store runs it under the claim's
@@ -42,18 +41,19 @@
 -- can deadlock. The guard and the next state are computed on the row the
 -- update locked: a row changed meanwhile by a committed statement is
 -- checked again as it is now.
--- Dependents: follows job_dependents_settle.sql. The jobs this statement
--- ends with dependents (`ended`) have those dependents settled by this
--- same statement: the last dependency to end `done` queues its job here.
--- A job ended with `dependents` moved since this statement's snapshot (a
--- dependent enqueued between the snapshot and the lock, which the snapshot
--- cannot see) is left out of `ended` and answered `raced`: the store
--- settles its dependents with a statement of its own, in this transaction,
--- whose snapshot sees them. Rows of settled dependents are answered after
--- the items' rows, with action 'dependency'. Jobs without dependents pay
--- for none of it: `ended` filters on the row's `dependents` before any
--- lookup.
-, input AS (
+-- Dependents: a job this statement ends with `dependents` (a count kept
+-- on its row, bumped under the row's lock by each enqueue of a dependent)
+-- is answered with it: the store then settles those dependents with the
+-- next statement of this transaction (job_dependents_settled.sql), whose
+-- snapshot, taken after this statement locked the jobs it ended, sees
+-- every dependent enqueued before: the last dependency to end `done`
+-- queues its job in the transaction that ends it. Jobs without dependents
+-- pay for nothing more.
+-- Follow-ups: a job failed for good is answered with its queue's
+-- dead-letter queue and what the follow-up's payload needs; where it has
+-- one, the store enqueues the follow-up with the next statement of this
+-- transaction (job_dead_letter.sql).
+WITH input AS (
     SELECT *
     FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::text[],
                 $6::boolean[], $7::bigint[], $8::jsonb[])
@@ -129,43 +129,8 @@
            retry_reason
     FROM finished
     WHERE state NOT IN ('done', 'failed')
-), raced AS (
-    -- `s` is the row in this statement's snapshot, `f` as the update left it.
-    SELECT f.id, f.state
-    FROM finished f
-    JOIN jobs s ON s.id = f.id
-    WHERE f.dependents > 0 AND f.state IN ('done', 'failed', 'cancelled')
-      AND s.dependents <> f.dependents
-), ended AS (
-    SELECT f.id, f.state::text AS state
-    FROM finished f
-    WHERE f.dependents > 0 AND f.state IN ('done', 'failed', 'cancelled')
-      AND f.id NOT IN (SELECT id FROM raced)
-), dead_lettered AS (
-    -- A job failed for good on a queue with a dead-letter queue enqueues
-    -- one follow-up there, as an enqueue would (the dead-letter queue's
-    -- policy; $11 the default attempt budget). Its idempotency key names
-    -- the failed lease, which only this statement could end: no second
-    -- follow-up, whatever else ends or repeats.
-    -- (The key is reserved: a job enqueued by hand with it would stand
-    -- in for the follow-up.)
-    INSERT INTO jobs (id, queue, payload, max_attempts, idempotency_key, traceparent,
-                      backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter, retry_window_ms)
-    SELECT f.dead_letter_id, f.dead_letter_queue,
-           jsonb_build_object('job_id', f.id, 'queue', f.queue, 'payload', f.payload,
-                              'error', f.error, 'attempts', f.attempt),
-           coalesce(d.max_attempts, $11::int), 'dead-letter:' || f.id || ':' || f.run_lease, f.traceparent,
-           d.backoff_base_ms, d.backoff_max_ms, d.backoff_factor, d.backoff_jitter, d.retry_window_ms
-    FROM finished f
-    LEFT JOIN queue_settings d ON d.queue = f.dead_letter_queue
-    WHERE f.dead_letter_queue IS NOT NULL
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 )
-SELECT f.id, f.run_lease, f.action, f.queue, f.state, f.created_at, f.finished_at, f.traced,
-       f.dependents, f.dependents > 0 AND f.id IN (SELECT id FROM raced) AS raced,
-       CASE WHEN f.dead_letter_queue IS NOT NULL THEN f.dead_letter_id END AS dead_letter_id, f.dead_letter_queue
-FROM finished f
-UNION ALL
-SELECT id, run_lease, 'dependency', queue, state, created_at, finished_at, traced, dependents, false,
-       NULL::uuid, NULL::text
-FROM settled
+SELECT id, run_lease, action, queue, state, created_at, finished_at, traced, dependents,
+       error, attempt, payload, traceparent, dead_letter_queue,
+       CASE WHEN dead_letter_queue IS NOT NULL THEN dead_letter_id END AS dead_letter_id
+FROM finished

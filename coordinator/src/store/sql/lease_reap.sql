@@ -64,8 +64,8 @@ WITH expired AS (
            CASE WHEN state = 'queued' THEN run_at END, retry_reason
     FROM reaped
 ), dead_lettered AS (
-    -- As in lease_finish.sql: one follow-up per job failed for good, keyed
-    -- by the lease that failed.
+    -- As job_dead_letter.sql does after a finish: one follow-up per job
+    -- failed for good, keyed by the lease that failed.
     INSERT INTO jobs (id, queue, payload, max_attempts, idempotency_key, traceparent,
                       backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter, retry_window_ms)
     SELECT job_id_v7(), s.dead_letter_queue,
