@@ -57,18 +57,25 @@ pub const ATTEMPT_PAGE: &str = include_str!("sql/attempt_page.sql");
 pub const LEASE_CLAIM: Changes = Changes::new(include_str!("sql/lease_claim.sql"), tally::no_tally);
 /// How a claim's statement is planned, set local in its transaction: its
 /// generic plan (planned once per connection instead of at every claim),
-/// joined by nested loops only (lease_claim.sql says why).
+/// joined by nested loops only (lease_claim.sql says why), reaching rows
+/// through indexes only. That plan is made by a connection's first claim,
+/// whatever the table holds then: on an empty table (a coordinator's first
+/// claim, before anything was enqueued) a scan of the whole table costs
+/// less than an index lookup, and a plan made then would scan every job for
+/// every claim of that connection for as long as it lives.
 macro_rules! claim_planning {
     () => {
         "SET LOCAL plan_cache_mode = force_generic_plan; \
-         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off"
+         SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off; \
+         SET LOCAL enable_seqscan = off"
     };
 }
 /// [`claim_planning`], for a transaction already open.
 pub const CLAIM_PLANNING: &str = claim_planning!();
 /// [`claim_planning`] undone in a transaction opened with it (for the
 /// limited path, which plans as in a transaction of its own).
-pub const CLAIM_PLANNING_RESET: &str = "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin";
+pub const CLAIM_PLANNING_RESET: &str =
+    "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan";
 /// Claim leases of a queue limited per concurrency key.
 pub const LEASE_CLAIM_KEYED: Changes =
     Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);

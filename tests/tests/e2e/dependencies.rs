@@ -470,6 +470,39 @@ async fn the_cli_shows_a_jobs_dependencies_and_dependents_and_lists_blocked_jobs
     for id in &ids[1..] {
         assert!(listed.contains(&id.to_string()), "{listed}");
     }
+    // `enqueue` names existing jobs to wait on, and the policy.
+    let enqueued = ok(&runlease(
+        &url,
+        &[
+            "--json",
+            "enqueue",
+            "cli",
+            "3",
+            "--depends-on",
+            &ids[0].to_string(),
+            "--depends-on",
+            &ids[2].to_string(),
+            "--on-dependency-failure",
+            "run",
+        ],
+        None,
+    )
+    .await);
+    let job: serde_json::Value = serde_json::from_str(&enqueued).unwrap();
+    assert_eq!(job["state"], "blocked", "{job}");
+    assert_eq!(job["on_dependency_failure"], "run", "{job}");
+    let id = job["id"].as_str().unwrap();
+    let shown = ok(&runlease(&url, &["--json", "get", id], None).await);
+    let job: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    let waits: Vec<&str> = job["dependencies"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{job}"))
+        .iter()
+        .map(|d| d["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(waits, [ids[0].to_string(), ids[2].to_string()], "{job}");
+    let refused = runlease(&url, &["enqueue", "cli", "4", "--depends-on", "not-an-id"], None).await;
+    assert!(!refused.status.success());
 }
 
 #[tokio::test]

@@ -98,6 +98,48 @@ async fn generic_plan(client: &tokio_postgres::Client, statement: &str, args: &s
         .join("\n")
 }
 
+/// A connection plans its claim (and its finish, in the same transaction)
+/// once, at its first: on a coordinator that claims before anything is
+/// enqueued, that is on an empty table, where a scan of the whole table
+/// looks cheaper than any index. The plan made then must still reach rows
+/// through the indexes, or every later claim on that connection reads
+/// every job.
+#[tokio::test]
+async fn plans_made_on_an_empty_table_still_reach_rows_through_indexes() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client.batch_execute(tally::Open::Claims.sql()).await.unwrap();
+    let plans = [
+        (
+            "lease_claim",
+            generic_plan(
+                &client,
+                sql::LEASE_CLAIM.sql(),
+                "'{q0,q1}', '{w,w,w}', 15000, 300000, NULL, false, NULL",
+            )
+            .await,
+        ),
+        (
+            "lease_finish",
+            generic_plan(
+                &client,
+                sql::LEASE_FINISH.sql(),
+                "'{}'::uuid[], '{}'::bigint[], '{}'::text[], '{}'::jsonb[], '{}'::text[], '{}'::boolean[], '{}'::bigint[], '{}'::jsonb[], 1000, 60000",
+            )
+            .await,
+        ),
+        (
+            "job_dependents_settled",
+            generic_plan(&client, sql::JOB_DEPENDENTS_SETTLED.sql(), "'{}'::uuid[], '{}'::text[]").await,
+        ),
+    ];
+    client.batch_execute("COMMIT").await.unwrap();
+    for (name, plan) in plans {
+        assert!(!plan.contains("Seq Scan"), "{name}:\n{plan}");
+        assert!(plan.contains("jobs_pkey"), "{name}:\n{plan}");
+    }
+}
+
 #[tokio::test]
 async fn claim_and_guarded_updates_cost_what_they_touch_not_the_table() {
     let db = TestDb::new().await;

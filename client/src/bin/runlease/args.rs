@@ -74,6 +74,12 @@ pub enum Command {
         /// Jobs sharing a key count against the queue's max_running_per_key.
         #[arg(long, value_name = "KEY")]
         concurrency_key: Option<String>,
+        /// Wait (blocked) until this job has ended; repeat for several (at most 100).
+        #[arg(long, value_name = "JOB_ID")]
+        depends_on: Vec<String>,
+        /// What a dependency that fails, is cancelled or deleted does: cancel this job, or run it anyway.
+        #[arg(long, value_name = "cancel|run", requires = "depends_on")]
+        on_dependency_failure: Option<DependencyFailure>,
     },
     /// Show a job.
     Get {
@@ -552,4 +558,13 @@ pub fn parse_state(s: &str) -> Result<JobState, String> {
         let names: Vec<&str> = JobState::ALL.iter().map(|s| s.as_str()).collect();
         format!("{s:?} is not a job state; use {}", names.join(", "))
     })
+}
+
+/// `--on-dependency-failure`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum DependencyFailure {
+    /// The job is cancelled, its error naming the dependency.
+    Cancel,
+    /// The job runs anyway.
+    Run,
 }

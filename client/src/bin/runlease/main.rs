@@ -28,7 +28,7 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 use runlease_client::protocol::admin::BulkActionName;
 use runlease_client::protocol::producer::EnqueueJobRequest;
-use runlease_client::protocol::{JobId, JobState, QueueName};
+use runlease_client::protocol::{JobId, JobState, OnDependencyFailure, QueueName};
 use runlease_client::{Client, Error, RetryPolicy};
 
 use args::{Cli, Command, JobsCommand};
@@ -105,6 +105,8 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             timeout_ms,
             idempotency_key,
             concurrency_key,
+            depends_on,
+            on_dependency_failure,
         } => {
             let payload = read_payload(payload, "give the JSON as an argument or on standard input")?;
             let queue = QueueName::new(queue).map_err(|e| Failure::invalid(e.to_string()))?;
@@ -116,6 +118,13 @@ async fn run(cli: Cli) -> Result<ExitCode, Failure> {
             req.timeout_ms = timeout_ms;
             req.idempotency_key = idempotency_key;
             req.concurrency_key = concurrency_key;
+            for id in &depends_on {
+                req.depends_on.push(parse_id(id)?.to_string());
+            }
+            req.on_dependency_failure = on_dependency_failure.map(|f| match f {
+                args::DependencyFailure::Cancel => OnDependencyFailure::Cancel,
+                args::DependencyFailure::Run => OnDependencyFailure::Run,
+            });
             show_job(&client.enqueue_with(req).await?, json)?;
         }
         Command::Get { id } => show_job(&client.get(parse_id(&id)?).await?, json)?,
