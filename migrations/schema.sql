@@ -272,7 +272,8 @@ CREATE TABLE public.job_dependencies (
     job_id uuid NOT NULL,
     depends_on_id uuid NOT NULL,
     settled boolean DEFAULT false NOT NULL
-);
+)
+WITH (fillfactor='50');
 
 -- Name: job_tallies; Type: TABLE; Schema: public; Owner: -
 

@@ -210,7 +210,6 @@ const FINISH_TYPES: &[Type] = &[
     Type::JSONB_ARRAY,
     Type::INT8,
     Type::INT8,
-    Type::INT4,
 ];
 
 async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Measured> {

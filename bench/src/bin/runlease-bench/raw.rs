@@ -147,7 +147,6 @@ pub async fn complete(
                 &none_json,
                 &1_000i64,
                 &300_000i64,
-                &4i32,
             ],
         )
         .await?;
