@@ -451,8 +451,10 @@ async fn the_typescript_worker_drives_jobs_to_their_end_over_plain_http() {
     assert_eq!(job.state, JobState::Queued, "{job:?}");
     assert_eq!(outcomes(&job), vec![Some("lease_expired"), Some("released")]);
     assert!(job.progress.is_some(), "the release kept the checkpoint");
-    let job = api.job(late.id).await;
-    assert_eq!(job.state, JobState::Queued, "{job:?}");
+    // Given back by the worker, or (when the worker had already dropped its
+    // parked claim) by the coordinator once it sees the claimer gone: either
+    // way released, never left to expire.
+    let job = until(api, late.id, "given back", |j| j.state == JobState::Queued).await;
     assert!(
         outcomes(&job).iter().all(|o| *o == Some("released")),
         "a job claimed while draining is released at once: {job:?}"
