@@ -13,7 +13,7 @@ use runlease_protocol::producer::{
     BatchJob, EnqueueBatchRequest, EnqueueBatchResponse, EnqueueJobRequest, GetJobQuery, ListAttemptsQuery,
     ListAttemptsResponse,
 };
-use runlease_protocol::{Job, JobId, RunLease, TraceParent, retry};
+use runlease_protocol::{Job, JobId, JobState, RunLease, TraceParent, retry};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
@@ -133,6 +133,18 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
             trace_id = e.job.traceparent.as_ref().map(TraceParent::trace_id),
             "job enqueued"
         );
+        if e.job.state == JobState::Cancelled {
+            // A dependency had already failed: cancelled as it was enqueued,
+            // counted as the end of a dependency would count it.
+            state.metrics.transition_of(
+                e.job.queue.as_str(),
+                JobState::Cancelled,
+                e.job.created_at,
+                e.job.finished_at,
+                Via::Dependency,
+            );
+            continue;
+        }
         if !queues.contains(&e.job.queue) {
             queues.push(e.job.queue.clone());
         }

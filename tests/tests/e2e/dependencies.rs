@@ -312,6 +312,14 @@ async fn a_dependent_enqueued_after_its_dependency_ended_starts_as_that_end_says
     assert_eq!((status, one["state"].as_str()), (201, Some("queued")), "{one}");
     let (_, q) = c.api.get("/v1/queues/late").await;
     assert_eq!(q["counts"]["cancelled"], 1, "{q}");
+    // The job cancelled as it was enqueued is counted like any cancel by a
+    // failed dependency.
+    for sample in [
+        "runlease_jobs_cancelled_total{queue=\"late\"}",
+        "runlease_jobs_dependency_cancelled_total{queue=\"late\"}",
+    ] {
+        assert_eq!(c.api.metric(sample).await, 1.0, "{sample}");
+    }
 }
 
 #[tokio::test]
