@@ -19,15 +19,12 @@
 //! the medians (target: ≥ 0.7×).
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
-use crate::drain::{Build, Progress, QUEUE, rides, worker};
+use crate::drain::{Build, Fleet, QUEUE, rides};
 use crate::history::enqueue;
 use crate::stats::median;
 
@@ -151,49 +148,18 @@ async fn drain(
         enqueue(&http, &base, QUEUE, jobs).await;
         jobs
     };
-    let progress = Arc::new(Progress {
+    let fleet = Fleet::start(
+        &http,
+        std::slice::from_ref(&base),
+        workers,
+        concurrency,
+        ride,
         target,
-        ok: AtomicUsize::new(0),
-        requests: AtomicU64::new(0),
-        done_at: OnceLock::new(),
-        refused: OnceLock::new(),
-        done: tokio::sync::Notify::new(),
-    });
-    let stop = CancellationToken::new();
-    let started = Instant::now();
-    let handles: Vec<_> = (0..workers)
-        .map(|w| {
-            tokio::spawn(worker(
-                http.clone(),
-                base.clone(),
-                format!("bench-{w}"),
-                concurrency,
-                ride,
-                progress.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
-    let waited = tokio::time::timeout(Duration::from_secs(600), async {
-        while progress.done_at.get().is_none() && progress.refused.get().is_none() {
-            progress.done.notified().await;
-        }
-    })
-    .await;
-    stop.cancel();
-    for h in handles {
-        h.await?;
-    }
-    if let Some(refused) = progress.refused.get() {
-        anyhow::bail!("{}: {refused}", build.name);
-    }
-    anyhow::ensure!(
-        waited.is_ok(),
-        "{}: {} of {target} jobs done after 10 minutes",
-        build.name,
-        progress.ok.load(Ordering::Relaxed)
     );
-    let elapsed = *progress.done_at.get().expect("set before the notification") - started;
+    let done_at = fleet.finished(&build.name).await;
+    let started = fleet.started;
+    fleet.stop().await?;
+    let elapsed = done_at? - started;
     let done: i64 = db
         .client()
         .await

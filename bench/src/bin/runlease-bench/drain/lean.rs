@@ -67,6 +67,93 @@ pub(crate) struct Progress {
     pub(crate) done: tokio::sync::Notify,
 }
 
+/// Outside HTTP workers draining [`QUEUE`]: started together, waited for
+/// until every job is done, then stopped.
+pub(crate) struct Fleet {
+    pub(crate) progress: Arc<Progress>,
+    /// When the workers were started.
+    pub(crate) started: Instant,
+    stop: CancellationToken,
+    handles: Vec<tokio::task::JoinHandle<Vec<f64>>>,
+}
+
+impl Fleet {
+    /// Starts `workers` workers, each on one of `bases` in turn, claiming
+    /// up to `concurrency` (riding finishes when `ride`), until `target`
+    /// jobs are done.
+    pub(crate) fn start(
+        http: &reqwest::Client,
+        bases: &[Arc<str>],
+        workers: usize,
+        concurrency: u32,
+        ride: bool,
+        target: usize,
+    ) -> Self {
+        let progress = Arc::new(Progress {
+            target,
+            ok: AtomicUsize::new(0),
+            requests: AtomicU64::new(0),
+            done_at: OnceLock::new(),
+            refused: OnceLock::new(),
+            done: tokio::sync::Notify::new(),
+        });
+        let stop = CancellationToken::new();
+        let started = Instant::now();
+        let handles = (0..workers)
+            .map(|w| {
+                tokio::spawn(worker(
+                    http.clone(),
+                    bases[w % bases.len()].clone(),
+                    format!("bench-{w}"),
+                    concurrency,
+                    ride,
+                    progress.clone(),
+                    stop.clone(),
+                ))
+            })
+            .collect();
+        Self {
+            progress,
+            started,
+            stop,
+            handles,
+        }
+    }
+
+    /// Waits until every job is done, 10 minutes at most; answers when the
+    /// last completion was answered. An error names `build` when a finish
+    /// was refused or the time ran out.
+    pub(crate) async fn finished(&self, build: &str) -> anyhow::Result<Instant> {
+        let progress = &self.progress;
+        let waited = tokio::time::timeout(std::time::Duration::from_secs(600), async {
+            while progress.done_at.get().is_none() && progress.refused.get().is_none() {
+                progress.done.notified().await;
+            }
+        })
+        .await;
+        if let Some(refused) = progress.refused.get() {
+            anyhow::bail!("{build}: {refused}");
+        }
+        anyhow::ensure!(
+            waited.is_ok(),
+            "{build}: {} of {} jobs done after 10 minutes",
+            progress.ok.load(Ordering::Relaxed),
+            progress.target
+        );
+        Ok(*progress.done_at.get().expect("set before the notification"))
+    }
+
+    /// Stops the workers; answers every claim→complete time they saw (ms).
+    pub(crate) async fn stop(self) -> anyhow::Result<Vec<f64>> {
+        self.stop.cancel();
+        let mut claim_to_complete = Vec::new();
+        for h in self.handles {
+            claim_to_complete.extend(h.await?);
+        }
+        Ok(claim_to_complete)
+    }
+}
+
 /// Does `base` answer a finish carrying `claim` with `leases`? Found out on
 /// one probe job of its own queue, which ends done either way.
 pub(crate) async fn rides(http: &reqwest::Client, base: &str) -> anyhow::Result<bool> {

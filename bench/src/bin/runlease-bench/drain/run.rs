@@ -1,14 +1,12 @@
 //! One drain of a coordinator build (see the parent module for the figures).
 
 use std::sync::Arc;
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use runlease_tests::{CoordinatorProcess, TestDb, admin};
-use tokio_util::sync::CancellationToken;
 
-use super::{Build, Progress, QUEUE, Run, SETTLE, mode_label, rides, worker};
+use super::{Build, Fleet, QUEUE, Run, SETTLE, mode_label, rides};
 use crate::history::enqueue;
 use crate::stats::{
     BackendCpu, Cpu, backends_gone, counters_settled, database_wal, ns_us, percentile, postmaster_pid,
@@ -53,15 +51,6 @@ pub(crate) async fn drain(
     let pg_enqueue = pg_enqueue.stop().await;
     let before = counters_settled(&db.name, SETTLE).await;
 
-    let progress = Arc::new(Progress {
-        target: jobs,
-        ok: AtomicUsize::new(0),
-        requests: AtomicU64::new(0),
-        done_at: OnceLock::new(),
-        refused: OnceLock::new(),
-        done: tokio::sync::Notify::new(),
-    });
-    let stop = CancellationToken::new();
     let drain_start: chrono::DateTime<chrono::Utc> =
         admin.query_one("SELECT clock_timestamp()", &[]).await?.get(0);
     let wal_before = wal_lsn(&admin).await;
@@ -70,49 +59,17 @@ pub(crate) async fn drain(
     let pg_own = BackendCpu::start(&db.name).await;
     let coordinator = ticks(&pids);
     let bench = Cpu::now();
-    let started = Instant::now();
-    let handles: Vec<_> = (0..workers)
-        .map(|w| {
-            tokio::spawn(worker(
-                http.clone(),
-                bases[w % bases.len()].clone(),
-                format!("bench-{w}"),
-                concurrency,
-                ride,
-                progress.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
-    let waited = tokio::time::timeout(Duration::from_secs(600), async {
-        while progress.done_at.get().is_none() && progress.refused.get().is_none() {
-            progress.done.notified().await;
-        }
-    })
-    .await;
-    if let Some(refused) = progress.refused.get() {
-        anyhow::bail!("{}: {refused}", build.name);
-    }
-    anyhow::ensure!(
-        waited.is_ok(),
-        "{}: {} of {jobs} jobs done after 10 minutes",
-        build.name,
-        progress.ok.load(Ordering::Relaxed)
-    );
-    let done_at = *progress.done_at.get().expect("set before the notification");
+    let fleet = Fleet::start(&http, &bases, workers, concurrency, ride, jobs);
+    let done_at = fleet.finished(&build.name).await?;
+    let progress = fleet.progress.clone();
     let requests = progress.requests.load(Ordering::Relaxed);
     let coordinator = ticks(&pids).saturating_sub(coordinator);
     let bench = Cpu::now().per_job_since(bench, jobs).0;
     let pg_own = pg_own.stop().await;
     let pg_all = server_ticks(postmaster).saturating_sub(pg_all);
     let wal_after = wal_lsn(&admin).await;
-    let elapsed = done_at - started;
-
-    stop.cancel();
-    let mut claim_to_complete = Vec::with_capacity(jobs);
-    for h in handles {
-        claim_to_complete.extend(h.await?);
-    }
+    let elapsed = done_at - fleet.started;
+    let mut claim_to_complete = fleet.stop().await?;
     let ok = progress.ok.load(Ordering::Relaxed);
     anyhow::ensure!(
         ok == jobs,
