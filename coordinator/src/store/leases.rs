@@ -453,8 +453,7 @@ impl Store {
                     .await?;
                 // In the finish's transaction: the follow-ups of jobs it
                 // failed for good, and the dependents of jobs it ended.
-                retry::enqueue_after_finish(&tx, &finished, self.lease_settings().default_max_attempts)
-                    .await?;
+                retry::enqueue_follow_ups(&tx, &finished, self.lease_settings().default_max_attempts).await?;
                 let settled = dependencies::settle(&tx, dependencies::ended_by_finish(&finished)?).await?;
                 Ok::<_, StoreError>((finished, claimed, held_back, settled))
             }
@@ -561,13 +560,13 @@ impl Store {
                 let terms = self.lease_settings();
                 let timeout = ms(terms.default_timeout);
                 let tx = Tallied::new(&client);
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&limit, &timeout, &terms.default_max_attempts];
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&limit, &timeout];
                 let (begun, reaped) =
                     tokio::join!(tx.begin(Open::States), tx.query(&sql::LEASE_REAP, &params));
                 let outcome = async {
-                    let rows = begun
-                        .and(reaped)?
+                    let reaped = begun.and(reaped)?;
+                    retry::enqueue_follow_ups(&tx, &reaped, terms.default_max_attempts).await?;
+                    let rows = reaped
                         .iter()
                         .map(|row| Ok((JobRow::from_row(row)?, DeadLetter::from_row(row)?)))
                         .collect::<Result<Vec<_>, StoreError>>()?;

@@ -90,7 +90,7 @@ impl DeadLetter {
     }
 }
 
-/// The dead-letter follow-ups to enqueue after a finish: one per job it
+/// The dead-letter follow-ups to enqueue after a finish or a reap: one per job it
 /// failed for good on a queue with a dead-letter queue (parallel arrays,
 /// the parameters of `job_dead_letter.sql`).
 #[derive(Debug, Default)]
@@ -107,10 +107,10 @@ struct FollowUps {
 }
 
 /// Enqueues, in `tx`, the dead-letter follow-ups of the jobs that
-/// `lease_finish.sql` (its `rows`) failed for good on a queue with a
-/// dead-letter queue: a statement only when there is one. A follow-up whose
-/// queue sets no attempt budget takes `default_max_attempts`.
-pub async fn enqueue_after_finish(
+/// `lease_finish.sql` or `lease_reap.sql` (its `rows`) failed for good on a
+/// queue with a dead-letter queue: a statement only when there is one. A
+/// follow-up whose queue sets no attempt budget takes `default_max_attempts`.
+pub async fn enqueue_follow_ups(
     tx: &Tallied<'_>,
     rows: &[Row],
     default_max_attempts: i32,

@@ -304,7 +304,7 @@ async fn figures_listing_and_pruning_read_no_history() {
             (
                 "lease_reap",
                 sql::LEASE_REAP.sql(),
-                "500, 300000, 4",
+                "500, 300000",
                 vec!["jobs_running_idx"],
             ),
             (

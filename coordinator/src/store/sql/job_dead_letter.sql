@@ -1,7 +1,7 @@
--- Enqueue the dead-letter follow-ups of jobs that a finish of the same
--- transaction failed for good (lease_finish.sql answers, for each, its
--- queue's dead-letter queue and the id the follow-up takes): one job on
--- the dead-letter queue per failed lease, as an enqueue would make it (the
+-- Enqueue the dead-letter follow-ups of jobs that a finish or a reap of the
+-- same transaction failed for good (lease_finish.sql and lease_reap.sql
+-- answer, for each, its queue's dead-letter queue and the id the follow-up
+-- takes): one job on the dead-letter queue per failed lease, as an enqueue would make it (the
 -- dead-letter queue's own retry policy; the default attempt budget where
 -- it sets none), payload {job_id, queue, payload, error, attempts}.
 -- $1 uuid[] follow-up ids, $2 text[] dead-letter queues, $3 uuid[] failed
@@ -9,8 +9,8 @@
 -- their payloads, $7 text[] their errors, $8 int[] their attempts, $9
 -- text[] their traceparents (parallel arrays), $10 int default attempt
 -- budget.
--- Its idempotency key names the failed lease, which only one finish could
--- end: no second follow-up, whatever else ends or repeats. (The key is
+-- Its idempotency key names the failed lease, which only one statement
+-- could end: no second follow-up, whatever else ends or repeats. (The key is
 -- reserved: a job enqueued by hand with it would stand in for the
 -- follow-up.)
 -- Tallies: a follow-up is queued, which no tally counts (tally::no_tally).

@@ -1,18 +1,21 @@
 -- Reap up to $1 expired leases: with a cancel requested the job becomes
 -- cancelled; with budget left and its retry window still open it is queued
 -- again, claimable at once (the expiry was the wait: no backoff); otherwise
--- failed, and, on a queue with a dead-letter queue, followed by one job
--- enqueued there (as lease_finish.sql does). The expired attempt is charged
+-- failed, and, on a queue with a dead-letter queue, answered with it and
+-- the id its follow-up takes: the store enqueues the follow-up with the
+-- next statement of this transaction (job_dead_letter.sql, as after a
+-- finish). The expired attempt is charged
 -- and appended to job_attempt_log as lease_expired, with when the retry
 -- may start and why (or why there is none).
 -- Each write is guarded on the run_lease the reaper read and on the expiry
 -- itself, so a lease renewed a moment ago is never reaped.
 -- Tallies: the store counts each row answered (tally::reaped): the job's
 -- terminal state, and the attempt written: a lease expiry, and a retry
--- where the job is queued again. A dead-letter follow-up is queued: no tally.
+-- where the job is queued again.
 -- $1 bigint limit, $2 bigint default timeout ms (to tell a timeout from a
--- lapse), $3 int default attempt budget (of a dead-letter follow-up).
--- Answers the reaped jobs' rows, each with the follow-up it enqueued, if any.
+-- lapse).
+-- Answers the reaped jobs' rows, a job failed for good with its queue's
+-- dead-letter queue and its follow-up's id (NULL for the others).
 -- Index: jobs_running_idx (queue, id) WHERE running: a pass over the running
 -- jobs (their rows are read for the expiry, which no index keys: a
 -- heartbeat then changes no indexed column). Its cost follows the jobs
@@ -63,23 +66,8 @@ WITH expired AS (
     SELECT id, run_lease, owned_by, claimed_at, now(), 'lease_expired', error, state,
            CASE WHEN state = 'queued' THEN run_at END, retry_reason
     FROM reaped
-), dead_lettered AS (
-    -- As job_dead_letter.sql does after a finish: one follow-up per job
-    -- failed for good, keyed by the lease that failed.
-    INSERT INTO jobs (id, queue, payload, max_attempts, idempotency_key, traceparent,
-                      backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter, retry_window_ms)
-    SELECT job_id_v7(), s.dead_letter_queue,
-           jsonb_build_object('job_id', r.id, 'queue', r.queue, 'payload', r.payload,
-                              'error', r.error, 'attempts', r.attempt),
-           coalesce(d.max_attempts, $3::int), 'dead-letter:' || r.id || ':' || r.run_lease, r.traceparent,
-           d.backoff_base_ms, d.backoff_max_ms, d.backoff_factor, d.backoff_jitter, d.retry_window_ms
-    FROM reaped r
-    JOIN queue_settings s ON s.queue = r.queue
-    LEFT JOIN queue_settings d ON d.queue = s.dead_letter_queue
-    WHERE r.state = 'failed' AND s.dead_letter_queue IS NOT NULL
-    ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, (payload ->> 'job_id')::uuid AS failed_id
 )
-SELECT r.*, d.id AS dead_letter_id, d.queue AS dead_letter_queue
+SELECT r.*, s.dead_letter_queue,
+       CASE WHEN s.dead_letter_queue IS NOT NULL THEN job_id_v7() END AS dead_letter_id
 FROM reaped r
-LEFT JOIN dead_lettered d ON d.failed_id = r.id
+LEFT JOIN queue_settings s ON s.queue = r.queue AND r.state = 'failed'
