@@ -1,6 +1,6 @@
 //! The batchers that write: [`Finisher`], finishing outcomes of many
-//! requests in one statement, with the claims that ride them in the next
-//! batch's transaction; and [`Renewer`], lease renewals of many requests in
+//! requests in one statement, with the claims that ride them after it in
+//! the same transaction; and [`Renewer`], lease renewals of many requests in
 //! one statement. Both are [`Batcher`]s.
 
 use std::sync::Arc;
@@ -21,25 +21,24 @@ use crate::store::{Store, StoreError};
 
 /// The batcher of finishing outcomes: each request's items, written with
 /// other requests' items in one statement; a request's claim (a finish that
-/// carries one) rides the next batch's transaction, after the one that
-/// committed its items.
+/// carries one) is made after that statement, in the same transaction.
 pub type Finisher = Batcher<FinishWork, FinishDone>;
 /// The batcher of heartbeats: each request's renewals, written with other
 /// requests' renewals in one statement.
 pub type Renewer = Batcher<Vec<Renewal>, Vec<HeartbeatStatus>>;
 
-/// One finish request for the [`Finisher`], in one of its two passes: its
-/// items are written first; a claim it carries is made by a later batch,
-/// in a transaction after the one that committed them (the protocol's
-/// promise: no lease of the claim is handed out before the outcomes it
-/// follows).
+/// One finish request for the [`Finisher`]: its items are written first; a
+/// claim it carries is made after them in the same transaction, and sees
+/// what they changed (the protocol's promise: no lease of the claim is
+/// handed out before the outcomes it follows are committed). A claim that
+/// found no room in its batch comes back as [`FinishWork::Claim`].
 #[derive(Debug, Clone)]
 pub enum FinishWork {
-    /// Write the outcomes; a claim, if any, then rides the next batch.
+    /// Write the outcomes, then make the claim, if any.
     Write {
         /// The outcomes to write.
         items: Vec<(LeaseRef, Outcome)>,
-        /// The claim to make once they are committed.
+        /// The claim to make once they are written.
         claim: Option<ClaimAsk>,
     },
     /// The outcomes are committed (their answers kept): make the claim.
@@ -52,6 +51,14 @@ pub enum FinishWork {
 }
 
 impl FinishWork {
+    /// The claim it carries, if any.
+    fn claim(&self) -> Option<&ClaimAsk> {
+        match self {
+            FinishWork::Write { claim, .. } => claim.as_ref(),
+            FinishWork::Claim { claim, .. } => Some(claim),
+        }
+    }
+
     /// Items to write, then `claim` (at once when there are no items).
     pub fn new(items: Vec<(LeaseRef, Outcome)>, claim: Option<ClaimAsk>) -> Self {
         match claim {
@@ -88,9 +95,9 @@ fn split<T>(sizes: &[usize], answers: Vec<T>) -> Vec<Vec<T>> {
 
 impl Finisher {
     /// Writes finishing outcomes, and the claims riding on them, with
-    /// [`Store::finish_then_claim_limited`]: a batch writes its new requests' items
-    /// and makes the claims of requests whose items an earlier batch
-    /// committed. Claims go by (queues, time left), each one statement of
+    /// [`Store::finish_then_claim_limited`]: a batch writes its requests'
+    /// items, then makes their claims (and those of requests left over from
+    /// an earlier batch) in the same transaction. Claims go by (queues, time left), each one statement of
     /// at most `settings.max_size` slots; claimers left over wait for the
     /// next batch. Leases claimed for a requester that left are released.
     pub fn finisher(
@@ -143,8 +150,7 @@ impl Finisher {
 }
 
 /// One batch of the [`Finisher`] (see [`Finisher::finisher`]): the items
-/// of its `Write` passes and the claims of its `Claim` passes, in one
-/// transaction; a claim of a queue with flow-control limits (an endpoint's
+/// of its requests, then their claims, in one transaction; a claim of a queue with flow-control limits (an endpoint's
 /// queue among them) takes the limited path in it. At shutdown no claim is
 /// made (as parked claims are answered then: empty).
 async fn flush_finishes(
@@ -165,8 +171,8 @@ async fn flush_finishes(
     let mut plan = ClaimPlan::new(max_slots);
     let placements: Vec<Option<Placement>> = works
         .iter()
-        .map(|w| match w {
-            FinishWork::Claim { claim, .. } if !stopping.is_cancelled() => plan.place(claim),
+        .map(|w| match w.claim() {
+            Some(claim) if !stopping.is_cancelled() => plan.place(claim),
             _ => None,
         })
         .collect();
@@ -188,35 +194,33 @@ async fn flush_finishes(
     Ok(works
         .iter()
         .zip(placements)
-        .map(|(work, placement)| match work {
-            FinishWork::Write { items, claim } => {
-                let endings: Vec<Ending> = endings.by_ref().take(items.len()).collect();
-                match claim {
-                    None => Pass::Answer(FinishDone {
-                        endings,
-                        ..FinishDone::default()
-                    }),
-                    // Written: the claim rides the next batch.
-                    Some(claim) => Pass::Again(FinishWork::Claim {
-                        endings,
-                        claim: claim.clone(),
-                    }),
-                }
-            }
-            FinishWork::Claim { endings, claim } => match placement {
-                Some(placement) => Pass::Answer(FinishDone {
-                    endings: endings.clone(),
+        .map(|(work, placement)| {
+            let (endings, claim) = match work {
+                FinishWork::Write { items, claim } => (endings.by_ref().take(items.len()).collect(), claim.as_ref()),
+                FinishWork::Claim { endings, claim } => (endings.clone(), Some(claim)),
+            };
+            match (claim, placement) {
+                (None, _) => Pass::Answer(FinishDone {
+                    endings,
+                    ..FinishDone::default()
+                }),
+                (Some(claim), Some(placement)) => Pass::Answer(FinishDone {
+                    endings,
                     leases: Some(dealt.take(placement)),
                     worker: Some(claim.worker.clone()),
                 }),
-                None if stopping.is_cancelled() => Pass::Answer(FinishDone {
-                    endings: endings.clone(),
+                (Some(_), None) if stopping.is_cancelled() => Pass::Answer(FinishDone {
+                    endings,
                     leases: Some(Vec::new()),
                     worker: None,
                 }),
-                // No room in this batch's claim statement: the next one.
-                None => Pass::Again(work.clone()),
-            },
+                // No room in this batch's claim statements: the items are
+                // committed, the claim waits for the next batch.
+                (Some(claim), None) => Pass::Again(FinishWork::Claim {
+                    endings,
+                    claim: claim.clone(),
+                }),
+            }
         })
         .collect())
 }

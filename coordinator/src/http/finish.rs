@@ -334,9 +334,9 @@ pub async fn finish(
                 .map_err(at(&format!("items[{i}]")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    // A claim rides the finisher (made in the first batch after the one
-    // that commits the items) when batching is on and none of its queues
-    // has flow-control limits; otherwise the claim batcher makes it.
+    // A claim rides the finisher (made after the items, in the transaction
+    // that commits them) when batching is on and none of its queues has
+    // flow-control limits; otherwise the claim batcher makes it.
     let started = Instant::now();
     let (ride, after) = match ask {
         Some(ask) if state.finisher.batching() && state.flow.limited(&ask.queues).is_empty() => {

@@ -82,12 +82,6 @@ pub struct Renewal {
     pub progress: Option<Value>,
 }
 
-/// What each part of the lease transaction answered: BEGIN, the finish,
-/// each claim, COMMIT.
-/// What the lease transaction's statements answered: the finish's rows,
-/// and each claim's leases.
-type Sent = (Vec<tokio_postgres::Row>, Vec<Vec<(usize, ClaimedJob)>>);
-
 /// What [`Store::finish_then_claim_limited`] answers: the items' endings,
 /// each claim's leases (with the slot, 0-based, each filled), and the slots
 /// a queue's limits held back (by queue and kind of limit).
@@ -429,13 +423,17 @@ impl Store {
     }
 
     /// The one transaction that ends attempts and claims leases: the items
-    /// of [`Store::finish`], then each of `claims` (timed and counted as
-    /// `operation`). It is opened with the claims' settings
-    /// ([`Open::Claims`]), which give the claim its generic plan, planned
-    /// once per connection instead of at every claim (planning cost about a
-    /// third of a small claim), with the join methods that plan may use
-    /// pinned to nested loops (lease_claim.sql says why). Two round trips:
-    /// BEGIN and the statements, then the tallies and COMMIT.
+    /// of [`Store::finish`], what ending them sets off (dead-letter
+    /// follow-ups, dependents), then each of `claims` (timed and counted as
+    /// `operation`). The claims come last, so they see everything the
+    /// items made claimable (a job released by an item, a dependent an
+    /// item's complete unblocked), as a claim made after the items' commit
+    /// would; nothing is answered before the one commit of it all. It is
+    /// opened with the claims' settings ([`Open::Claims`]), which give the
+    /// claim its generic plan, planned once per connection instead of at
+    /// every claim (planning cost about a third of a small claim), with the
+    /// join methods that plan may use pinned to nested loops
+    /// (lease_claim.sql says why).
     pub(super) async fn write_leases(
         &self,
         operation: &'static str,
@@ -447,14 +445,11 @@ impl Store {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
             let sent = async {
-                let (finished, mut claimed) = self.send_leases_transaction(&tx, items, claims).await?;
+                let (finished, settled) = self.begin_and_finish(&tx, items, !claims.is_empty()).await?;
+                let mut claimed = self.send_claims(&tx, claims, items.is_empty()).await?;
                 let held_back = self
                     .claim_limited_groups(&tx, claims, limited, &mut claimed)
                     .await?;
-                // In the finish's transaction: the follow-ups of jobs it
-                // failed for good, and the dependents of jobs it ended.
-                retry::enqueue_follow_ups(&tx, &finished, self.lease_settings().default_max_attempts).await?;
-                let settled = dependencies::settle(&tx, dependencies::ended_by_finish(&finished)?).await?;
                 Ok::<_, StoreError>((finished, claimed, held_back, settled))
             }
             .await;
@@ -484,32 +479,53 @@ impl Store {
         .await
     }
 
-    /// Sends [`Store::write_leases`]'s statements in one go (requests made
-    /// together are pipelined): BEGIN with the claims' settings, the items
-    /// first, so their rows are locked in id order before anything else
-    /// (claims lock with SKIP LOCKED and never wait), then the claims.
-    /// Answers an error unless every part succeeded.
-    async fn send_leases_transaction(
+    /// The first part of [`Store::write_leases`]: BEGIN with the claims'
+    /// settings (when there are items or `claims_follow`; BEGIN goes with
+    /// the claims otherwise) and the items (sent together), so their rows
+    /// are locked in id order before anything else (claims lock with SKIP
+    /// LOCKED and never wait); then, only when a row needs them, the
+    /// follow-ups of jobs failed for good and the dependents of jobs ended.
+    async fn begin_and_finish(
         &self,
         tx: &Tallied<'_>,
         items: &[&(LeaseRef, Outcome)],
-        claims: &[ClaimGroup<'_>],
-    ) -> Result<Sent, StoreError> {
-        // Prepared first, so that each is sent at its first poll below, in
-        // order: BEGIN, the finish, the claims.
+        claims_follow: bool,
+    ) -> Result<(Vec<tokio_postgres::Row>, Vec<dependencies::Settled>), StoreError> {
+        if items.is_empty() {
+            if !claims_follow {
+                tx.begin(Open::Claims).await?;
+            }
+            return Ok((Vec::new(), Vec::new()));
+        }
+        // Prepared first, so that BEGIN and the finish are sent at their
+        // first poll below, in order.
         let finish = tx.prepare(&sql::LEASE_FINISH).await?;
-        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
         let args = FinishArgs::new(items, self.lease_settings());
+        let params = args.params();
+        let (begun, finished) = tokio::join!(tx.begin(Open::Claims), tx.run(&finish, &params));
+        begun?;
+        let finished = finished?;
+        retry::enqueue_follow_ups(tx, &finished, self.lease_settings().default_max_attempts).await?;
+        let settled = dependencies::settle(tx, dependencies::ended_by_finish(&finished)?).await?;
+        Ok((finished, settled))
+    }
+
+    /// The claims of [`Store::write_leases`], one statement per group,
+    /// sent together (with BEGIN in front when `begin`).
+    async fn send_claims(
+        &self,
+        tx: &Tallied<'_>,
+        claims: &[ClaimGroup<'_>],
+        begin: bool,
+    ) -> Result<Vec<Vec<(usize, ClaimedJob)>>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
         let names: Vec<Vec<&str>> = claims
             .iter()
             .map(|c| c.queues.iter().map(QueueName::as_str).collect())
             .collect();
-        let finishing = async {
-            if items.is_empty() {
-                return Ok(Vec::new());
-            }
-            tx.run(&finish, &args.params()).await
-        };
         let terms = self.lease_settings();
         let claiming = futures_util::future::join_all(
             claims
@@ -517,11 +533,16 @@ impl Store {
                 .zip(&names)
                 .map(|(c, names)| claim_rows(tx, &claim, names, &c.slots, c.time_left_ms, terms, None)),
         );
-        let (begun, finished, claimed) = tokio::join!(tx.begin(Open::Claims), finishing, claiming);
+        let begun = async {
+            if begin {
+                tx.begin(Open::Claims).await
+            } else {
+                Ok(())
+            }
+        };
+        let (begun, claimed) = tokio::join!(begun, claiming);
         begun?;
-        let finished = finished?;
-        let claimed = claimed.into_iter().collect::<Result<Vec<_>, _>>()?;
-        Ok((finished, claimed))
+        claimed.into_iter().collect()
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but

@@ -1,5 +1,6 @@
-//! `POST /v1/finish` with a `claim`: the items are committed before the claim
-//! is made, and the answer carries both.
+//! `POST /v1/finish` with a `claim`: the claim sees what the items changed,
+//! no lease of it is answered before they are committed, and the answer
+//! carries both.
 
 use runlease_protocol::JobState;
 use runlease_protocol::worker::Lease;
@@ -286,4 +287,61 @@ async fn workers_whose_claims_ride_their_finishes_drain_every_job_exactly_once()
         .unwrap();
     assert_eq!(row.get::<_, i64>("n"), 600);
     assert_eq!(row.get::<_, i64>("odd"), 0);
+}
+
+#[tokio::test]
+async fn the_claim_of_a_finish_sees_what_its_items_set_off() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let (status, body) = c
+        .api
+        .patch("/v1/queues/work", &json!({"dead_letter_queue": "dead"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [
+                {"queue": "work", "payload": "first", "ref": "a"},
+                {"queue": "work", "payload": "then", "depends_on": ["a"]},
+                {"queue": "work", "payload": "doomed", "max_attempts": 1},
+            ]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let ids: Vec<&str> = (0..3).map(|i| body["jobs"][i]["id"].as_str().unwrap()).collect();
+    let first = c.api.claim_one("work", "w").await;
+    let doomed = c.api.claim_one("work", "w").await;
+    assert_eq!(
+        (first.job_id.0.to_string(), doomed.job_id.0.to_string()),
+        (ids[0].to_owned(), ids[2].to_owned())
+    );
+
+    // Nothing else is claimable: the claim can hand out the dependent and
+    // the dead-letter follow-up only if it sees what the items set off.
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/finish",
+            &json!({
+                "items": [
+                    {"lease_token": first.lease_token, "action": "complete", "result": {"ok": 1}},
+                    {"lease_token": doomed.lease_token, "action": "fail", "error": "broken", "retryable": false},
+                ],
+                "claim": {"queues": ["work", "dead"], "worker_id": "w", "max_jobs": 4, "wait_ms": 0},
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let states: Vec<&str> = (0..2).map(|i| body["items"][i]["state"].as_str().unwrap()).collect();
+    assert_eq!(states, ["done", "failed"], "{body}");
+    let mut next = leases(&body);
+    next.sort_by_key(|l| l.payload != json!("then"));
+    assert_eq!(next.len(), 2, "{body}");
+    assert_eq!(next[0].job_id.0.to_string(), ids[1], "the dependent: {body}");
+    assert_eq!(next[0].dependencies.len(), 1, "{body}");
+    assert_eq!(next[0].dependencies[0].result, Some(json!({"ok": 1})), "{body}");
+    assert_eq!(next[1].payload["job_id"], ids[2], "the follow-up: {body}");
+    assert_eq!(next[1].payload["error"], "broken", "{body}");
 }
