@@ -11,9 +11,12 @@
 //! - A read answered directly is timed. When it took longer than
 //!   [`Tuning::slow`] on a jobs table past [`Tuning::big_table`] rows
 //!   (live and dead, as PostgreSQL's statistics count them), that kind of
-//!   read (scrape or page) turns *slow*; it turns fast again after ten
-//!   reads in a row that took under half of it, or one that finds the
-//!   table small.
+//!   read (scrape or page) turns *slow*; it turns fast again once its reads
+//!   have taken under half of it for [`Tuning::settle`] in a row (ten reads
+//!   at least), or one finds the table small. Under a steady stream reads
+//!   are quick most of the time and slow now and then: a short hysteresis
+//!   made the kind flip back and forth, and each flip answered one request
+//!   with a slow read of its own.
 //! - While a kind is slow, a loop reads its figures every
 //!   [`Tuning::refresh`] (or twenty times as long as one read took, if that
 //!   is longer: a twentieth of one connection at most) and the requests are
@@ -48,6 +51,9 @@ pub struct Tuning {
     pub max_age: Duration,
     /// The loop stops reading a kind nobody asked for this long.
     pub idle: Duration,
+    /// How long a slow kind's reads must all be quick before requests read
+    /// for themselves again.
+    pub settle: Duration,
 }
 
 impl Default for Tuning {
@@ -58,6 +64,7 @@ impl Default for Tuning {
             refresh: Duration::from_secs(1),
             max_age: Duration::from_secs(10),
             idle: Duration::from_secs(120),
+            settle: Duration::from_secs(60),
         }
     }
 }
@@ -97,15 +104,17 @@ struct Read {
 struct Slot {
     /// Answered from the loop's reads.
     slow: bool,
-    /// Quick reads in a row while slow.
+    /// Quick reads in a row while slow, and when the first of them began.
     quick: u32,
+    quick_since: Option<Instant>,
     last: Option<Read>,
     asked_at: Option<Instant>,
 }
 
-/// Quick reads in a row (under half [`Tuning::slow`]) after which a slow
-/// kind is read for each request again: a table that vacuum has not yet
-/// cleaned reads quickly at times between slow reads.
+/// Quick reads in a row (under half [`Tuning::slow`]), for
+/// [`Tuning::settle`] at least, after which a slow kind is read for each
+/// request again: a table that vacuum has not yet cleaned reads quickly at
+/// times between slow reads.
 const QUICK_IN_A_ROW: u32 = 10;
 
 /// Figures as they were last read, and the loop that reads them while
@@ -197,9 +206,18 @@ impl QueueFiguresCache {
             } else if !quick && !big {
                 // A small table: read for each request at once.
                 slot.slow = false;
-            } else if quick && slot.slow {
+            } else if !quick {
+                // Neither slow nor quick: the quick run starts again.
+                slot.quick = 0;
+            } else if slot.slow {
+                if slot.quick == 0 {
+                    slot.quick_since = Some(at);
+                }
                 slot.quick += 1;
-                slot.slow = slot.quick < QUICK_IN_A_ROW;
+                let settled = slot
+                    .quick_since
+                    .is_some_and(|since| at.saturating_duration_since(since) >= self.tuning.settle);
+                slot.slow = slot.quick < QUICK_IN_A_ROW || !settled;
             }
             slot.slow && !was
         };
