@@ -31,6 +31,7 @@ use runlease_client::Client;
 use runlease_client::protocol::worker::{
     ClaimRequest, FinishAction, FinishItem, FinishRequest, FinishStatus,
 };
+use runlease_client::protocol::limits::MAX_BATCH_JOBS;
 use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
@@ -312,27 +313,35 @@ async fn drain(http: &reqwest::Client, base: &str, workers: usize, n: usize) -> 
     (enqueued, n as f64 / took.as_secs_f64())
 }
 
-/// A steady stream of `rate` jobs/s for `seconds`: one batch per [`TICK`].
-async fn stream(http: reqwest::Client, base: String, rate: f64, seconds: u64) -> usize {
+/// A steady stream of `rate` jobs/s for `seconds`: the jobs of each
+/// [`TICK`] in batches of at most [`MAX_BATCH_JOBS`] (a faster drain than
+/// 20,000 jobs/s makes ticks of more). Answers the jobs enqueued and the
+/// batches refused.
+async fn stream(http: reqwest::Client, base: String, rate: f64, seconds: u64) -> (usize, usize) {
     let per_tick = (rate * TICK.as_secs_f64()).round().max(1.0) as usize;
     let started = Instant::now();
     let mut ticks = tokio::time::interval(TICK);
-    let mut sent = 0;
+    let (mut sent, mut refused) = (0, 0);
     while started.elapsed() < Duration::from_secs(seconds) {
         ticks.tick().await;
-        let jobs: Vec<Value> = (0..per_tick)
-            .map(|i| json!({"queue": QUEUE, "payload": i}))
-            .collect();
-        let r = http
-            .post(format!("{base}/v1/jobs/batch"))
-            .json(&json!({"jobs": jobs}))
-            .send()
-            .await;
-        if r.is_ok_and(|r| r.status().is_success()) {
-            sent += per_tick;
+        let mut left = per_tick;
+        while left > 0 {
+            let n = left.min(MAX_BATCH_JOBS);
+            left -= n;
+            let jobs: Vec<Value> = (0..n).map(|i| json!({"queue": QUEUE, "payload": i})).collect();
+            let r = http
+                .post(format!("{base}/v1/jobs/batch"))
+                .json(&json!({"jobs": jobs}))
+                .send()
+                .await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                sent += n;
+            } else {
+                refused += 1;
+            }
         }
     }
-    sent
+    (sent, refused)
 }
 
 pub async fn report(o: Options) -> anyhow::Result<()> {
@@ -376,7 +385,8 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
     let from = fleet.done();
     let producer = tokio::spawn(stream(http.clone(), base.clone(), rate / 2.0, o.sample_s));
     let during = sample(&base, o.sample_s).await;
-    let sent = producer.await?;
+    let (sent, refused) = producer.await?;
+    anyhow::ensure!(refused == 0, "the stream's enqueues were refused {refused} times");
     let started = Instant::now();
     let backlog_gone =
         tokio::time::timeout(Duration::from_secs(60), fleet.until_done(from + sent, started)).await;
