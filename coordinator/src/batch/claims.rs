@@ -107,7 +107,9 @@ impl ClaimBatcher {
     pub async fn claim(&self, ask: ClaimAsk) -> Result<Vec<ClaimedJob>, StoreError> {
         let deadline = Instant::now() + ask.wait;
         if self.shards.is_empty() {
-            return self.claim_alone(ask, deadline).await;
+            // Boxed: its statements' futures would size every parked
+            // claim's future (batching on, the usual) for this path.
+            return Box::pin(self.claim_alone(ask, deadline)).await;
         }
         let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         let tx = &self.shards[shard];

@@ -28,14 +28,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
         // a router served some other way (tests' `oneshot`) has none.
         let deadline = req.extensions().get::<BodyDeadline>().map(|d| d.0);
         let read = Bytes::from_request(req, state);
-        let read = match deadline {
-            Some(at) => tokio::time::timeout_at(at, read).await.map_err(|_| {
-                ApiError::bad_request(
-                    "the request body did not arrive within RUNLEASE_BODY_TIMEOUT_MS; send it at once",
-                )
-            })?,
-            None => read.await,
-        };
+        // Boxed: the handler's future holds the space of its extractors'
+        // while it runs, a parked claim's for a minute.
+        let read = Box::pin(async move {
+            match deadline {
+                Some(at) => tokio::time::timeout_at(at, read).await.ok(),
+                None => Some(read.await),
+            }
+        });
+        let read = read.await.ok_or_else(|| {
+            ApiError::bad_request(
+                "the request body did not arrive within RUNLEASE_BODY_TIMEOUT_MS; send it at once",
+            )
+        })?;
         let bytes = read.map_err(|rejection| {
             if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(

@@ -145,7 +145,15 @@ pub(super) async fn fit_answer(
                 limit: "answer_bytes",
             })
             .inc();
-        crate::batch::claims::release_unwanted(&state.store, &state.wake, worker, rest).await;
+        // Boxed: a statement's future, which would otherwise size every
+        // parked claim's future for this rare path.
+        Box::pin(crate::batch::claims::release_unwanted(
+            &state.store,
+            &state.wake,
+            worker,
+            rest,
+        ))
+        .await;
     }
     records
 }

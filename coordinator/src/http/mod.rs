@@ -219,7 +219,6 @@ pub fn app(state: AppState, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), origin::guard))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }
@@ -279,7 +278,13 @@ async fn observe(State(state): State<AppState>, request: Request, next: Next) ->
         crate::telemetry::join_trace(&span, &traceparent);
     }
     let started = Instant::now();
-    let response = next.run(request).instrument(span.clone()).await;
+    // Open mode's guard here rather than in a middleware of its own: one
+    // boxed future less held by every request in flight (a parked claim's
+    // for up to a minute).
+    let response = match span.in_scope(|| origin::refusal(&state, &request)) {
+        Some(refused) => refused,
+        None => next.run(request).instrument(span.clone()).await,
+    };
     let status = response.status();
     span.record("status", status.as_u16());
     let class = format!("{}xx", status.as_u16() / 100);

@@ -11,10 +11,9 @@
 
 use std::net::{IpAddr, Ipv6Addr};
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::HeaderMap;
 use axum::http::header::{HOST, ORIGIN};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use runlease_protocol::ErrorCode;
 
@@ -22,22 +21,22 @@ use crate::http::AppState;
 use crate::http::error::ApiError;
 use crate::metrics::RefusedLabels;
 
-/// Refuses browser-driven requests in open mode; passes everything when
-/// API keys are configured (a page cannot send a bearer key it does not
-/// know).
-pub async fn guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if state.keys.is_empty()
-        && let Err((limit, message)) = check(request.headers(), request.uri().authority().map(|a| a.as_str()))
-    {
-        state
-            .metrics
-            .requests_refused
-            .get_or_create(&RefusedLabels { limit })
-            .inc();
-        tracing::warn!(limit, "refused a request in open mode: {message}");
-        return ApiError::new(ErrorCode::Forbidden, message).into_response();
+/// The answer refusing a browser-driven request in open mode, or `None`:
+/// always when API keys are configured (a page cannot send a bearer key it
+/// does not know). Called by the request middleware (`observe`).
+pub fn refusal(state: &AppState, request: &Request) -> Option<Response> {
+    if !state.keys.is_empty() {
+        return None;
     }
-    next.run(request).await
+    let authority = request.uri().authority().map(|a| a.as_str());
+    let (limit, message) = check(request.headers(), authority).err()?;
+    state
+        .metrics
+        .requests_refused
+        .get_or_create(&RefusedLabels { limit })
+        .inc();
+    tracing::warn!(limit, "refused a request in open mode: {message}");
+    Some(ApiError::new(ErrorCode::Forbidden, message).into_response())
 }
 
 /// Why a request may not be served in open mode: the refusal's label and

@@ -127,8 +127,11 @@ pub async fn serve(
         .http2()
         .max_header_list_size(MAX_HEADER_LIST_BYTES)
         .max_concurrent_streams(MAX_STREAMS);
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1.max_buf_size(MAX_HEAD_BYTES);
     let server = Arc::new(Server {
         builder,
+        http1,
         app,
         limits,
         metrics: metrics.clone(),
@@ -438,7 +441,10 @@ impl Drop for InFlight {
 
 /// What every connection of [`serve`] shares.
 struct Server {
+    /// A connection that may be HTTP/2 (see [`may_be_h2`]).
     builder: auto::Builder<TokioExecutor>,
+    /// A connection that is HTTP/1.1, configured as `builder` is.
+    http1: hyper::server::conn::http1::Builder,
     app: Router,
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
@@ -448,6 +454,7 @@ struct Server {
 async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, activity: Arc<Activity>) {
     let Server {
         builder,
+        http1,
         app,
         limits,
         metrics,
@@ -476,7 +483,22 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
             }))
         }
     });
-    let connection = builder.serve_connection_with_upgrades(TokioIo::new(watched), service);
+    // Told to close the connection gracefully (the watchdog's decision).
+    let close = Notify::new();
+    let connection = async {
+        let Some(h2) = may_be_h2(&watched.inner, &close).await else {
+            return Ok(());
+        };
+        let io = TokioIo::new(watched);
+        if h2 {
+            // Boxed: the connection's task is sized for HTTP/1.1, the usual.
+            let conn = builder.serve_connection_with_upgrades(io, service);
+            Box::pin(drive(conn, &close, |c| c.graceful_shutdown())).await
+        } else {
+            let conn = http1.serve_connection(io, service).with_upgrades();
+            drive(conn, &close, |c| c.graceful_shutdown()).await
+        }
+    };
     tokio::pin!(connection);
     // Set once the connection was asked to close: it is dropped then.
     let mut hard_close: Option<Instant> = None;
@@ -505,7 +527,7 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
                 }
             } => {}
             () = shutdown.cancelled(), if hard_close.is_none() => {
-                connection.as_mut().graceful_shutdown();
+                close.notify_one();
                 // In-flight requests finish (the coordinator's own grace
                 // bounds them); an idle connection goes now.
                 hard_close = Some(Instant::now() + limits.idle_timeout.max(CLOSE_GRACE));
@@ -515,13 +537,49 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
         match next_step(&activity, &limits, hard_close, metrics, peer) {
             Step::Wait => {}
             Step::Close => {
-                connection.as_mut().graceful_shutdown();
+                close.notify_one();
                 hard_close = Some(Instant::now() + CLOSE_GRACE);
             }
             Step::Drop => return,
         }
     }
 }
+
+/// The first bytes of HTTP/2 with prior knowledge.
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether a connection's first bytes may be the HTTP/2 preface (not enough
+/// of them to tell counts as may); `None` when told to close first.
+///
+/// Peeked, not read: `auto::Builder` reads them itself and hands them to
+/// hyper's HTTP/1.1 connection apart from the rest of the request, which
+/// then grows its 8 KiB read buffer to 16 KiB for the rest of the head and
+/// keeps it for the connection's life (every parked claim held one). Read
+/// whole, a request of less than 8 KiB stays in the 8 KiB buffer.
+async fn may_be_h2(stream: &TcpStream, close: &Notify) -> Option<bool> {
+    let mut first = [0u8; H2_PREFACE.len()];
+    tokio::select! {
+        // At the end of the stream or an error, `auto` reads it and ends.
+        peeked = stream.peek(&mut first) => Some(peeked.map_or(true, |n| H2_PREFACE.starts_with(&first[..n]))),
+        () = close.notified() => None,
+    }
+}
+
+/// Serves `conn` to its end, closing it gracefully once `close` is told.
+async fn drive<C, E>(conn: C, close: &Notify, graceful: fn(Pin<&mut C>)) -> Result<(), BoxError>
+where
+    C: Future<Output = Result<(), E>>,
+    E: Into<BoxError>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        result = conn.as_mut() => return result.map_err(Into::into),
+        () = close.notified() => graceful(conn.as_mut()),
+    }
+    conn.await.map_err(Into::into)
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// What the watchdog does after it woke.
 enum Step {

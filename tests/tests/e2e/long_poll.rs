@@ -91,3 +91,91 @@ async fn a_parked_read_answers_when_the_job_is_done() {
     let (status, body) = c.api.get(&format!("/v1/jobs/{}?wait_ms=200", other.id)).await;
     assert_eq!((status, body["state"].as_str()), (200, Some("queued")));
 }
+
+/// Sends `pieces` on a new connection, a pause between them, and reads the
+/// answer (the connection stays open: it is a keep-alive one).
+async fn claim_in_pieces(addr: std::net::SocketAddr, pieces: Vec<Vec<u8>>) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    for piece in pieces {
+        stream.write_all(&piece).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Until the head and as much body as it announces have come.
+    let mut answer = Vec::new();
+    let whole = |a: &[u8]| {
+        let text = String::from_utf8_lossy(a);
+        let Some((head, body)) = text.split_once("\r\n\r\n") else {
+            return false;
+        };
+        let length = head.lines().find_map(|l| {
+            l.to_ascii_lowercase()
+                .strip_prefix("content-length:")
+                .map(|v| v.trim().to_owned())
+        });
+        length.and_then(|v| v.parse::<usize>().ok()) == Some(body.len())
+    };
+    while !whole(&answer) {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
+            .await
+            .expect("answered within 30 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "closed before its answer: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn parked_claims_of_every_framing_wake_on_a_local_enqueue() {
+    // The coordinator peeks at a connection's first bytes to tell HTTP/2
+    // from HTTP/1.1: a request whose first piece is too short to tell, one
+    // whose body comes apart from its head, and HTTP/2 with prior
+    // knowledge all park and get their job.
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, slow_recheck).await;
+    let body = r#"{"queues":["framing"],"worker_id":"w","max_jobs":1,"wait_ms":30000}"#;
+    let head = format!(
+        "POST /v1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    let raw = [
+        vec![b"P".to_vec(), [&head[1..], body].concat().into_bytes()],
+        vec![head.clone().into_bytes(), body.as_bytes().to_vec()],
+    ];
+    let mut parked = Vec::new();
+    for pieces in raw {
+        parked.push(tokio::spawn(claim_in_pieces(c.addr, pieces)));
+    }
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let url = format!("{}/v1/claim", c.api.base());
+    let h2_claim = tokio::spawn(async move {
+        let response = h2.post(url).body(body).send().await.unwrap();
+        assert_eq!(response.version(), reqwest::Version::HTTP_2);
+        response.text().await.unwrap()
+    });
+    c.api.until_claims_parked(3).await;
+    let mut jobs = Vec::new();
+    for i in 0..3 {
+        jobs.push(c.api.enqueue("framing", json!(i)).await.id.to_string());
+    }
+    let mut answers = Vec::new();
+    for p in parked {
+        let answer = p.await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        answers.push(answer);
+    }
+    answers.push(h2_claim.await.unwrap());
+    for answer in &answers {
+        let given = jobs.iter().filter(|id| answer.contains(id.as_str())).count();
+        assert_eq!(given, 1, "each parked claim gets one of the jobs: {answer}");
+    }
+}
