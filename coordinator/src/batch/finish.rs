@@ -97,9 +97,10 @@ impl Finisher {
     /// Writes finishing outcomes, and the claims riding on them, with
     /// [`Store::finish_then_claim_limited`]: a batch writes its requests'
     /// items, then makes their claims (and those of requests left over from
-    /// an earlier batch) in the same transaction. Claims go by (queues, time left), each one statement of
-    /// at most `settings.max_size` slots; claimers left over wait for the
-    /// next batch. Leases claimed for a requester that left are released.
+    /// an earlier batch) in the same transaction. Claims go by (queues,
+    /// time left), each one statement of at most `settings.max_size` slots;
+    /// claimers left over wait for the next batch. Leases claimed for a
+    /// requester that left are released.
     pub fn finisher(
         parts: &Parts,
         settings: BatchSettings,
@@ -150,9 +151,10 @@ impl Finisher {
 }
 
 /// One batch of the [`Finisher`] (see [`Finisher::finisher`]): the items
-/// of its requests, then their claims, in one transaction; a claim of a queue with flow-control limits (an endpoint's
-/// queue among them) takes the limited path in it. At shutdown no claim is
-/// made (as parked claims are answered then: empty).
+/// of its requests, then their claims, in one transaction; a claim of a
+/// queue with flow-control limits (an endpoint's queue among them) takes
+/// the limited path in it. At shutdown no claim is made (as parked claims
+/// are answered then: empty).
 async fn flush_finishes(
     store: &Store,
     flow: &FlowControl,
@@ -196,7 +198,9 @@ async fn flush_finishes(
         .zip(placements)
         .map(|(work, placement)| {
             let (endings, claim) = match work {
-                FinishWork::Write { items, claim } => (endings.by_ref().take(items.len()).collect(), claim.as_ref()),
+                FinishWork::Write { items, claim } => {
+                    (endings.by_ref().take(items.len()).collect(), claim.as_ref())
+                }
                 FinishWork::Claim { endings, claim } => (endings.clone(), Some(claim)),
             };
             match (claim, placement) {

@@ -334,7 +334,9 @@ async fn the_claim_of_a_finish_sees_what_its_items_set_off() {
         )
         .await;
     assert_eq!(status, 200, "{body}");
-    let states: Vec<&str> = (0..2).map(|i| body["items"][i]["state"].as_str().unwrap()).collect();
+    let states: Vec<&str> = (0..2)
+        .map(|i| body["items"][i]["state"].as_str().unwrap())
+        .collect();
     assert_eq!(states, ["done", "failed"], "{body}");
     let mut next = leases(&body);
     next.sort_by_key(|l| l.payload != json!("then"));

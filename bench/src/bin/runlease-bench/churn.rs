@@ -28,10 +28,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use runlease_client::Client;
+use runlease_client::protocol::limits::MAX_BATCH_JOBS;
 use runlease_client::protocol::worker::{
     ClaimRequest, FinishAction, FinishItem, FinishRequest, FinishStatus,
 };
-use runlease_client::protocol::limits::MAX_BATCH_JOBS;
 use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
