@@ -121,22 +121,7 @@ pub async fn serve(
     let open: Arc<Mutex<HashMap<u64, Arc<Activity>>>> = Arc::default();
     let mut next_id: u64 = 0;
     let connections = TaskTracker::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().max_buf_size(MAX_HEAD_BYTES);
-    builder
-        .http2()
-        .max_header_list_size(MAX_HEADER_LIST_BYTES)
-        .max_concurrent_streams(MAX_STREAMS);
-    let mut http1 = hyper::server::conn::http1::Builder::new();
-    http1.max_buf_size(MAX_HEAD_BYTES);
-    let server = Arc::new(Server {
-        builder,
-        http1,
-        app,
-        limits,
-        metrics: metrics.clone(),
-        shutdown: shutdown.clone(),
-    });
+    let server = Arc::new(Server::new(app, limits, metrics.clone(), shutdown.clone()));
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -451,6 +436,27 @@ struct Server {
     shutdown: CancellationToken,
 }
 
+impl Server {
+    fn new(app: Router, limits: ConnectionLimits, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder.http1().max_buf_size(MAX_HEAD_BYTES);
+        builder
+            .http2()
+            .max_header_list_size(MAX_HEADER_LIST_BYTES)
+            .max_concurrent_streams(MAX_STREAMS);
+        let mut http1 = hyper::server::conn::http1::Builder::new();
+        http1.max_buf_size(MAX_HEAD_BYTES);
+        Self {
+            builder,
+            http1,
+            app,
+            limits,
+            metrics,
+            shutdown,
+        }
+    }
+}
+
 async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, activity: Arc<Activity>) {
     let Server {
         builder,
@@ -500,47 +506,82 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
         }
     };
     tokio::pin!(connection);
-    // Set once the connection was asked to close: it is dropped then.
-    let mut hard_close: Option<Instant> = None;
-    loop {
-        let deadline = activity.deadline(&limits);
-        // While a request is in flight, look again every half idle timeout
-        // for an answer its peer stopped reading.
-        let in_flight = activity.in_flight.load(Ordering::Acquire) > 0;
-        let recheck = in_flight.then(|| Instant::now() + limits.idle_timeout / 2);
-        let wake = [deadline.map(|(at, _)| at), hard_close, recheck]
-            .into_iter()
-            .flatten()
-            .min();
-        tokio::select! {
-            result = connection.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+    let watch = Watch {
+        activity: &activity,
+        limits: &limits,
+        close: &close,
+        metrics,
+        shutdown,
+        peer,
+    };
+    watch.until_done(connection).await;
+}
+
+/// What the watchdog of one connection looks at and acts on.
+struct Watch<'a> {
+    activity: &'a Activity,
+    limits: &'a ConnectionLimits,
+    /// Told to close the connection gracefully.
+    close: &'a Notify,
+    metrics: &'a Metrics,
+    shutdown: &'a CancellationToken,
+    peer: SocketAddr,
+}
+
+impl Watch<'_> {
+    /// Drives `connection` to its end, closing it when idle or stuck, and
+    /// at shutdown.
+    async fn until_done<F: Future<Output = Result<(), BoxError>>>(&self, mut connection: Pin<&mut F>) {
+        let Watch {
+            activity,
+            limits,
+            close,
+            metrics,
+            shutdown,
+            peer,
+        } = self;
+        // Set once the connection was asked to close: it is dropped then.
+        let mut hard_close: Option<Instant> = None;
+        loop {
+            let deadline = activity.deadline(limits);
+            // While a request is in flight, look again every half idle timeout
+            // for an answer its peer stopped reading.
+            let in_flight = activity.in_flight.load(Ordering::Acquire) > 0;
+            let recheck = in_flight.then(|| Instant::now() + limits.idle_timeout / 2);
+            let wake = [deadline.map(|(at, _)| at), hard_close, recheck]
+                .into_iter()
+                .flatten()
+                .min();
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(%peer, error = %e, "connection ended with an error");
+                    }
+                    return;
                 }
-                return;
-            }
-            () = activity.changed.notified() => {}
-            () = async {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
+                () = activity.changed.notified() => {}
+                () = async {
+                    match wake {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+                () = shutdown.cancelled(), if hard_close.is_none() => {
+                    close.notify_one();
+                    // In-flight requests finish (the coordinator's own grace
+                    // bounds them); an idle connection goes now.
+                    hard_close = Some(Instant::now() + limits.idle_timeout.max(CLOSE_GRACE));
+                    continue;
                 }
-            } => {}
-            () = shutdown.cancelled(), if hard_close.is_none() => {
-                close.notify_one();
-                // In-flight requests finish (the coordinator's own grace
-                // bounds them); an idle connection goes now.
-                hard_close = Some(Instant::now() + limits.idle_timeout.max(CLOSE_GRACE));
-                continue;
             }
-        }
-        match next_step(&activity, &limits, hard_close, metrics, peer) {
-            Step::Wait => {}
-            Step::Close => {
-                close.notify_one();
-                hard_close = Some(Instant::now() + CLOSE_GRACE);
+            match next_step(activity, limits, hard_close, metrics, *peer) {
+                Step::Wait => {}
+                Step::Close => {
+                    close.notify_one();
+                    hard_close = Some(Instant::now() + CLOSE_GRACE);
+                }
+                Step::Drop => return,
             }
-            Step::Drop => return,
         }
     }
 }
