@@ -27,6 +27,7 @@ pub mod schedules;
 pub mod serve;
 pub mod ui;
 pub mod views;
+mod watch;
 
 #[cfg(test)]
 mod tests;

@@ -25,6 +25,7 @@ pub mod listing;
 pub mod migrate;
 pub mod prune;
 pub mod queues;
+mod reap;
 pub mod retry;
 pub mod rows;
 pub mod schedules;
