@@ -15,6 +15,7 @@
 //! - [`auth`]: API keys and roles.
 //! - [`limits`]: connections, parked long-polls and answer sizes a caller may use.
 //! - [`reaper`]: takes back expired leases.
+//! - [`floor_check`]: now and then, a full scan checks the claim floors.
 //! - [`prune`]: retention: deletes terminal jobs past their queue's retention.
 //! - [`scheduler`]: the schedule loop: one job per fire time.
 //! - [`settled`]: wake-ups and metrics of jobs whose dependencies settled.
@@ -45,6 +46,7 @@ pub mod cron;
 pub mod dispatch;
 pub mod endpoint;
 pub mod figures;
+pub mod floor_check;
 pub mod flow;
 pub mod http;
 pub mod limits;
@@ -66,6 +68,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::auth::ApiKeys;
 use crate::config::Config;
+use crate::floor_check::FloorCheck;
 use crate::flow::FlowControl;
 use crate::metrics::Metrics;
 use crate::prune::Pruner;
@@ -145,6 +148,7 @@ pub async fn serve(
         .report_settled_to(settled_sink);
     let tracker = TaskTracker::new();
     let wake = connect_redis(&config, &metrics, &tracker, &shutdown)?;
+    let store = store.with_claim_floors(wake.claim_floors());
     tracker.spawn(settled::run(
         settled,
         wake.clone(),
@@ -285,6 +289,8 @@ async fn start_loops(
         shutdown.child_token(),
     );
     tracker.spawn(pruner.run());
+    let floor_check = FloorCheck::new(store.clone(), metrics.clone(), config.leases.claim_recheck);
+    tracker.spawn(floor_check.run(shutdown.child_token()));
     let scheduler = Scheduler::new(store.clone(), wake.clone(), metrics.clone());
     tracker.spawn(scheduler.run(shutdown.child_token()));
     if let Err(e) = flow.refresh().await {

@@ -242,6 +242,8 @@ pub struct Metrics {
     pub dead_letters: Capped<QueueLabels, Counter>,
     /// Wake-ups that could not be published to Redis.
     pub redis_publish_failures: Counter,
+    /// Claim floors the floor check found above a claimable job.
+    pub claim_floor_misses: Counter,
     /// SQS wake-up messages sent.
     pub sqs_wakeups_sent: Capped<QueueLabels, Counter>,
     /// SQS sends that failed (their jobs are signalled again next pass).
@@ -321,6 +323,7 @@ impl Metrics {
             settings_changes: Capped::new(cap.clone()),
             dead_letters: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
+            claim_floor_misses: Counter::default(),
             sqs_wakeups_sent: Capped::new(cap.clone()),
             sqs_send_failures: Capped::new(cap.clone()),
             sqs_send_retries: Capped::new(cap.clone()),

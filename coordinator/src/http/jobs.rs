@@ -23,6 +23,7 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, require};
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
+use crate::store::floors::ClaimKey;
 use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
 use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
@@ -145,14 +146,21 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
             );
             continue;
         }
-        if !queues.contains(&e.job.queue) {
-            queues.push(e.job.queue.clone());
+        // Each queue's wake-up carries its first new job in claim order.
+        let key = ClaimKey {
+            priority: e.job.priority,
+            run_at: e.job.run_at,
+            id: e.job.id.0,
+        };
+        match queues.iter_mut().find(|(q, _)| *q == e.job.queue) {
+            Some((_, first)) => *first = key.min(*first),
+            None => queues.push((e.job.queue.clone(), key)),
         }
     }
     if queues.is_empty() {
         return Ok(());
     }
-    if let Err(e) = state.wake.enqueued(&queues).await {
+    if let Err(e) = state.wake.enqueued_at(&queues).await {
         let ids: Vec<JobId> = enqueued.iter().filter(|e| e.created).map(|e| e.job.id).collect();
         // The jobs are committed either way: should the mark fail too, they
         // stay queued and claims find them on their timer; the enqueue still

@@ -239,6 +239,11 @@ impl Metrics {
     /// Registers the fourth part of the metrics (one function of a manageable length per part).
     pub(super) fn register_3(&self, registry: &mut Registry) {
         registry.register(
+            "claim_floor_misses",
+            "Claim floors found above a claimable job (written without a wake-up reaching this coordinator) and lowered",
+            self.claim_floor_misses.clone(),
+        );
+        registry.register(
             "bulk_changed",
             "Jobs changed by bulk actions (retry, cancel, delete)",
             self.bulk_changed.clone(),

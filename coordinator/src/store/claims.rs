@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{QueueName, WorkerId};
 
 use crate::flow;
+use crate::store::floors::{FloorParams, Found, Taken, found_rows};
 use crate::store::leases::{ClaimGroup, LeaseRef, Outcome};
 use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, col};
@@ -88,13 +89,22 @@ pub(super) fn slotted(rows: &[tokio_postgres::Row]) -> Result<Vec<(usize, Claime
         .collect()
 }
 
+/// The queues one claim statement scans, each from its floor (`floors`:
+/// one per queue, in order, or none: every scan from its queue's first
+/// entry).
+#[derive(Clone, Copy)]
+pub(super) struct Scan<'a> {
+    pub queues: &'a [&'a str],
+    pub floors: &'a [&'a Taken],
+}
+
 /// Runs `lease_claim.sql` (`claim`, prepared on `tx`) in `tx`; `limited`
 /// is the claim time of the limited path (which serves limited queues),
 /// `None` for the shared statement.
 pub(super) async fn claim_rows(
     tx: &Tallied<'_>,
     claim: &Prepared,
-    queues: &[&str],
+    scan: Scan<'_>,
     slots: &[&WorkerId],
     time_left_ms: Option<u64>,
     leases: &crate::store::LeaseSettings,
@@ -103,19 +113,101 @@ pub(super) async fn claim_rows(
     let serve_limited = limited.is_some();
     let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
     let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-        &queues,
+    let floors = FloorParams::of(scan.floors);
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+        &scan.queues,
         &workers,
         &ms(leases.ttl),
         &ms(leases.default_timeout),
         &time_left,
         &serve_limited,
         &limited,
+        &floors.priority,
+        &floors.run_at,
+        &floors.id,
     ];
     slotted(&tx.run(claim, &params).await?)
 }
 
+/// The claim floors a transaction's claims took, and what it read after
+/// them (see [`crate::store::floors::ClaimFloors::found`]).
+pub(super) type FloorsRead = (Vec<Taken>, Vec<Found>);
+
 impl Store {
+    /// The claims of [`Store::write_leases`], one statement per group,
+    /// sent together (with BEGIN in front when `begin`). When `floored`,
+    /// each queue's scan starts at its claim floor, and the first claimable
+    /// job of each queue is read after the claims: answered with the
+    /// floors taken, for [`crate::store::floors::ClaimFloors::found`] once the transaction has
+    /// committed.
+    pub(super) async fn send_claims(
+        &self,
+        tx: &Tallied<'_>,
+        claims: &[ClaimGroup<'_>],
+        begin: bool,
+        floored: bool,
+    ) -> Result<(Vec<Vec<(usize, ClaimedJob)>>, FloorsRead), StoreError> {
+        if claims.is_empty() {
+            return Ok((Vec::new(), (Vec::new(), Vec::new())));
+        }
+        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
+        let names: Vec<Vec<&str>> = claims
+            .iter()
+            .map(|c| c.queues.iter().map(QueueName::as_str).collect())
+            .collect();
+        let taken: Vec<Vec<Taken>> = match self.claim_floors() {
+            Some(floors) if floored => names.iter().map(|n| floors.take(n)).collect(),
+            _ => vec![Vec::new(); claims.len()],
+        };
+        let floors_of: Vec<Vec<&Taken>> = taken.iter().map(|t| t.iter().collect()).collect();
+        // The queues read after the claims, each once.
+        let mut reads: Vec<&Taken> = Vec::new();
+        for t in taken.iter().flatten().filter(|t| t.reads_after()) {
+            if !reads.iter().any(|r| r.queue == t.queue) {
+                reads.push(t);
+            }
+        }
+        let read_stmt = if reads.is_empty() {
+            None
+        } else {
+            Some(tx.client().prepare_cached(sql::LEASE_CLAIM_FLOOR).await?)
+        };
+        let terms = self.lease_settings();
+        let claiming = futures_util::future::join_all(claims.iter().zip(&names).zip(&floors_of).map(
+            |((c, names), floors)| {
+                let scan = Scan {
+                    queues: names,
+                    floors,
+                };
+                claim_rows(tx, &claim, scan, &c.slots, c.time_left_ms, terms, None)
+            },
+        ));
+        // Sent after the claims (statements sent together run in the order
+        // they were first polled), so the jobs they claimed are not read.
+        let reading = async {
+            let Some(stmt) = &read_stmt else {
+                return Ok(Vec::new());
+            };
+            let queues: Vec<&str> = reads.iter().map(|t| t.queue.as_str()).collect();
+            let floors = FloorParams::of(&reads);
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&queues, &floors.priority, &floors.run_at, &floors.id];
+            let rows = tx.client().query(stmt, &params).await?;
+            found_rows(&rows)
+        };
+        let begun = async {
+            if begin {
+                tx.begin(Open::Claims).await
+            } else {
+                Ok(())
+            }
+        };
+        let (begun, claimed, found) = tokio::join!(begun, claiming, reading);
+        begun?;
+        let claimed = claimed.into_iter().collect::<Result<_, _>>()?;
+        Ok((claimed, (taken.into_iter().flatten().collect(), found?)))
+    }
+
     /// Claims up to one lease per slot (each slot names its worker) from
     /// `queues`, answering each lease with the slot (0-based) it filled,
     /// in slot order. Queues without limits share one statement; each of
@@ -254,7 +346,10 @@ impl Store {
                 claim_rows(
                     tx,
                     &claim,
-                    &[queue.as_str()],
+                    Scan {
+                        queues: &[queue.as_str()],
+                        floors: &[],
+                    },
                     admitted,
                     time_left_ms,
                     terms,

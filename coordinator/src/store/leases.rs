@@ -16,7 +16,6 @@ use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
 
-use crate::store::claims::claim_rows;
 pub use crate::store::claims::{Claimed, LimitKind};
 
 /// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
@@ -258,6 +257,17 @@ impl<'a> FinishArgs<'a> {
 type Applied = HashMap<(Uuid, i64), (FinishAction, Finished)>;
 
 /// Reads the rows of `lease_finish.sql`.
+/// Whether every row of `lease_finish.sql` ended its job `done` (so the
+/// finish made no job claimable: no release, retry or follow-up).
+fn only_done(rows: &[tokio_postgres::Row]) -> Result<bool, StoreError> {
+    for row in rows {
+        if col::<DbJobState>(row, "state")?.0 != JobState::Done {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
@@ -446,15 +456,22 @@ impl Store {
             let tx = Tallied::new(&client);
             let sent = async {
                 let (finished, settled) = self.begin_and_finish(&tx, items, !claims.is_empty()).await?;
-                let mut claimed = self.send_claims(&tx, claims, items.is_empty()).await?;
+                // A job the items made claimable was written after the
+                // floors were last read, and before any wake-up for it.
+                let floored = settled.is_empty() && only_done(&finished)?;
+                let (mut claimed, floors_read) =
+                    self.send_claims(&tx, claims, items.is_empty(), floored).await?;
                 let held_back = self
                     .claim_limited_groups(&tx, claims, limited, &mut claimed)
                     .await?;
-                Ok::<_, StoreError>((finished, claimed, held_back, settled))
+                Ok::<_, StoreError>((finished, claimed, held_back, settled, floors_read))
             }
             .await;
             // Any part refused rolls the whole transaction back.
-            let (finished, mut claimed, held_back, settled) = tx.end(sent).await?;
+            let (finished, mut claimed, held_back, settled, (taken, found)) = tx.end(sent).await?;
+            if let Some(floors) = self.claim_floors() {
+                floors.found(&taken, &found);
+            }
             self.report_settled(settled);
             let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
             if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
@@ -508,41 +525,6 @@ impl Store {
         retry::enqueue_follow_ups(tx, &finished, self.lease_settings().default_max_attempts).await?;
         let settled = dependencies::settle(tx, dependencies::ended_by_finish(&finished)?).await?;
         Ok((finished, settled))
-    }
-
-    /// The claims of [`Store::write_leases`], one statement per group,
-    /// sent together (with BEGIN in front when `begin`).
-    async fn send_claims(
-        &self,
-        tx: &Tallied<'_>,
-        claims: &[ClaimGroup<'_>],
-        begin: bool,
-    ) -> Result<Vec<Vec<(usize, ClaimedJob)>>, StoreError> {
-        if claims.is_empty() {
-            return Ok(Vec::new());
-        }
-        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
-        let names: Vec<Vec<&str>> = claims
-            .iter()
-            .map(|c| c.queues.iter().map(QueueName::as_str).collect())
-            .collect();
-        let terms = self.lease_settings();
-        let claiming = futures_util::future::join_all(
-            claims
-                .iter()
-                .zip(&names)
-                .map(|(c, names)| claim_rows(tx, &claim, names, &c.slots, c.time_left_ms, terms, None)),
-        );
-        let begun = async {
-            if begin {
-                tx.begin(Open::Claims).await
-            } else {
-                Ok(())
-            }
-        };
-        let (begun, claimed) = tokio::join!(begun, claiming);
-        begun?;
-        claimed.into_iter().collect()
     }
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but

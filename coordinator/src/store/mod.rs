@@ -8,6 +8,7 @@
 //! - [`jobs`]: producer operations (enqueue, get, cancel, retry).
 //! - [`dependencies`]: job dependencies: an enqueue's plan, the settling of
 //!   dependents, the look-ups of leases and job answers.
+//! - [`floors`]: claim floors, where each queue's claim scan starts.
 //! - [`leases`]: worker operations (claim, heartbeat, complete, fail, release) and the reaper's statement.
 //! - [`queues`]: queue figures (live indexes and tallies) and settings.
 //! - [`retry`]: retry policies and dead-letter follow-ups as read from rows.
@@ -19,6 +20,7 @@
 pub mod claims;
 pub mod connect;
 pub mod dependencies;
+pub mod floors;
 pub mod jobs;
 pub mod leases;
 pub mod listing;
@@ -35,6 +37,7 @@ pub mod tally;
 
 use std::cell::Cell;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::PoolError;
@@ -240,6 +243,7 @@ pub struct Store {
     timeouts: Family<OperationLabels, Counter>,
     retries: Family<OperationLabels, Counter>,
     settled: Option<tokio::sync::mpsc::UnboundedSender<Vec<dependencies::Settled>>>,
+    floors: Option<Arc<floors::ClaimFloors>>,
 }
 
 /// Tries of a store operation that hit a deadlock or a serialization failure
@@ -256,7 +260,21 @@ impl Store {
             timeouts: Family::default(),
             retries: Family::default(),
             settled: None,
+            floors: None,
         }
+    }
+
+    /// Starts claims at `floors` (kept up to date by the wake-ups that hold
+    /// the same floors): without, every claim scans its queues from their
+    /// first entry.
+    pub fn with_claim_floors(mut self, floors: Arc<floors::ClaimFloors>) -> Self {
+        self.floors = Some(floors);
+        self
+    }
+
+    /// The claim floors, when claims use them.
+    pub fn claim_floors(&self) -> Option<&floors::ClaimFloors> {
+        self.floors.as_deref()
     }
 
     /// Sends the jobs whose dependencies settled (queued or cancelled by

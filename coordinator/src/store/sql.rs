@@ -55,6 +55,9 @@ pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 pub const ATTEMPT_PAGE: &str = include_str!("sql/attempt_page.sql");
 /// Claim leases.
 pub const LEASE_CLAIM: Changes = Changes::new(include_str!("sql/lease_claim.sql"), tally::no_tally);
+/// The first claimable job of queues from where a claim's scan starts
+/// (the claim floors, store/floors.rs).
+pub const LEASE_CLAIM_FLOOR: &str = include_str!("sql/lease_claim_floor.sql");
 /// How a claim's statement is planned, set local in its transaction: its
 /// generic plan (planned once per connection instead of at every claim),
 /// joined by nested loops only (lease_claim.sql says why), reaching rows
@@ -177,6 +180,7 @@ pub const ALL: &[(&str, &str)] = &[
     ("attempt_page", ATTEMPT_PAGE),
     ("lease_claim", LEASE_CLAIM.sql()),
     ("lease_claim_keyed", LEASE_CLAIM_KEYED.sql()),
+    ("lease_claim_floor", LEASE_CLAIM_FLOOR),
     ("queue_limits_lock", QUEUE_LIMITS_LOCK),
     ("queue_running_count", QUEUE_RUNNING_COUNT),
     ("queue_rate_take", QUEUE_RATE_TAKE),

@@ -4,11 +4,14 @@
 //! lost; they also re-check on a timer, so no wake-up is needed for
 //! correctness.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;
 use runlease_protocol::{JobId, QueueName};
 use tokio::sync::broadcast;
+
+use crate::store::floors::{ClaimFloors, ClaimKey};
 
 /// Capacity of each broadcast ring; a waiter that lags behind treats it as a wake-up.
 const CHANNEL_CAPACITY: usize = 4096;
@@ -20,6 +23,9 @@ pub struct LocalWake {
     queues: broadcast::Sender<Option<QueueName>>,
     /// `None` wakes the waiters of every job.
     jobs: broadcast::Sender<Option<JobId>>,
+    /// Every queue wake-up passes the claim floors: a job a floor has
+    /// passed may have become claimable.
+    floors: Arc<ClaimFloors>,
 }
 
 impl Default for LocalWake {
@@ -34,12 +40,27 @@ impl LocalWake {
         Self {
             queues: broadcast::channel(CHANNEL_CAPACITY).0,
             jobs: broadcast::channel(CHANNEL_CAPACITY).0,
+            floors: Arc::new(ClaimFloors::new()),
         }
+    }
+
+    /// The claim floors these wake-ups keep (the store's claims start
+    /// there).
+    pub fn claim_floors(&self) -> Arc<ClaimFloors> {
+        self.floors.clone()
     }
 
     /// A job may be claimable on `queue`.
     pub fn queue_ready(&self, queue: &QueueName) {
+        self.floors.wrote(queue.as_str(), None);
         // No receivers is fine: nobody is parked.
+        let _ = self.queues.send(Some(queue.clone()));
+    }
+
+    /// Jobs were enqueued on `queue`, the first of them in claim order at
+    /// `key`.
+    pub fn queue_ready_at(&self, queue: &QueueName, key: ClaimKey) {
+        self.floors.wrote(queue.as_str(), Some(key));
         let _ = self.queues.send(Some(queue.clone()));
     }
 
@@ -50,6 +71,7 @@ impl LocalWake {
 
     /// Every waiter should look again (e.g. signals may have been missed).
     pub fn wake_all(&self) {
+        self.floors.forget_all();
         let _ = self.queues.send(None);
         let _ = self.jobs.send(None);
     }

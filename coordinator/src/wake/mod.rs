@@ -21,6 +21,7 @@ use tokio_util::task::TaskTracker;
 pub use local::{LocalWake, every, jittered, next_job_wake, next_queue_wake};
 
 use crate::metrics::Metrics;
+use crate::store::floors::{ClaimFloors, ClaimKey};
 use redis::{PublishError, RedisLink};
 
 /// Best-effort signals waiting to be published (terminal jobs, releases).
@@ -97,6 +98,9 @@ impl Wake {
     ) -> Result<Self, String> {
         let link = Arc::new(RedisLink::new(url, prefix)?);
         let local = LocalWake::new();
+        // Until subscribed, other coordinators' wake-ups do not reach
+        // this one: no claim floors.
+        local.claim_floors().hearing(false);
         tracker.spawn({
             let link = link.clone();
             let local = local.clone();
@@ -155,6 +159,12 @@ impl Wake {
         })
     }
 
+    /// The claim floors every queue wake-up passes (see
+    /// [`crate::store::floors`]).
+    pub fn claim_floors(&self) -> Arc<ClaimFloors> {
+        self.local.claim_floors()
+    }
+
     /// Redis's state.
     pub fn redis_status(&self) -> RedisStatus {
         match &self.redis {
@@ -181,6 +191,20 @@ impl Wake {
         for queue in queues {
             self.local.queue_ready(queue);
         }
+        self.publish_enqueued(queues.iter()).await
+    }
+
+    /// [`Wake::enqueued`] where each queue comes with the key of its first
+    /// job in claim order (an enqueue answers it): the queue's claim floor
+    /// is lowered to it instead of dropped.
+    pub async fn enqueued_at(&self, queues: &[(QueueName, ClaimKey)]) -> Result<(), PublishError> {
+        for (queue, key) in queues {
+            self.local.queue_ready_at(queue, *key);
+        }
+        self.publish_enqueued(queues.iter().map(|(q, _)| q)).await
+    }
+
+    async fn publish_enqueued(&self, queues: impl Iterator<Item = &QueueName>) -> Result<(), PublishError> {
         let Some(link) = &self.redis else { return Ok(()) };
         for queue in queues {
             if let Err(e) = link.publish_queue(queue).await {

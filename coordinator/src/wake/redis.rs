@@ -178,6 +178,7 @@ impl RedisLink {
             match self.listen(&local, &cancel).await {
                 Ok(()) => return,
                 Err(e) => {
+                    local.claim_floors().hearing(false);
                     if self.subscribed.swap(false, Ordering::Relaxed) {
                         // It was up: start the next outage's backoff afresh.
                         backoff = MIN_BACKOFF;
@@ -210,6 +211,7 @@ impl RedisLink {
             .await
             .map_err(|e| e.to_string())?;
         self.subscribed.store(true, Ordering::Relaxed);
+        local.claim_floors().hearing(true);
         tracing::info!(channels = %format!("{}, {}", self.wake_channel, self.terminal_channel), "subscribed to Redis wake-ups");
         // Anything published while we were away is lost: wake every waiter so
         // it re-checks PostgreSQL now rather than at its next timer.

@@ -8,6 +8,7 @@ mod bad_input;
 mod batching;
 mod bulk;
 mod chaos;
+mod claim_floors;
 mod cli;
 mod cli_conventions;
 mod cli_endpoints;

@@ -12,9 +12,18 @@
 -- settings row locked and passes one queue and the slots its limits allow;
 -- false skips them, so a coordinator whose view of the settings is a moment
 -- old can never start a job past a limit), $7 timestamptz claim time (NULL:
--- now; the limited path passes the time it took the limits at).
+-- now; the limited path passes the time it took the limits at), $8 int[],
+-- $9 timestamptz[], $10 uuid[] the claim floor of each queue of $1, in the
+-- same order, as (priority, run_at, id) (NULL arrays, or NULL elements: no
+-- floor). A floor is a key no claimable job of its queue sorts below (the
+-- coordinator keeps one per queue: store/floors.rs); the scan starts there
+-- instead of at the queue's first entry, so it does not walk the entries
+-- of jobs claimed since vacuum last ran (they stay in the index until a
+-- vacuum may remove them, which an old snapshot can put off for minutes).
 -- Index: jobs_claim_idx (queue, priority, run_at, id) WHERE claimable, one
--- ordered scan per queue: the cost grows with the slots, not the backlog;
+-- ordered scan per queue from its floor (a row comparison on the index's
+-- last three columns, an index condition): the cost grows with the slots,
+-- not the backlog;
 -- queue_settings_pkey for the pause check; jobs_pkey to update the locked
 -- rows, one lookup per slot.
 -- Plan: the store runs it with its generic plan, planned once per
@@ -32,11 +41,15 @@ WITH picked AS (
     -- claimable row). With several queues, rows locked here but beyond the
     -- overall limit are only held until this statement's transaction ends.
     SELECT c.id, c.priority, c.run_at
-    FROM unnest($1::text[]) AS q(queue)
+    FROM unnest($1::text[], $8::int[], $9::timestamptz[], $10::uuid[])
+         AS q(queue, floor_priority, floor_run_at, floor_id)
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at
         FROM jobs
         WHERE jobs.queue = q.queue
+          AND (priority, run_at, id) >= (coalesce(q.floor_priority, -2147483648),
+                                         coalesce(q.floor_run_at, '-infinity'),
+                                         coalesce(q.floor_id, '00000000-0000-0000-0000-000000000000'))
           AND state IN ('queued', 'enqueue_failed')
           AND run_at <= now()
           AND ($5::bigint IS NULL OR coalesce(timeout_ms, $4::bigint) <= $5::bigint)
