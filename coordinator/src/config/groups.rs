@@ -159,7 +159,7 @@ pub struct LeaseConfig {
     #[arg(id = "default_timeout_ms", long = "default-timeout-ms", value_name = "DEFAULT_TIMEOUT_MS", env = "RUNLEASE_DEFAULT_TIMEOUT_MS", default_value = "300000",
           value_parser = ms(1..=86_400_000))]
     pub default_timeout: Duration,
-    /// How often a parked claim or job read re-checks PostgreSQL without a wake-up, ms.
+    /// How often a parked claim or job read re-checks PostgreSQL without a wake-up (and the claim floors are checked at most), ms.
     #[arg(id = "claim_recheck_ms", long = "claim-recheck-ms", value_name = "CLAIM_RECHECK_MS", env = "RUNLEASE_CLAIM_RECHECK_MS", default_value = "1000", value_parser = ms(10..=60_000))]
     pub claim_recheck: Duration,
 }

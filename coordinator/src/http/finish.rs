@@ -135,7 +135,10 @@ pub(crate) fn finished_effects(state: &AppState, run_lease: RunLease, action: Fi
             state.wake.ready(&job.queue);
         }
     } else if job.state == JobState::Queued {
-        state.wake.ready(&job.queue);
+        match job.requeued {
+            Some(key) => state.wake.ready_at(&job.queue, key),
+            None => state.wake.ready(&job.queue),
+        }
     }
 }
 

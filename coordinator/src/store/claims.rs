@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use runlease_protocol::{QueueName, WorkerId};
 
 use crate::flow;
-use crate::store::floors::{FloorParams, Found, Taken, found_rows};
+use crate::store::floors::{ClaimKey, FloorParams, Found, Taken, found_rows};
 use crate::store::leases::{ClaimGroup, LeaseRef, Outcome};
 use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, col};
@@ -133,19 +133,25 @@ pub(super) async fn claim_rows(
 /// them (see [`crate::store::floors::ClaimFloors::found`]).
 pub(super) type FloorsRead = (Vec<Taken>, Vec<Found>);
 
+/// Jobs a transaction queued again before its claims, by queue and place
+/// in the claim order.
+pub type Requeued = Vec<(String, ClaimKey)>;
+
 impl Store {
     /// The claims of [`Store::write_leases`], one statement per group,
-    /// sent together (with BEGIN in front when `begin`). When `floored`,
-    /// each queue's scan starts at its claim floor, and the first claimable
-    /// job of each queue is read after the claims: answered with the
-    /// floors taken, for [`crate::store::floors::ClaimFloors::found`] once the transaction has
-    /// committed.
+    /// sent together (with BEGIN in front when `begin`). With `floored`
+    /// (the jobs the transaction queued again before them), each queue's
+    /// scan starts at its claim floor, or at the first of those jobs below
+    /// it, and the first claimable job of each queue is read after the
+    /// claims: answered with the floors taken, for
+    /// [`crate::store::floors::ClaimFloors::found`] once the transaction
+    /// has committed.
     pub(super) async fn send_claims(
         &self,
         tx: &Tallied<'_>,
         claims: &[ClaimGroup<'_>],
         begin: bool,
-        floored: bool,
+        floored: Option<&[(String, ClaimKey)]>,
     ) -> Result<(Vec<Vec<(usize, ClaimedJob)>>, FloorsRead), StoreError> {
         if claims.is_empty() {
             return Ok((Vec::new(), (Vec::new(), Vec::new())));
@@ -155,10 +161,15 @@ impl Store {
             .iter()
             .map(|c| c.queues.iter().map(QueueName::as_str).collect())
             .collect();
-        let taken: Vec<Vec<Taken>> = match self.claim_floors() {
-            Some(floors) if floored => names.iter().map(|n| floors.take(n)).collect(),
+        let mut taken: Vec<Vec<Taken>> = match (self.claim_floors(), floored) {
+            (Some(floors), Some(_)) => names.iter().map(|n| floors.take(n)).collect(),
             _ => vec![Vec::new(); claims.len()],
         };
+        for (queue, key) in floored.unwrap_or_default() {
+            for t in taken.iter_mut().flatten().filter(|t| t.queue == *queue) {
+                t.floor = t.floor.map(|floor| floor.min(*key));
+            }
+        }
         let floors_of: Vec<Vec<&Taken>> = taken.iter().map(|t| t.iter().collect()).collect();
         // The queues read after the claims, each once.
         let mut reads: Vec<&Taken> = Vec::new();
@@ -202,8 +213,12 @@ impl Store {
                 Ok(())
             }
         };
-        let (begun, claimed, found) = tokio::join!(begun, claiming, reading);
+        // Sent after BEGIN and before the claims (each future sends at its
+        // first poll, in this order).
+        let planned = tx.client().batch_execute(sql::CLAIM_SCAN_PLANNING);
+        let (begun, planned, claimed, found) = tokio::join!(begun, planned, claiming, reading);
         begun?;
+        planned?;
         let claimed = claimed.into_iter().collect::<Result<_, _>>()?;
         Ok((claimed, (taken.into_iter().flatten().collect(), found?)))
     }
@@ -339,23 +354,24 @@ impl Store {
         let admitted = &slots[..admission.allowed.min(slots.len())];
         let rows = match per_key {
             None => {
-                // Planned as the shared claim is (lease_claim.sql).
+                // Planned as the shared claim is (lease_claim.sql), the
+                // scan's settings undone after it (a keyed claim of another
+                // queue may follow in this transaction).
                 client.batch_execute(sql::CLAIM_PLANNING).await?;
                 let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
                 let terms = self.lease_settings();
-                claim_rows(
-                    tx,
-                    &claim,
-                    Scan {
-                        queues: &[queue.as_str()],
-                        floors: &[],
-                    },
-                    admitted,
-                    time_left_ms,
-                    terms,
-                    Some(at),
-                )
-                .await?
+                let scan = Scan {
+                    queues: &[queue.as_str()],
+                    floors: &[],
+                };
+                let (on, rows, off) = tokio::join!(
+                    client.batch_execute(sql::CLAIM_SCAN_PLANNING),
+                    claim_rows(tx, &claim, scan, admitted, time_left_ms, terms, Some(at)),
+                    client.batch_execute(sql::CLAIM_SCAN_PLANNING_RESET),
+                );
+                on?;
+                off?;
+                rows?
             }
             Some(per_key) => {
                 let rows = self

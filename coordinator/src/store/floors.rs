@@ -389,13 +389,27 @@ impl Store {
             return Ok((0, Duration::ZERO));
         }
         let started = Instant::now();
-        let client = self.conn().await?;
         let queues: Vec<&str> = before.iter().map(|(q, _)| q.as_str()).collect();
         let none: Vec<Option<i32>> = vec![None; queues.len()];
         let at: Vec<Option<DateTime<Utc>>> = vec![None; queues.len()];
         let ids: Vec<Option<Uuid>> = vec![None; queues.len()];
-        let rows = client
-            .query(sql::LEASE_CLAIM_FLOOR, &[&queues, &none, &at, &ids])
+        let rows = self
+            .timed("claim_floor_check", || async {
+                let client = self.conn().await?;
+                // Planned as a claim's scan is (sql::CLAIM_SCAN_PLANNING), in
+                // a transaction of its own that only reads.
+                client.batch_execute("BEGIN READ ONLY").await?;
+                let read = async {
+                    client.batch_execute(sql::CLAIM_SCAN_PLANNING).await?;
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&queues, &none, &at, &ids];
+                    Ok::<_, StoreError>(client.query(sql::LEASE_CLAIM_FLOOR, &params).await?)
+                }
+                .await;
+                client
+                    .batch_execute(if read.is_ok() { "COMMIT" } else { "ROLLBACK" })
+                    .await?;
+                read
+            })
             .await?;
         let lowered = floors.lower(&before, &found_rows(&rows)?);
         Ok((lowered, started.elapsed()))

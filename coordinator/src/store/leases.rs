@@ -16,7 +16,8 @@ use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
 
-pub use crate::store::claims::{Claimed, LimitKind};
+pub use crate::store::claims::{Claimed, LimitKind, Requeued};
+use crate::store::floors::ClaimKey;
 
 /// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
 #[derive(Debug, Clone)]
@@ -129,19 +130,34 @@ pub struct Finished {
     /// The follow-up its failure for good enqueued on its queue's
     /// dead-letter queue (only where this finish applied it).
     pub dead_letter: Option<DeadLetter>,
+    /// Where this finish queued the job again (a release or a retry), its
+    /// place in the claim order.
+    pub requeued: Option<ClaimKey>,
 }
 
 impl Finished {
     fn from_row(row: &tokio_postgres::Row, first: bool) -> Result<Self, StoreError> {
+        let job_id = JobId(col(row, "id")?);
+        let state = col::<DbJobState>(row, "state")?.0;
+        let requeued = if first && state == JobState::Queued {
+            Some(ClaimKey {
+                priority: col(row, "priority")?,
+                run_at: col(row, "run_at")?,
+                id: job_id.0,
+            })
+        } else {
+            None
+        };
         Ok(Self {
-            job_id: JobId(col(row, "id")?),
+            job_id,
             queue: queue_col(row, "queue")?,
-            state: col::<DbJobState>(row, "state")?.0,
+            state,
             created_at: col(row, "created_at")?,
             finished_at: col(row, "finished_at")?,
             first,
             traced: col(row, "traced")?,
             dead_letter: DeadLetter::from_row(row)?,
+            requeued,
         })
     }
 }
@@ -256,18 +272,32 @@ impl<'a> FinishArgs<'a> {
 /// effect, what it left).
 type Applied = HashMap<(Uuid, i64), (FinishAction, Finished)>;
 
-/// Reads the rows of `lease_finish.sql`.
-/// Whether every row of `lease_finish.sql` ended its job `done` (so the
-/// finish made no job claimable: no release, retry or follow-up).
-fn only_done(rows: &[tokio_postgres::Row]) -> Result<bool, StoreError> {
+/// What the items of a finish made claimable, when the claims of its
+/// transaction can still start at the claim floors: the queue and place
+/// of each job queued again. `None` when they cannot: a job made
+/// claimable whose place is not known here (a dead-letter follow-up, a
+/// settled dependent).
+fn requeued(
+    rows: &[tokio_postgres::Row],
+    settled: &[dependencies::Settled],
+) -> Result<Option<Requeued>, StoreError> {
+    if !settled.is_empty() {
+        return Ok(None);
+    }
+    let mut requeued = Vec::new();
     for row in rows {
-        if col::<DbJobState>(row, "state")?.0 != JobState::Done {
-            return Ok(false);
+        let finished = Finished::from_row(row, true)?;
+        if finished.dead_letter.is_some() {
+            return Ok(None);
+        }
+        if let Some(key) = finished.requeued {
+            requeued.push((finished.queue.as_str().to_owned(), key));
         }
     }
-    Ok(true)
+    Ok(Some(requeued))
 }
 
+/// Reads the rows of `lease_finish.sql`.
 fn applied_rows(rows: &[tokio_postgres::Row]) -> Result<Applied, StoreError> {
     let mut applied = HashMap::with_capacity(rows.len());
     for row in rows {
@@ -457,10 +487,12 @@ impl Store {
             let sent = async {
                 let (finished, settled) = self.begin_and_finish(&tx, items, !claims.is_empty()).await?;
                 // A job the items made claimable was written after the
-                // floors were last read, and before any wake-up for it.
-                let floored = settled.is_empty() && only_done(&finished)?;
-                let (mut claimed, floors_read) =
-                    self.send_claims(&tx, claims, items.is_empty(), floored).await?;
+                // floors were read, and its wake-up comes after the commit:
+                // the claims' floors must not pass it.
+                let requeued = requeued(&finished, &settled)?;
+                let (mut claimed, floors_read) = self
+                    .send_claims(&tx, claims, items.is_empty(), requeued.as_deref())
+                    .await?;
                 let held_back = self
                     .claim_limited_groups(&tx, claims, limited, &mut claimed)
                     .await?;

@@ -75,10 +75,28 @@ macro_rules! claim_planning {
 }
 /// [`claim_planning`], for a transaction already open.
 pub const CLAIM_PLANNING: &str = claim_planning!();
-/// [`claim_planning`] undone in a transaction opened with it (for the
-/// limited path, which plans as in a transaction of its own).
-pub const CLAIM_PLANNING_RESET: &str =
-    "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin; RESET enable_seqscan";
+/// How the scans of the claim index are planned (the claim statement's and
+/// the claim floor's), set local right before them: through the claim
+/// index, in its order, never through another index and a sort. Each scan
+/// starts at its queue's floor, a row comparison whose selectivity the
+/// planner can only guess (a third) for a generic plan; with that guess,
+/// and statistics taken while the queue was short, an index on (queue,
+/// state) and a sort look cheaper, and under an old snapshot such a plan
+/// reads every entry of the queue's history for each claim. Sorts off
+/// leave the ordered scan the only plan without one (the statement's own
+/// sorts are unavoidable, so unaffected); bitmap scans off likewise; JIT
+/// off, since the penalty of the sorts left inflates the cost past JIT's
+/// threshold. Not set for the rest of the transaction: the settling of
+/// dependents needs its sort.
+pub const CLAIM_SCAN_PLANNING: &str =
+    "SET LOCAL enable_sort = off; SET LOCAL enable_bitmapscan = off; SET LOCAL jit = off";
+/// [`CLAIM_SCAN_PLANNING`] undone.
+pub const CLAIM_SCAN_PLANNING_RESET: &str = "RESET enable_sort; RESET enable_bitmapscan; RESET jit";
+/// [`claim_planning`] and [`CLAIM_SCAN_PLANNING`] undone in a transaction
+/// opened with it (for the limited path, which plans as in a transaction
+/// of its own).
+pub const CLAIM_PLANNING_RESET: &str = "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin; \
+     RESET enable_seqscan; RESET enable_sort; RESET enable_bitmapscan; RESET jit";
 /// Claim leases of a queue limited per concurrency key.
 pub const LEASE_CLAIM_KEYED: Changes =
     Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);

@@ -234,6 +234,13 @@ impl Wake {
         self.send(Signal::Queue(queue.clone()));
     }
 
+    /// [`Wake::ready`] for a job queued again at `key` in the claim order:
+    /// the queue's claim floor is lowered to it instead of dropped.
+    pub fn ready_at(&self, queue: &QueueName, key: ClaimKey) {
+        self.local.queue_ready_at(queue, key);
+        self.send(Signal::Queue(queue.clone()));
+    }
+
     /// Wakes the claims of `queue` parked on this coordinator only (each
     /// coordinator notices a settings change itself).
     pub fn ready_here(&self, queue: &QueueName) {

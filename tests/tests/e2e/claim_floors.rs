@@ -160,8 +160,21 @@ async fn a_job_enqueued_ahead_of_the_claimed_ones_is_claimed_next() {
     held = cycle(&c, "ahead", &held, 1).await;
     assert_eq!(held[0].job_id.to_string(), urgent["id"].as_str().unwrap());
 
-    // A job released goes back to the queue at its place: claimable again.
-    let (status, body) = c.api.release(&held[0], None).await;
+    // A job released goes back to the queue, still first in order: the claim riding
+    // the release takes it again.
+    let claim = json!({"queues": ["ahead"], "worker_id": "w", "max_jobs": 1, "wait_ms": 0});
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/finish",
+            &json!({"items": [{"lease_token": held[0].lease_token, "action": "release"}], "claim": claim}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let again = leases(&body);
+    assert_eq!(again[0].job_id.to_string(), urgent["id"].as_str().unwrap());
+    // And so does a claim of its own, once released again.
+    let (status, body) = c.api.release(&again[0], None).await;
     assert_eq!(status, 200, "{body}");
     let again = cycle(&c, "ahead", &[], 1).await;
     assert_eq!(again[0].job_id.to_string(), urgent["id"].as_str().unwrap());

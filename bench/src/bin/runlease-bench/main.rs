@@ -22,7 +22,9 @@
 //! - `wake N`: wake latency between two coordinators (enqueue on A → parked
 //!   claim answered on B), with Redis and with Redis stopped.
 //! - `parked N`: N long-poll claims parked on one coordinator process: its
-//!   PostgreSQL connections and resident memory.
+//!   PostgreSQL connections and resident memory; each claim on an HTTP/1.1
+//!   connection of its own, or with `--http2` as streams of shared HTTP/2
+//!   connections.
 //! - `flow OLD_BINARY[,...]`: an unlimited queue drained by older builds and
 //!   by this one (interleaved, `--repeat` rounds), and a queue with
 //!   `max_running = 100`, each build over a database it migrated itself.
@@ -91,6 +93,7 @@
 //! target/release/runlease-bench throughput --lean
 //! target/release/runlease-bench wake 200
 //! target/release/runlease-bench parked 10000
+//! target/release/runlease-bench parked 10000 --http2
 //! target/release/runlease-bench history 0,1000000,10000000
 //! target/release/runlease-bench churn --pin-minutes 10
 //! target/release/runlease-bench pg-parts --repeat 5
@@ -161,6 +164,12 @@ enum Command {
         /// Claims to park.
         #[arg(default_value_t = 10_000)]
         claims: usize,
+        /// Park them as HTTP/2 streams (prior knowledge), as many on one
+        /// connection as the coordinator allows (100), as a proxy that
+        /// multiplexes its clients' requests would, instead of one
+        /// HTTP/1.1 connection each.
+        #[arg(long)]
+        http2: bool,
     },
     /// What flow control costs: older builds and this one, an unlimited queue
     /// and one with `max_running = 100`.
@@ -390,7 +399,7 @@ async fn main() -> anyhow::Result<()> {
             .await
         }
         Command::Wake { rounds } => wake::report(rounds).await,
-        Command::Parked { claims } => parked::report(claims).await,
+        Command::Parked { claims, http2 } => parked::report(claims, http2).await,
         Command::Flow(a) => flow::report(&a.older, a.jobs, a.repeat).await,
         Command::Drain(a) => {
             let mut systems: Vec<_> = builds(&a.builds)

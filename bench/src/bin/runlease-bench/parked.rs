@@ -1,7 +1,10 @@
 //! Scale of waiting: N workers parked in long-poll claims on one coordinator
 //! process. Reports the coordinator's PostgreSQL connections and resident
 //! memory while they wait, then how long one batch of N jobs takes to reach
-//! them all.
+//! them all. Each claim has an HTTP/1.1 connection of its own (workers
+//! apart), or with `--http2` is a stream of an HTTP/2 connection carrying
+//! [`STREAMS_PER_CONNECTION`] of them (a proxy in front of the coordinator
+//! that multiplexes its clients' requests).
 
 use std::time::{Duration, Instant};
 
@@ -31,7 +34,26 @@ async fn metric(client: &reqwest::Client, base: &str, name: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-pub async fn report(n: usize) -> anyhow::Result<()> {
+/// The coordinator's limit of concurrent streams per HTTP/2 connection.
+const STREAMS_PER_CONNECTION: usize = 100;
+
+/// One parked claim of worker `w` over `http` (an HTTP/2 client): the
+/// leases it was answered.
+async fn claim_h2(http: reqwest::Client, base: String, w: usize) -> anyhow::Result<usize> {
+    let body =
+        json!({"queues": ["parked"], "worker_id": format!("parked-{w}"), "max_jobs": 1, "wait_ms": 60_000});
+    let answer: Value = http
+        .post(format!("{base}/v1/claim"))
+        .json(&body)
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    Ok(answer["leases"].as_array().map_or(0, Vec::len))
+}
+
+pub async fn report(n: usize, http2: bool) -> anyhow::Result<()> {
     let db = TestDb::new().await;
     // Room for them all: a connection each (and a few more for the
     // scrapes), and as many parked claims, all of one caller (open mode).
@@ -52,18 +74,33 @@ pub async fn report(n: usize) -> anyhow::Result<()> {
     let idle_rss = rss_mib(pid);
 
     let mut parked = Vec::with_capacity(n);
+    // One HTTP/2 client (one connection) per STREAMS_PER_CONNECTION claims.
+    let mut h2 = None;
     for w in 0..n {
-        let client = client.clone();
-        parked.push(tokio::spawn(async move {
-            let req = ClaimRequest {
-                queues: vec![QueueName::new("parked").unwrap()],
-                worker_id: WorkerId::new(format!("parked-{w}")).unwrap(),
-                max_jobs: 1,
-                wait_ms: 60_000,
-                time_left_ms: None,
-            };
-            client.claim(&req).await.map(|r| r.leases.len())
-        }));
+        if !http2 {
+            let client = client.clone();
+            parked.push(tokio::spawn(async move {
+                let req = ClaimRequest {
+                    queues: vec![QueueName::new("parked").unwrap()],
+                    worker_id: WorkerId::new(format!("parked-{w}")).unwrap(),
+                    max_jobs: 1,
+                    wait_ms: 60_000,
+                    time_left_ms: None,
+                };
+                Ok::<_, anyhow::Error>(client.claim(&req).await?.leases.len())
+            }));
+            continue;
+        }
+        if w % STREAMS_PER_CONNECTION == 0 {
+            h2 = Some(
+                reqwest::Client::builder()
+                    .http2_prior_knowledge()
+                    .timeout(Duration::from_secs(120))
+                    .build()?,
+            );
+        }
+        let http = h2.clone().expect("made at the first claim");
+        parked.push(tokio::spawn(claim_h2(http, base.clone(), w)));
     }
     let http = reqwest::Client::new();
     let started = Instant::now();
@@ -85,7 +122,15 @@ pub async fn report(n: usize) -> anyhow::Result<()> {
         .await?
         .get(0);
     let rss = rss_mib(pid);
-    println!("{n} claims parked on one coordinator (pool size 20):");
+    let framing = if http2 {
+        format!(
+            "HTTP/2, {} connections of up to {STREAMS_PER_CONNECTION} streams",
+            n.div_ceil(STREAMS_PER_CONNECTION)
+        )
+    } else {
+        "HTTP/1.1, a connection each".to_owned()
+    };
+    println!("{n} claims parked on one coordinator (pool size 20; {framing}):");
     println!("  PostgreSQL connections of its database: {connections}");
     println!(
         "  coordinator resident memory: {rss:.0} MiB (idle before: {idle_rss:.0} MiB), {:.1} KiB per parked claim",
@@ -106,7 +151,8 @@ pub async fn report(n: usize) -> anyhow::Result<()> {
     }
     let mut served = 0;
     for p in parked {
-        served += p.await?.unwrap_or(0);
+        let answered: anyhow::Result<usize> = p.await?;
+        served += answered.unwrap_or(0);
     }
     println!(
         "  {n} jobs enqueued → all {served} parked claimers answered in {:.2} s",

@@ -29,8 +29,9 @@
 -- job's terminal state, and a retry where a fail queued the job again.
 -- Answers one row per item that took effect, with what a finish answer needs
 -- and what the store's next statements in the same transaction need (see
--- Dependents and Follow-ups below); items absent from the answer are stale
--- or already applied.
+-- Dependents and Follow-ups below), and for a job queued again its place
+-- in the claim order (priority, run_at: the claim floors, store/floors.rs);
+-- items absent from the answer are stale or already applied.
 -- Index: jobs_pkey, one lookup per item; for a job failed for good,
 -- queue_settings_pkey (its queue's dead-letter queue).
 -- Locking: the update locks each row as it reaches it, in id order (the
@@ -105,7 +106,7 @@ WITH input AS (
     RETURNING j.id, j.run_lease, j.queue, j.state, j.created_at, j.finished_at,
               j.owned_by, j.claimed_at, i.action, i.error,
               j.traceparent IS NOT NULL AS traced, j.dependents,
-              j.run_at, j.retry_reason, j.attempt,
+              j.run_at, j.priority, j.retry_reason, j.attempt,
               -- A job failed for good: what its follow-up needs (nothing
               -- is copied for the others), its queue's dead-letter queue (a
               -- queue_settings_pkey lookup) and the id of its follow-up.
@@ -131,6 +132,6 @@ WITH input AS (
     WHERE state NOT IN ('done', 'failed')
 )
 SELECT id, run_lease, action, queue, state, created_at, finished_at, traced, dependents,
-       error, attempt, payload, traceparent, dead_letter_queue,
+       error, attempt, payload, traceparent, dead_letter_queue, priority, run_at,
        CASE WHEN dead_letter_queue IS NOT NULL THEN dead_letter_id END AS dead_letter_id
 FROM finished
