@@ -3,8 +3,8 @@
 //! and lowers a floor that job sorts below (a job written without its
 //! wake-up reaching this coordinator: see [`crate::store::floors`]). The
 //! scan walks what the floor spares the claims, so it waits ten times as
-//! long as it took before the next, and at least the claims' re-check
-//! interval.
+//! long as it took before the next ([`every_paced`]), and at least the
+//! claims' re-check interval.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,10 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
 use crate::store::{Store, StoreError};
-use crate::wake::jittered;
-
-/// The next check waits this many times as long as the last one took.
-const BACKOFF_FACTOR: u32 = 10;
+use crate::wake::every_paced;
 
 /// The claim floors' check of one coordinator.
 pub struct FloorCheck {
@@ -48,21 +45,13 @@ impl FloorCheck {
         Ok((lowered, took))
     }
 
-    /// Runs checks until `cancel` fires.
+    /// Runs checks until `cancel` fires, paced by how long they take.
     pub async fn run(self, cancel: CancellationToken) {
-        let mut wait = self.every;
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(jittered(wait)) => {}
+        every_paced(self.every, &cancel, || async {
+            if let Err(e) = self.run_once().await {
+                tracing::warn!(error = %e, "claim floor check failed; retrying");
             }
-            wait = match self.run_once().await {
-                Ok((_, took)) => self.every.max(took * BACKOFF_FACTOR),
-                Err(e) => {
-                    tracing::warn!(error = %e, "claim floor check failed; retrying");
-                    self.every
-                }
-            };
-        }
+        })
+        .await;
     }
 }

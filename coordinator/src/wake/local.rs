@@ -93,6 +93,35 @@ pub fn jittered(base: Duration) -> Duration {
     base.mul_f64(rand::rng().random_range(0.75..1.25))
 }
 
+/// How many times as long as a paced pass took [`every_paced`] waits before
+/// the next.
+pub const PACE: u32 = 10;
+
+/// [`every`] for a pass whose cost grows with what vacuum has not removed
+/// yet (a scan of an index whose dead entries an old snapshot keeps): the
+/// next pass waits [`PACE`] times as long as the last one took when that
+/// is longer than `interval`, so the pass takes a tenth of one connection
+/// at most however long its scans get.
+pub async fn every_paced<F, Fut>(
+    interval: Duration,
+    cancel: &tokio_util::sync::CancellationToken,
+    mut pass: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut wait = interval;
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(jittered(wait)) => {}
+        }
+        let started = tokio::time::Instant::now();
+        pass().await;
+        wait = interval.max(started.elapsed() * PACE);
+    }
+}
+
 /// Runs `pass` every `interval` (jittered) until `cancel` fires: the loop of
 /// every background pass (reaper, repair) around its `run_once`.
 pub async fn every<F, Fut>(interval: Duration, cancel: &tokio_util::sync::CancellationToken, mut pass: F)

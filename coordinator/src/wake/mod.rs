@@ -18,7 +18,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use local::{LocalWake, every, jittered, next_job_wake, next_queue_wake};
+pub use local::{LocalWake, every, every_paced, jittered, next_job_wake, next_queue_wake};
 
 use crate::metrics::Metrics;
 use crate::store::floors::{ClaimFloors, ClaimKey};

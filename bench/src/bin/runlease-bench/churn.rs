@@ -423,6 +423,7 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
         }
         tx.rollback().await?;
     }
+    let pinned_for = pinned_start.elapsed();
     let pinned_note = vacuum_note(&db).await;
     admin.batch_execute("VACUUM jobs").await?;
     let mut free = Vec::new();
@@ -434,7 +435,7 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
     println!(
         "3. drains of {} jobs with the xmin horizon pinned for {:.1} min: {} jobs/s; unpinned: {} jobs/s; pinned/unpinned {:.2}× (target ≥ 0.9×); while pinned: {pinned_note}",
         o.pin_jobs,
-        pinned_start.elapsed().as_secs_f64() / 60.0,
+        pinned_for.as_secs_f64() / 60.0,
         list(&pinned),
         list(&free),
         mean(&pinned) / mean(&free)

@@ -28,10 +28,14 @@
 -- rows, one lookup per slot.
 -- Plan: the store runs it with its generic plan, planned once per
 -- connection instead of at every claim, with hash and merge joins off for
--- the claim's transaction: the per-queue scans are LATERAL (ordered index
--- scans whatever the estimates) and the update a nested loop of jobs_pkey
+-- the claim's transaction, and sorts and bitmap scans off for the claim
+-- itself (sql::CLAIM_SCAN_PLANNING): the per-queue scans are LATERAL
+-- ordered scans of jobs_claim_idx whatever the estimates (the floor's row
+-- comparison makes a generic plan guess a third of the rows, and with
+-- statistics taken while the queue was short, an index on (queue, state)
+-- and a sort would look cheaper) and the update a nested loop of jobs_pkey
 -- lookups, so no estimate of the parameters or statistics can turn it into
--- a scan of the table.
+-- a scan of the table or of a queue's history.
 -- Locking: FOR UPDATE SKIP LOCKED, so concurrent claims neither wait on nor
 -- receive the same row; locking re-checks the state, so a row another claim
 -- took meanwhile is skipped.
