@@ -48,8 +48,12 @@ impl FloorCheck {
     /// Runs checks until `cancel` fires, paced by how long they take.
     pub async fn run(self, cancel: CancellationToken) {
         every_paced(self.every, &cancel, || async {
-            if let Err(e) = self.run_once().await {
-                tracing::warn!(error = %e, "claim floor check failed; retrying");
+            match self.run_once().await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim floor check failed; retrying");
+                    false
+                }
             }
         })
         .await;

@@ -93,12 +93,16 @@ impl Reaper {
     /// Runs passes until `cancel` fires, paced: its scan of the running
     /// jobs' index walks the entries vacuum has not removed yet, every job
     /// that ran since an old snapshot began, and a pass that took long
-    /// waits ten times as long before the next.
+    /// waits ten times as long before the next (a minute at most).
     pub async fn run(self, cancel: CancellationToken) {
         every_paced(self.interval, &cancel, || async {
-            if let Err(e) = self.run_once().await {
-                self.metrics.reaper_errors.inc();
-                tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
+            match self.run_once().await {
+                Ok(_) => true,
+                Err(e) => {
+                    self.metrics.reaper_errors.inc();
+                    tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
+                    false
+                }
             }
         })
         .await;

@@ -97,18 +97,24 @@ pub fn jittered(base: Duration) -> Duration {
 /// the next.
 pub const PACE: u32 = 10;
 
+/// The longest wait [`every_paced`] lets a slow pass set (unless the
+/// interval itself is longer).
+pub const PACE_MAX: Duration = Duration::from_secs(60);
+
 /// [`every`] for a pass whose cost grows with what vacuum has not removed
-/// yet (a scan of an index whose dead entries an old snapshot keeps): the
-/// next pass waits [`PACE`] times as long as the last one took when that
-/// is longer than `interval`, so the pass takes a tenth of one connection
-/// at most however long its scans get.
+/// yet (a scan of an index whose dead entries an old snapshot keeps): after
+/// a pass that went through (`pass` answers true), the next waits [`PACE`]
+/// times as long as it took when that is longer than `interval` (at most
+/// [`PACE_MAX`]), so the pass takes about a tenth of one connection however
+/// long its scans get. A pass that failed (a timeout, a lost connection)
+/// says nothing of its scans: the next comes after `interval`.
 pub async fn every_paced<F, Fut>(
     interval: Duration,
     cancel: &tokio_util::sync::CancellationToken,
     mut pass: F,
 ) where
     F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = ()>,
+    Fut: std::future::Future<Output = bool>,
 {
     let mut wait = interval;
     loop {
@@ -117,8 +123,11 @@ pub async fn every_paced<F, Fut>(
             () = tokio::time::sleep(jittered(wait)) => {}
         }
         let started = tokio::time::Instant::now();
-        pass().await;
-        wait = interval.max(started.elapsed() * PACE);
+        wait = if pass().await {
+            (started.elapsed() * PACE).clamp(interval, PACE_MAX.max(interval))
+        } else {
+            interval
+        };
     }
 }
 

@@ -249,6 +249,7 @@ async fn run(variant: &Variant, jobs: usize, slots: usize) -> anyhow::Result<Mea
         if !held.is_empty() {
             completed += complete(&client, &finish, &held).await?;
         }
+        client.batch_execute(sql::CLAIM_SCAN_PLANNING).await?;
         held = claim_slots(&client, &claim, &[QUEUE], &slots).await?;
         client.batch_execute("COMMIT").await?;
         if held.is_empty() {

@@ -62,6 +62,9 @@ pub async fn run(jobs: usize) -> Raw {
     for c in 0..CONNECTIONS {
         let client = db.client().await;
         tasks.push(tokio::spawn(async move {
+            // Planned as the coordinator plans its claims, for the session.
+            let planning = sql::CLAIM_SCAN_PLANNING.replace("SET LOCAL", "SET");
+            client.batch_execute(&planning).await.unwrap();
             let claim = client.prepare(sql::LEASE_CLAIM.sql()).await.unwrap();
             let finish = client.prepare(sql::LEASE_FINISH.sql()).await.unwrap();
             let worker = format!("raw-{c}");
@@ -109,6 +112,10 @@ pub async fn claim_slots(
                 &None::<i64>,
                 &false,
                 &None::<chrono::DateTime<chrono::Utc>>,
+                // No claim floors: each scan from its queue's first entry.
+                &Vec::<Option<i32>>::new(),
+                &Vec::<Option<chrono::DateTime<chrono::Utc>>>::new(),
+                &Vec::<Option<Uuid>>::new(),
             ],
         )
         .await
