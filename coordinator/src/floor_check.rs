@@ -34,7 +34,7 @@ impl FloorCheck {
 
     /// One check: answers the floors lowered and how long it took.
     pub async fn run_once(&self) -> Result<(usize, Duration), StoreError> {
-        let (lowered, took) = self.store.revalidate_claim_floors().await?;
+        let (lowered, took) = self.store.check_claim_floors().await?;
         if lowered > 0 {
             self.metrics.claim_floor_misses.inc_by(lowered as u64);
             tracing::warn!(

@@ -19,13 +19,17 @@
 //! - Every write that makes a job claimable is followed, after its commit,
 //!   by the queue's wake-up, here or (through Redis) on every other
 //!   coordinator, and every wake-up passes here ([`ClaimFloors::wrote`]): a
-//!   wake-up with the key of what was written (an enqueue) lowers the floor
-//!   to it when it sorts below; any other wake-up drops the queue's floor.
+//!   wake-up with the key of what was written (an enqueue, a release or a
+//!   retry from a worker's finish) lowers the floor to it when it sorts
+//!   below; any other wake-up drops the queue's floor. The claim riding a
+//!   finish starts below what its items queued again (the store passes
+//!   their keys), or at each queue's first entry after dependents or
+//!   dead-letter follow-ups.
 //!   A read that was under way while a wake-up passed takes it into account
 //!   (the wake-ups since its start are counted and the recent keys kept).
 //! - While this coordinator may not hear the others (Redis configured but
 //!   its subscription down) there are no floors.
-//! - A full scan now and then (the revalidation) lowers a floor that a job
+//! - A full scan now and then (the floor check) lowers a floor that a job
 //!   written without any wake-up reaching here sorts below, and the
 //!   coordinator counts it (`runlease_claim_floor_misses_total`).
 //!
@@ -376,11 +380,11 @@ pub fn found_rows(rows: &[tokio_postgres::Row]) -> Result<Vec<Found>, StoreError
 }
 
 impl Store {
-    /// The revalidation: a full scan of each queue that has a floor, outside
+    /// The floor check: a full scan of each queue that has a floor, outside
     /// any claim, lowering floors a job sorts below. Answers the floors
     /// lowered and how long the scan took (its next run waits ten times
     /// as long, at least `every`).
-    pub async fn revalidate_claim_floors(&self) -> Result<(usize, Duration), StoreError> {
+    pub async fn check_claim_floors(&self) -> Result<(usize, Duration), StoreError> {
         let Some(floors) = self.claim_floors() else {
             return Ok((0, Duration::ZERO));
         };
