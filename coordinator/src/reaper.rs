@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::{Metrics, Via};
 use crate::store::{Store, StoreError};
-use crate::wake::{Wake, every_paced};
+use crate::wake::{Wake, every};
 
 /// Most leases one statement reaps; a full batch is followed at once by another.
 pub const REAP_BATCH: i64 = 500;
@@ -90,19 +90,12 @@ impl Reaper {
         }
     }
 
-    /// Runs passes until `cancel` fires, paced: its scan of the running
-    /// jobs' index walks the entries vacuum has not removed yet, every job
-    /// that ran since an old snapshot began, and a pass that took long
-    /// waits ten times as long before the next (a minute at most).
+    /// Runs passes until `cancel` fires.
     pub async fn run(self, cancel: CancellationToken) {
-        every_paced(self.interval, &cancel, || async {
-            match self.run_once().await {
-                Ok(_) => true,
-                Err(e) => {
-                    self.metrics.reaper_errors.inc();
-                    tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
-                    false
-                }
+        every(self.interval, &cancel, || async {
+            if let Err(e) = self.run_once().await {
+                self.metrics.reaper_errors.inc();
+                tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
             }
         })
         .await;

@@ -102,7 +102,8 @@ pub const PACE: u32 = 10;
 pub const PACE_MAX: Duration = Duration::from_secs(60);
 
 /// [`every`] for a pass whose cost grows with what vacuum has not removed
-/// yet (a scan of an index whose dead entries an old snapshot keeps): after
+/// yet (the claim floors' check: a scan of an index whose dead entries an
+/// old snapshot keeps), and whose next run may wait: after
 /// a pass that went through (`pass` answers true), the next waits [`PACE`]
 /// times as long as it took when that is longer than `interval` (at most
 /// [`PACE_MAX`]), so the pass takes about a tenth of one connection however

@@ -57,9 +57,14 @@ async fn timed<T>(work: impl std::future::Future<Output = T>) -> (T, Duration) {
 async fn a_frozen_database_connection_is_given_up_in_time_and_recovery_goes_on() {
     let db = TestDb::new().await;
     let proxy = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
+    // The lease of the job being finished outlives the frozen call (its
+    // deadline, about 6 s) and its retry: a shorter one could be reaped
+    // first, by a reaper whose next connection is a fresh one, and the
+    // retry would rightly be refused.
+    const TTL: Duration = Duration::from_secs(10);
     let c = through_proxy(&db, &proxy, |cfg| {
-        cfg.leases.ttl = std::time::Duration::from_millis(2_000);
-        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(500);
+        cfg.leases.ttl = TTL;
+        cfg.leases.heartbeat_interval = std::time::Duration::from_millis(2_500);
         cfg.leases.reaper_interval = std::time::Duration::from_millis(500);
     })
     .await;
@@ -141,7 +146,7 @@ async fn a_frozen_database_connection_is_given_up_in_time_and_recovery_goes_on()
             break;
         }
         assert!(
-            frozen_at.elapsed() < Duration::from_secs(12),
+            frozen_at.elapsed() < TTL + Duration::from_secs(10),
             "the abandoned lease was not reaped within TTL + 10 s of the freeze"
         );
         tokio::task::yield_now().await;
