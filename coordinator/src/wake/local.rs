@@ -103,12 +103,12 @@ pub const PACE_MAX: Duration = Duration::from_secs(60);
 
 /// [`every`] for a pass whose cost grows with what vacuum has not removed
 /// yet (the claim floors' check: a scan of an index whose dead entries an
-/// old snapshot keeps), and whose next run may wait: after
-/// a pass that went through (`pass` answers true), the next waits [`PACE`]
-/// times as long as it took when that is longer than `interval` (at most
-/// [`PACE_MAX`]), so the pass takes about a tenth of one connection however
-/// long its scans get. A pass that failed (a timeout, a lost connection)
-/// says nothing of its scans: the next comes after `interval`.
+/// old snapshot keeps), and whose next run may wait: after a pass that went
+/// through (`pass` answers true), the next waits [`PACE`] times as long as
+/// it took when that is longer than `interval` (at most [`PACE_MAX`]), so
+/// the pass takes about a tenth of one connection however long its scans
+/// get. A pass that failed (a timeout, a lost connection) says nothing of
+/// its scans: the next comes after `interval`.
 pub async fn every_paced<F, Fut>(
     interval: Duration,
     cancel: &tokio_util::sync::CancellationToken,
