@@ -32,9 +32,9 @@ impl FloorCheck {
         }
     }
 
-    /// One check: answers the floors lowered and how long it took.
-    pub async fn run_once(&self) -> Result<(usize, Duration), StoreError> {
-        let (lowered, took) = self.store.check_claim_floors().await?;
+    /// One check: answers the floors lowered.
+    pub async fn run_once(&self) -> Result<usize, StoreError> {
+        let lowered = self.store.check_claim_floors().await?;
         if lowered > 0 {
             self.metrics.claim_floor_misses.inc_by(lowered as u64);
             tracing::warn!(
@@ -42,7 +42,7 @@ impl FloorCheck {
                 "a claimable job sorted below its queue's claim floor (written without a wake-up reaching this coordinator); floor lowered"
             );
         }
-        Ok((lowered, took))
+        Ok(lowered)
     }
 
     /// Runs checks until `cancel` fires, paced by how long they take.

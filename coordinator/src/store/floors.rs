@@ -347,6 +347,15 @@ pub struct FloorParams {
 }
 
 impl FloorParams {
+    /// No floor for each of `n` queues.
+    pub fn none(n: usize) -> Self {
+        Self {
+            priority: vec![None; n],
+            run_at: vec![None; n],
+            id: vec![None; n],
+        }
+    }
+
     /// The floors of `taken`, in order.
     pub fn of(taken: &[&Taken]) -> Self {
         Self {
@@ -382,21 +391,17 @@ pub fn found_rows(rows: &[tokio_postgres::Row]) -> Result<Vec<Found>, StoreError
 impl Store {
     /// The floor check: a full scan of each queue that has a floor, outside
     /// any claim, lowering floors a job sorts below. Answers the floors
-    /// lowered and how long the scan took (its next run waits ten times
-    /// as long, at least `every`).
-    pub async fn check_claim_floors(&self) -> Result<(usize, Duration), StoreError> {
+    /// lowered.
+    pub async fn check_claim_floors(&self) -> Result<usize, StoreError> {
         let Some(floors) = self.claim_floors() else {
-            return Ok((0, Duration::ZERO));
+            return Ok(0);
         };
         let before = floors.floored();
         if before.is_empty() {
-            return Ok((0, Duration::ZERO));
+            return Ok(0);
         }
-        let started = Instant::now();
         let queues: Vec<&str> = before.iter().map(|(q, _)| q.as_str()).collect();
-        let none: Vec<Option<i32>> = vec![None; queues.len()];
-        let at: Vec<Option<DateTime<Utc>>> = vec![None; queues.len()];
-        let ids: Vec<Option<Uuid>> = vec![None; queues.len()];
+        let starts = FloorParams::none(queues.len());
         let rows = self
             .timed("claim_floor_check", || async {
                 let client = self.conn().await?;
@@ -405,7 +410,8 @@ impl Store {
                 client.batch_execute("BEGIN READ ONLY").await?;
                 let read = async {
                     client.batch_execute(sql::CLAIM_SCAN_PLANNING).await?;
-                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] = [&queues, &none, &at, &ids];
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                        [&queues, &starts.priority, &starts.run_at, &starts.id];
                     Ok::<_, StoreError>(client.query(sql::LEASE_CLAIM_FLOOR, &params).await?)
                 }
                 .await;
@@ -415,8 +421,7 @@ impl Store {
                 read
             })
             .await?;
-        let lowered = floors.lower(&before, &found_rows(&rows)?);
-        Ok((lowered, started.elapsed()))
+        Ok(floors.lower(&before, &found_rows(&rows)?))
     }
 }
 

@@ -139,15 +139,7 @@ impl Finished {
     fn from_row(row: &tokio_postgres::Row, first: bool) -> Result<Self, StoreError> {
         let job_id = JobId(col(row, "id")?);
         let state = col::<DbJobState>(row, "state")?.0;
-        let requeued = if first && state == JobState::Queued {
-            Some(ClaimKey {
-                priority: col(row, "priority")?,
-                run_at: col(row, "run_at")?,
-                id: job_id.0,
-            })
-        } else {
-            None
-        };
+        let requeued = if first { requeued_key(row, state)? } else { None };
         Ok(Self {
             job_id,
             queue: queue_col(row, "queue")?,
@@ -286,15 +278,27 @@ fn requeued(
     }
     let mut requeued = Vec::new();
     for row in rows {
-        let finished = Finished::from_row(row, true)?;
-        if finished.dead_letter.is_some() {
+        if DeadLetter::from_row(row)?.is_some() {
             return Ok(None);
         }
-        if let Some(key) = finished.requeued {
-            requeued.push((finished.queue.as_str().to_owned(), key));
+        if let Some(key) = requeued_key(row, col::<DbJobState>(row, "state")?.0)? {
+            requeued.push((col::<String>(row, "queue")?, key));
         }
     }
     Ok(Some(requeued))
+}
+
+/// A `lease_finish.sql` row's place in the claim order when the finish
+/// queued its job again (`state` is the row's).
+fn requeued_key(row: &tokio_postgres::Row, state: JobState) -> Result<Option<ClaimKey>, StoreError> {
+    if state != JobState::Queued {
+        return Ok(None);
+    }
+    Ok(Some(ClaimKey {
+        priority: col(row, "priority")?,
+        run_at: col(row, "run_at")?,
+        id: col(row, "id")?,
+    }))
 }
 
 /// Reads the rows of `lease_finish.sql`.
