@@ -95,11 +95,11 @@ pub fn jittered(base: Duration) -> Duration {
 
 /// How many times as long as a paced pass took [`every_paced`] waits before
 /// the next.
-pub const PACE: u32 = 10;
+const PACE: u32 = 10;
 
 /// The longest wait [`every_paced`] lets a slow pass set (unless the
 /// interval itself is longer).
-pub const PACE_MAX: Duration = Duration::from_secs(60);
+const PACE_MAX: Duration = Duration::from_secs(60);
 
 /// [`every`] for a pass whose cost grows with what vacuum has not removed
 /// yet (the claim floors' check: a scan of an index whose dead entries an
