@@ -145,8 +145,10 @@ pub struct Attempt {
     /// The worker that claimed it.
     pub worker_id: WorkerId,
     /// When the claim committed.
+    #[serde(serialize_with = "crate::time::instant")]
     pub claimed_at: DateTime<Utc>,
     /// When the attempt ended; `None` while it runs.
+    #[serde(serialize_with = "crate::time::maybe_instant")]
     pub finished_at: Option<DateTime<Utc>>,
     /// How it ended; `None` while it runs.
     pub outcome: Option<AttemptOutcome>,
@@ -154,7 +156,7 @@ pub struct Attempt {
     pub error: Option<String>,
     /// When the job may start again after this attempt (a failure retried,
     /// or an expired lease); `None` when the attempt did not queue a retry.
-    #[serde(default)]
+    #[serde(default, serialize_with = "crate::time::maybe_instant")]
     pub retry_at: Option<DateTime<Utc>>,
     /// Why the attempt was retried when it was, or why it ended its job: a
     /// code ([`crate::RetryReason`]), `: `, and the numbers that decided it.
@@ -191,12 +193,16 @@ pub struct Job {
     /// The latest run lease handed out (0 before the first claim).
     pub run_lease: RunLease,
     /// Not claimable before this instant.
+    #[serde(serialize_with = "crate::time::instant")]
     pub run_at: DateTime<Utc>,
     /// When it was enqueued.
+    #[serde(serialize_with = "crate::time::instant")]
     pub created_at: DateTime<Utc>,
     /// When any field last changed.
+    #[serde(serialize_with = "crate::time::instant")]
     pub updated_at: DateTime<Utc>,
     /// When it reached a terminal state.
+    #[serde(serialize_with = "crate::time::maybe_instant")]
     pub finished_at: Option<DateTime<Utc>>,
     /// The run-time limit of one attempt, if the producer set one.
     pub timeout_ms: Option<i64>,

@@ -27,6 +27,7 @@ pub mod producer;
 pub mod retry;
 pub mod routes;
 pub mod schedules;
+mod time;
 pub mod trace;
 pub mod worker;
 

@@ -110,7 +110,9 @@ async fn originals_of(
 }
 
 /// Runs `job_enqueue.sql` for `jobs` in `tx`, with the dependency
-/// columns where some job has dependencies.
+/// columns where some job has dependencies, and the idempotency arbiter
+/// where some job has a key. A column no job sets is sent as one NULL
+/// (`unnest` reads it as NULL for every job) rather than an array of NULLs.
 async fn insert_jobs(
     tx: &Tallied<'_>,
     jobs: &[NewJob],
@@ -121,23 +123,25 @@ async fn insert_jobs(
     let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
     let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
     let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
-    let run_at: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.run_at).collect();
-    let delays: Vec<Option<i64>> = jobs.iter().map(|j| j.delay_ms).collect();
-    let max_attempts: Vec<Option<i32>> = jobs.iter().map(|j| j.max_attempts).collect();
-    let bases: Vec<Option<i64>> = jobs.iter().map(|j| j.backoff.base_ms).collect();
-    let maxes: Vec<Option<i64>> = jobs.iter().map(|j| j.backoff.max_ms).collect();
-    let factors: Vec<Option<f64>> = jobs.iter().map(|j| j.backoff.factor).collect();
-    let jitters: Vec<Option<f64>> = jobs.iter().map(|j| j.backoff.jitter).collect();
-    let windows: Vec<Option<i64>> = jobs.iter().map(|j| j.retry_window_ms).collect();
-    let timeouts: Vec<Option<i64>> = jobs.iter().map(|j| j.timeout_ms).collect();
-    let keys: Vec<Option<&str>> = jobs.iter().map(|j| j.idempotency_key.as_deref()).collect();
-    let concurrency: Vec<Option<&str>> = jobs.iter().map(|j| j.concurrency_key.as_deref()).collect();
-    let traceparents: Vec<Option<&str>> = jobs
-        .iter()
-        .map(|j| j.traceparent.as_ref().map(TraceParent::as_str))
-        .collect();
+    let run_at = column(jobs, |j| j.run_at);
+    let delays = column(jobs, |j| j.delay_ms);
+    let max_attempts = column(jobs, |j| j.max_attempts);
+    let bases = column(jobs, |j| j.backoff.base_ms);
+    let maxes = column(jobs, |j| j.backoff.max_ms);
+    let factors = column(jobs, |j| j.backoff.factor);
+    let jitters = column(jobs, |j| j.backoff.jitter);
+    let windows = column(jobs, |j| j.retry_window_ms);
+    let timeouts = column(jobs, |j| j.timeout_ms);
+    let keys = column(jobs, |j| j.idempotency_key.as_deref());
+    let concurrency = column(jobs, |j| j.concurrency_key.as_deref());
+    let traceparents = column(jobs, |j| j.traceparent.as_ref().map(TraceParent::as_str));
+    let statement = if keys.is_some() {
+        &sql::JOB_ENQUEUE_KEYED
+    } else {
+        &sql::JOB_ENQUEUE
+    };
     tx.query(
-        &sql::JOB_ENQUEUE,
+        statement,
         &[
             &ids,
             &queues,
@@ -167,19 +171,45 @@ async fn insert_jobs(
     .await
 }
 
+/// One optional field of every job, as an array parameter: `None` (SQL
+/// NULL) when no job sets it.
+fn column<'a, T>(jobs: &'a [NewJob], field: impl Fn(&'a NewJob) -> Option<T>) -> Option<Vec<Option<T>>> {
+    let values: Vec<Option<T>> = jobs.iter().map(field).collect();
+    values.iter().any(Option::is_some).then_some(values)
+}
+
 /// A job of the enqueue that was inserted and depends on an earlier job of
 /// the same enqueue that was skipped for its idempotency key (its edge
 /// would name a job that was never written): their positions.
 fn skipped_dependency(
     ids: &[JobId],
     edges: &(Vec<Uuid>, Vec<Uuid>),
-    inserted: &HashMap<JobId, JobRow>,
+    inserted: &[Option<JobRow>],
 ) -> Option<(usize, usize)> {
     let position = |id: &Uuid| ids.iter().position(|j| j.0 == *id);
     edges.0.iter().zip(&edges.1).find_map(|(dependent, dependency)| {
         let (d, k) = (position(dependent)?, position(dependency)?);
-        (inserted.contains_key(&ids[d]) && !inserted.contains_key(&ids[k])).then_some((d, k))
+        (inserted[d].is_some() && inserted[k].is_none()).then_some((d, k))
     })
+}
+
+/// The jobs an insert answered, each read into its position in the request
+/// (`ids`), `None` where a job was skipped for its idempotency key. Each
+/// row is moved once: a batch answers up to 1,000 jobs.
+fn in_request_order(ids: &[JobId], rows: &[tokio_postgres::Row]) -> Result<Vec<Option<JobRow>>, StoreError> {
+    let position: HashMap<JobId, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    let mut placed: Vec<Option<JobRow>> = ids.iter().map(|_| None).collect();
+    for row in rows {
+        let job = JobRow::from_row(row)?;
+        let at = *position.get(&job.id).ok_or_else(|| {
+            StoreError::Database(format!(
+                "the enqueue answered job {}, which it was not given",
+                job.id
+            ))
+        })?;
+        placed[at] = Some(job);
+    }
+    Ok(placed)
 }
 
 impl Store {
@@ -197,10 +227,11 @@ impl Store {
                 self.enqueue_in(&tx, jobs).await
             }
             .await;
-            let (mut inserted, originals) = tx.end(outcome).await?;
+            let (inserted, originals) = tx.end(outcome).await?;
             jobs.iter()
-                .map(|j| {
-                    if let Some(job) = inserted.remove(&j.id) {
+                .zip(inserted)
+                .map(|(j, row)| {
+                    if let Some(job) = row {
                         return Ok(Enqueued { job, created: true });
                     }
                     let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
@@ -220,13 +251,14 @@ impl Store {
         .await
     }
 
-    /// [`Store::enqueue`] in `tx`: the jobs inserted, by id, and the
-    /// originals of those skipped for their idempotency key.
+    /// [`Store::enqueue`] in `tx`: each job as inserted, in request order
+    /// (`None`: skipped for its idempotency key), and the originals of
+    /// those skipped.
     async fn enqueue_in(
         &self,
         tx: &Tallied<'_>,
         jobs: &[NewJob],
-    ) -> Result<(HashMap<JobId, JobRow>, HashMap<(String, String), JobRow>), StoreError> {
+    ) -> Result<(Vec<Option<JobRow>>, HashMap<(String, String), JobRow>), StoreError> {
         let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
         let deps: Vec<Option<&Dependencies>> = jobs.iter().map(|j| j.dependencies.as_ref()).collect();
         let with_deps = deps.iter().any(Option::is_some);
@@ -248,8 +280,7 @@ impl Store {
             self.lease_settings().default_max_attempts,
         )
         .await?;
-        let inserted: HashMap<JobId, JobRow> =
-            JobRow::from_rows(&rows)?.into_iter().map(|r| (r.id, r)).collect();
+        let inserted = in_request_order(&ids, &rows)?;
         if let Some(c) = &columns
             && !c.edges.0.is_empty()
         {
@@ -260,14 +291,18 @@ impl Store {
                      name that job's id in depends_on instead"
                 )));
             }
-            let made: Vec<Uuid> = inserted.keys().map(|id| id.0).collect();
+            let made: Vec<Uuid> = inserted.iter().flatten().map(|r| r.id.0).collect();
             let stmt = tx.client().prepare_cached(sql::JOB_DEPENDENCIES_INSERT).await?;
             tx.client()
                 .execute(&stmt, &[&c.edges.0, &c.edges.1, &made])
                 .await?;
         }
         // Jobs skipped for an existing idempotency key: read the originals.
-        let skipped: Vec<&NewJob> = jobs.iter().filter(|j| !inserted.contains_key(&j.id)).collect();
+        let skipped: Vec<&NewJob> = jobs
+            .iter()
+            .zip(&inserted)
+            .filter_map(|(j, row)| row.is_none().then_some(j))
+            .collect();
         let originals = originals_of(tx.client(), &skipped).await?;
         Ok((inserted, originals))
     }

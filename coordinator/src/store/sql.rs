@@ -7,9 +7,25 @@ use crate::store::tally::{self, Changes};
 
 /// The server a connection reached and whether it takes writes (`/readyz`).
 pub const SERVER_STATUS: &str = include_str!("sql/server_status.sql");
-/// Enqueue jobs (multi-row insert from arrays); a job whose dependency
-/// already failed enters `cancelled`.
-pub const JOB_ENQUEUE: Changes = Changes::new(include_str!("sql/job_enqueue.sql"), tally::entered);
+/// Enqueue jobs without idempotency keys (multi-row insert from arrays); a
+/// job whose dependency already failed enters `cancelled`.
+pub const JOB_ENQUEUE: Changes = Changes::new(
+    concat!(
+        include_str!("sql/job_enqueue.sql"),
+        include_str!("sql/job_enqueue_returning.sql")
+    ),
+    tally::entered,
+);
+/// [`JOB_ENQUEUE`] for jobs of which some carry idempotency keys: a job
+/// whose key exists is skipped.
+pub const JOB_ENQUEUE_KEYED: Changes = Changes::new(
+    concat!(
+        include_str!("sql/job_enqueue.sql"),
+        include_str!("sql/job_enqueue_keyed.sql"),
+        include_str!("sql/job_enqueue_returning.sql")
+    ),
+    tally::entered,
+);
 /// Lock the existing dependencies of an enqueue and count its dependents.
 pub const JOB_DEPENDENCIES_LOCK: &str = include_str!("sql/job_dependencies_lock.sql");
 /// Record the dependency edges of enqueued jobs.
@@ -179,6 +195,7 @@ pub const CLOCK_NOW: &str = include_str!("sql/clock_now.sql");
 /// Every statement with its name, for the test that prepares them all.
 pub const ALL: &[(&str, &str)] = &[
     ("job_enqueue", JOB_ENQUEUE.sql()),
+    ("job_enqueue_keyed", JOB_ENQUEUE_KEYED.sql()),
     ("job_dependencies_lock", JOB_DEPENDENCIES_LOCK),
     ("job_dependencies_insert", JOB_DEPENDENCIES_INSERT),
     ("job_dependencies_of", JOB_DEPENDENCIES_OF),
@@ -239,6 +256,7 @@ pub const ALL: &[(&str, &str)] = &[
 /// `state` or delete jobs.
 pub const CHANGES: &[&str] = &[
     "job_enqueue",
+    "job_enqueue_keyed",
     "job_dependents_settled",
     "job_dead_letter",
     "job_cancel",

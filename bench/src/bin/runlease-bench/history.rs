@@ -119,6 +119,11 @@ pub(crate) async fn enqueue(http: &reqwest::Client, base: &str, queue: &str, n: 
             .await
             .unwrap()
             .error_for_status()
+            .unwrap()
+            // Read as a client would: the answer holds every job, and a
+            // connection whose answer was left unread is not reused.
+            .bytes()
+            .await
             .unwrap();
     }
 }

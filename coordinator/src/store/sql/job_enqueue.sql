@@ -9,6 +9,8 @@
 -- coordinator default, applied at claim), $9 text[] idempotency keys (NULL:
 -- none), $10 text[] concurrency keys (NULL: none), $11 text[] W3C
 -- traceparents (NULL: none).
+-- An optional column no job sets comes as one NULL instead of an array
+-- (unnest reads a NULL array as NULL for every job).
 -- Dependencies (store::dependencies plans them; each array NULL as a
 -- whole when no job of the enqueue has any, and a NULL element is the
 -- default): $12 text[] states ('blocked', or 'cancelled' for a job whose
@@ -21,11 +23,14 @@
 -- float8[] backoff jitters, $23 bigint[] retry windows ms (NULL: the
 -- queue's).
 -- Tallies: the store counts the rows answered cancelled (tally::entered).
--- Index: jobs_idempotency_key_uniq. A job whose (queue, key) already exists is
--- skipped and the caller reads the original with job_get_by_idempotency_key.
--- queue_settings_pkey, one lookup per job (a small table, read, not locked).
--- Locking: inserts only; a concurrent insert of the same key waits for the first
--- to commit, then is skipped.
+-- This file is the insert's head: job_enqueue_keyed.sql follows it when a job
+-- of the enqueue has an idempotency key, then job_enqueue_returning.sql. Without
+-- keys no row can conflict, and an insert without an arbiter index writes
+-- each row once instead of speculatively (a lock and a WAL record less per
+-- job).
+-- Index: queue_settings_pkey, one lookup per job (a small table, read, not
+-- locked).
+-- Locking: inserts only.
 INSERT INTO jobs (id, queue, payload, priority, run_at, max_attempts, timeout_ms, idempotency_key,
                   concurrency_key, traceparent, state, dependencies, dependencies_pending, dependents,
                   on_dependency_failure, error, finished_at, backoff_base_ms, backoff_max_ms,
@@ -54,5 +59,3 @@ FROM unnest($1::uuid[], $2::text[], $3::jsonb[], $4::int[], $5::timestamptz[],
 LEFT JOIN LATERAL (SELECT max_attempts, backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter,
                           retry_window_ms
                    FROM queue_settings WHERE queue_settings.queue = t.queue LIMIT 1) s ON true
-ON CONFLICT (queue, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *
