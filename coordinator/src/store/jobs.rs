@@ -11,7 +11,7 @@ use uuid::Uuid;
 use crate::store::dependencies::{self, Dependencies, EnqueueColumns};
 use crate::store::listing::BulkAction;
 use crate::store::rows::{
-    ATTEMPTS_ASKED, AttemptRow, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
+    ATTEMPTS_ASKED, AttemptRow, JobColumns, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
 };
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, query_changes, sql};
@@ -184,32 +184,73 @@ fn column<'a, T>(jobs: &'a [NewJob], field: impl Fn(&'a NewJob) -> Option<T>) ->
 fn skipped_dependency(
     ids: &[JobId],
     edges: &(Vec<Uuid>, Vec<Uuid>),
-    inserted: &[Option<JobRow>],
+    row_of: &[Option<usize>],
 ) -> Option<(usize, usize)> {
     let position = |id: &Uuid| ids.iter().position(|j| j.0 == *id);
     edges.0.iter().zip(&edges.1).find_map(|(dependent, dependency)| {
         let (d, k) = (position(dependent)?, position(dependency)?);
-        (inserted[d].is_some() && inserted[k].is_none()).then_some((d, k))
+        (row_of[d].is_some() && row_of[k].is_none()).then_some((d, k))
     })
 }
 
-/// The jobs an insert answered, each read into its position in the request
-/// (`ids`), `None` where a job was skipped for its idempotency key. Each
-/// row is moved once: a batch answers up to 1,000 jobs.
-fn in_request_order(ids: &[JobId], rows: &[tokio_postgres::Row]) -> Result<Vec<Option<JobRow>>, StoreError> {
+/// What an enqueue's transaction wrote, before its rows are read as jobs.
+struct Written {
+    /// The insert's rows.
+    rows: Vec<tokio_postgres::Row>,
+    /// Each job's row, in request order; `None`: skipped for its
+    /// idempotency key.
+    row_of: Vec<Option<usize>>,
+    /// The originals of the jobs skipped, by (queue, key).
+    originals: HashMap<(String, String), JobRow>,
+}
+
+/// The row of each job (`ids`, in request order) among an insert's rows,
+/// read by the id alone.
+fn rows_of(ids: &[JobId], rows: &[tokio_postgres::Row]) -> Result<Vec<Option<usize>>, StoreError> {
     let position: HashMap<JobId, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
-    let mut placed: Vec<Option<JobRow>> = ids.iter().map(|_| None).collect();
-    for row in rows {
-        let job = JobRow::from_row(row)?;
-        let at = *position.get(&job.id).ok_or_else(|| {
-            StoreError::Database(format!(
-                "the enqueue answered job {}, which it was not given",
-                job.id
-            ))
+    let mut row_of = vec![None; ids.len()];
+    for (r, row) in rows.iter().enumerate() {
+        let id = JobId(col::<Uuid>(row, "id")?);
+        let at = *position.get(&id).ok_or_else(|| {
+            StoreError::Database(format!("the enqueue answered job {id}, which it was not given"))
         })?;
-        placed[at] = Some(job);
+        row_of[at] = Some(r);
     }
-    Ok(placed)
+    Ok(row_of)
+}
+
+impl Written {
+    /// Each job as answered: the row inserted, or the original its key
+    /// named.
+    fn answers(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>, StoreError> {
+        let columns = self
+            .rows
+            .first()
+            .map(|r| JobColumns::of(r.columns()))
+            .transpose()?;
+        jobs.iter()
+            .zip(&self.row_of)
+            .map(|(j, row)| {
+                if let (Some(r), Some(columns)) = (row, &columns) {
+                    return Ok(Enqueued {
+                        job: JobRow::read(&self.rows[*r], columns)?,
+                        created: true,
+                    });
+                }
+                let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
+                self.originals
+                    .get(&key)
+                    .cloned()
+                    .map(|job| Enqueued { job, created: false })
+                    .ok_or_else(|| {
+                        StoreError::Database(format!(
+                            "job {} was neither inserted nor found by its key",
+                            j.id
+                        ))
+                    })
+            })
+            .collect()
+    }
 }
 
 impl Store {
@@ -222,43 +263,23 @@ impl Store {
         self.timed("enqueue", || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
-            let outcome = async {
-                tx.begin(Open::States).await?;
-                self.enqueue_in(&tx, jobs).await
-            }
-            .await;
-            let (inserted, originals) = tx.end(outcome).await?;
-            jobs.iter()
-                .zip(inserted)
-                .map(|(j, row)| {
-                    if let Some(job) = row {
-                        return Ok(Enqueued { job, created: true });
-                    }
-                    let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
-                    originals
-                        .get(&key)
-                        .cloned()
-                        .map(|job| Enqueued { job, created: false })
-                        .ok_or_else(|| {
-                            StoreError::Database(format!(
-                                "job {} was neither inserted nor found by its key",
-                                j.id
-                            ))
-                        })
-                })
-                .collect()
+            // BEGIN and the enqueue's first statement in one round trip.
+            let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
+            let written = match begun.and(written) {
+                Ok(written) => written,
+                Err(e) => return tx.end(Err(e)).await,
+            };
+            // The rows are read as jobs while the COMMIT is on its way: the
+            // answers are only handed out once it succeeded.
+            let (committed, answers) = tokio::join!(tx.end(Ok(())), async { written.answers(jobs) });
+            committed?;
+            answers
         })
         .await
     }
 
-    /// [`Store::enqueue`] in `tx`: each job as inserted, in request order
-    /// (`None`: skipped for its idempotency key), and the originals of
-    /// those skipped.
-    async fn enqueue_in(
-        &self,
-        tx: &Tallied<'_>,
-        jobs: &[NewJob],
-    ) -> Result<(Vec<Option<JobRow>>, HashMap<(String, String), JobRow>), StoreError> {
+    /// [`Store::enqueue`] in `tx`, up to its COMMIT.
+    async fn enqueue_in(&self, tx: &Tallied<'_>, jobs: &[NewJob]) -> Result<Written, StoreError> {
         let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
         let deps: Vec<Option<&Dependencies>> = jobs.iter().map(|j| j.dependencies.as_ref()).collect();
         let with_deps = deps.iter().any(Option::is_some);
@@ -280,18 +301,22 @@ impl Store {
             self.lease_settings().default_max_attempts,
         )
         .await?;
-        let inserted = in_request_order(&ids, &rows)?;
+        let row_of = rows_of(&ids, &rows)?;
         if let Some(c) = &columns
             && !c.edges.0.is_empty()
         {
-            if let Some((dependent, dependency)) = skipped_dependency(&ids, &c.edges, &inserted) {
+            if let Some((dependent, dependency)) = skipped_dependency(&ids, &c.edges, &row_of) {
                 // Nothing is written: the transaction rolls back.
                 return Err(StoreError::Rejected(format!(
                     "jobs[{dependent}] depends on jobs[{dependency}], whose idempotency key names a job that already exists: \
                      name that job's id in depends_on instead"
                 )));
             }
-            let made: Vec<Uuid> = inserted.iter().flatten().map(|r| r.id.0).collect();
+            let made: Vec<Uuid> = ids
+                .iter()
+                .zip(&row_of)
+                .filter_map(|(id, row)| row.map(|_| id.0))
+                .collect();
             let stmt = tx.client().prepare_cached(sql::JOB_DEPENDENCIES_INSERT).await?;
             tx.client()
                 .execute(&stmt, &[&c.edges.0, &c.edges.1, &made])
@@ -300,11 +325,15 @@ impl Store {
         // Jobs skipped for an existing idempotency key: read the originals.
         let skipped: Vec<&NewJob> = jobs
             .iter()
-            .zip(&inserted)
+            .zip(&row_of)
             .filter_map(|(j, row)| row.is_none().then_some(j))
             .collect();
         let originals = originals_of(tx.client(), &skipped).await?;
-        Ok((inserted, originals))
+        Ok(Written {
+            rows,
+            row_of,
+            originals,
+        })
     }
 
     /// Marks jobs `enqueue_failed` (their wake-up did not go out); returns

@@ -3,7 +3,8 @@
 //! queue's into each field the job leaves out); the coordinator's defaults
 //! fill what is still unset when a retry is planned (`job_retry_at` in the
 //! schema). Both `jobs` and `queue_settings` name the policy's columns
-//! alike, so one reader serves them.
+//! alike; a job's are read with the rest of its row (`rows::JobColumns`),
+//! a queue's here.
 
 use runlease_protocol::{Backoff, JobId, QueueName};
 use tokio_postgres::Row;
@@ -37,8 +38,8 @@ fn optional<'a, T: tokio_postgres::types::FromSql<'a>>(
     }
 }
 
-/// The backoff columns of a `jobs` or `queue_settings` row.
-pub fn backoff_from_row(row: &Row) -> Result<Backoff, StoreError> {
+/// The backoff columns of a `queue_settings` row.
+fn backoff_from_row(row: &Row) -> Result<Backoff, StoreError> {
     Ok(Backoff {
         base_ms: optional(row, "backoff_base_ms")?,
         max_ms: optional(row, "backoff_max_ms")?,
@@ -47,8 +48,8 @@ pub fn backoff_from_row(row: &Row) -> Result<Backoff, StoreError> {
     })
 }
 
-/// `retry_window_ms` of a `jobs` or `queue_settings` row.
-pub fn window_from_row(row: &Row) -> Result<Option<i64>, StoreError> {
+/// `retry_window_ms` of a `queue_settings` row.
+fn window_from_row(row: &Row) -> Result<Option<i64>, StoreError> {
     optional(row, "retry_window_ms")
 }
 

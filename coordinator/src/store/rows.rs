@@ -11,13 +11,12 @@ use runlease_protocol::{
     AttemptOutcome, Backoff, JobId, JobState, OnDependencyFailure, QueueName, RunLease, TraceParent, WorkerId,
 };
 use serde_json::Value;
-use tokio_postgres::Row;
 use tokio_postgres::types::{FromSql, Type};
+use tokio_postgres::{Column, Row};
 use uuid::Uuid;
 
 use crate::store::StoreError;
 use crate::store::dependencies::{DependencyRow, Link};
-use crate::store::retry::{backoff_from_row, window_from_row};
 
 /// `job_state` as PostgreSQL sends it (an enum's binary form is its label).
 pub struct DbJobState(pub JobState);
@@ -175,51 +174,158 @@ pub fn col<'a, T: FromSql<'a>>(row: &'a Row, name: &str) -> Result<T, StoreError
     row.try_get(name).map_err(bad_row)
 }
 
+/// Where the columns of a `jobs` row sit in an answer, found by name once
+/// for all its rows (every row of an answer has the same columns; a lookup
+/// by name walks them, and a batch enqueue answers 1,000 jobs).
+pub struct JobColumns {
+    id: usize,
+    queue: usize,
+    state: usize,
+    payload: usize,
+    priority: usize,
+    attempt: usize,
+    max_attempts: usize,
+    run_lease: usize,
+    run_at: usize,
+    created_at: usize,
+    updated_at: usize,
+    finished_at: usize,
+    timeout_ms: usize,
+    idempotency_key: usize,
+    concurrency_key: usize,
+    progress: usize,
+    result: usize,
+    error: usize,
+    cancel_requested_at: usize,
+    owned_by: usize,
+    claimed_at: usize,
+    // A statement that lists its columns may leave these out: read as
+    // unset (the retry policy, the trace context) or as no dependencies.
+    backoff_base_ms: Option<usize>,
+    backoff_max_ms: Option<usize>,
+    backoff_factor: Option<usize>,
+    backoff_jitter: Option<usize>,
+    retry_window_ms: Option<usize>,
+    traceparent: Option<usize>,
+    on_dependency_failure: Option<usize>,
+    dependencies: Option<usize>,
+    dependents: Option<usize>,
+}
+
+impl JobColumns {
+    /// The positions in an answer with `columns`; a column a job needs
+    /// that is missing is a store fault.
+    pub fn of(columns: &[Column]) -> Result<Self, StoreError> {
+        let find = |name: &str| columns.iter().position(|c| c.name() == name);
+        let need = |name: &str| find(name).ok_or_else(|| bad_row(format!("no column {name}")));
+        Ok(Self {
+            id: need("id")?,
+            queue: need("queue")?,
+            state: need("state")?,
+            payload: need("payload")?,
+            priority: need("priority")?,
+            attempt: need("attempt")?,
+            max_attempts: need("max_attempts")?,
+            run_lease: need("run_lease")?,
+            run_at: need("run_at")?,
+            created_at: need("created_at")?,
+            updated_at: need("updated_at")?,
+            finished_at: need("finished_at")?,
+            timeout_ms: need("timeout_ms")?,
+            idempotency_key: need("idempotency_key")?,
+            concurrency_key: need("concurrency_key")?,
+            progress: need("progress")?,
+            result: need("result")?,
+            error: need("error")?,
+            cancel_requested_at: need("cancel_requested_at")?,
+            owned_by: need("owned_by")?,
+            claimed_at: need("claimed_at")?,
+            backoff_base_ms: find("backoff_base_ms"),
+            backoff_max_ms: find("backoff_max_ms"),
+            backoff_factor: find("backoff_factor"),
+            backoff_jitter: find("backoff_jitter"),
+            retry_window_ms: find("retry_window_ms"),
+            traceparent: find("traceparent"),
+            on_dependency_failure: find("on_dependency_failure"),
+            dependencies: find("dependencies"),
+            dependents: find("dependents"),
+        })
+    }
+}
+
+/// Column `i` of `row`; a mistyped column is a store fault.
+fn at<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T, StoreError> {
+    row.try_get(i).map_err(bad_row)
+}
+
+/// Column `i` of `row` when the answer has it, else the type's default.
+fn at_or_default<'a, T: FromSql<'a> + Default>(row: &'a Row, i: Option<usize>) -> Result<T, StoreError> {
+    i.map_or(Ok(T::default()), |i| at(row, i))
+}
+
 impl JobRow {
     /// Reads a full `jobs` row.
     pub fn from_row(row: &Row) -> Result<Self, StoreError> {
-        let state: DbJobState = col(row, "state")?;
-        Ok(Self {
-            id: JobId(col::<Uuid>(row, "id")?),
-            queue: queue_col(row, "queue")?,
-            state: state.0,
-            payload: col(row, "payload")?,
-            priority: col(row, "priority")?,
-            attempt: col(row, "attempt")?,
-            max_attempts: col(row, "max_attempts")?,
-            backoff: backoff_from_row(row)?,
-            retry_window_ms: window_from_row(row)?,
-            run_lease: RunLease(col(row, "run_lease")?),
-            run_at: col(row, "run_at")?,
-            created_at: col(row, "created_at")?,
-            updated_at: col(row, "updated_at")?,
-            finished_at: col(row, "finished_at")?,
-            timeout_ms: col(row, "timeout_ms")?,
-            idempotency_key: col(row, "idempotency_key")?,
-            concurrency_key: col(row, "concurrency_key")?,
-            progress: col(row, "progress")?,
-            result: col(row, "result")?,
-            error: col(row, "error")?,
-            cancel_requested_at: col(row, "cancel_requested_at")?,
-            owned_by: col(row, "owned_by")?,
-            claimed_at: col(row, "claimed_at")?,
-            traceparent: traceparent_col(row)?,
-            attempts: Vec::new(),
-            earlier_attempts: false,
-            on_dependency_failure: col_or_default::<Option<String>>(row, "on_dependency_failure")?
-                .map(|p| p.parse())
-                .transpose()
-                .map_err(bad_row)?,
-            dependency_count: col_or_default(row, "dependencies")?,
-            dependent_count: col_or_default(row, "dependents")?,
-            dependencies: Vec::new(),
-            dependents: Vec::new(),
-        })
+        Self::read(row, &JobColumns::of(row.columns())?)
     }
 
     /// Reads every row of an answer.
     pub fn from_rows(rows: &[Row]) -> Result<Vec<Self>, StoreError> {
-        rows.iter().map(Self::from_row).collect()
+        let Some(first) = rows.first() else {
+            return Ok(Vec::new());
+        };
+        let columns = JobColumns::of(first.columns())?;
+        rows.iter().map(|row| Self::read(row, &columns)).collect()
+    }
+
+    /// Reads a `jobs` row whose columns sit where `c` says.
+    pub fn read(row: &Row, c: &JobColumns) -> Result<Self, StoreError> {
+        let state: DbJobState = at(row, c.state)?;
+        // The trace context is a hint: a value that is not a valid
+        // traceparent (written by hand) is read as none.
+        let traceparent: Option<&str> = at_or_default(row, c.traceparent)?;
+        let on_dependency_failure: Option<String> = at_or_default(row, c.on_dependency_failure)?;
+        Ok(Self {
+            id: JobId(at::<Uuid>(row, c.id)?),
+            queue: QueueName::new(at::<String>(row, c.queue)?).map_err(bad_row)?,
+            state: state.0,
+            payload: at(row, c.payload)?,
+            priority: at(row, c.priority)?,
+            attempt: at(row, c.attempt)?,
+            max_attempts: at(row, c.max_attempts)?,
+            backoff: Backoff {
+                base_ms: at_or_default(row, c.backoff_base_ms)?,
+                max_ms: at_or_default(row, c.backoff_max_ms)?,
+                factor: at_or_default(row, c.backoff_factor)?,
+                jitter: at_or_default(row, c.backoff_jitter)?,
+            },
+            retry_window_ms: at_or_default(row, c.retry_window_ms)?,
+            run_lease: RunLease(at(row, c.run_lease)?),
+            run_at: at(row, c.run_at)?,
+            created_at: at(row, c.created_at)?,
+            updated_at: at(row, c.updated_at)?,
+            finished_at: at(row, c.finished_at)?,
+            timeout_ms: at(row, c.timeout_ms)?,
+            idempotency_key: at(row, c.idempotency_key)?,
+            concurrency_key: at(row, c.concurrency_key)?,
+            progress: at(row, c.progress)?,
+            result: at(row, c.result)?,
+            error: at(row, c.error)?,
+            cancel_requested_at: at(row, c.cancel_requested_at)?,
+            owned_by: at(row, c.owned_by)?,
+            claimed_at: at(row, c.claimed_at)?,
+            traceparent: traceparent.and_then(|t| TraceParent::parse(t).ok()),
+            attempts: Vec::new(),
+            earlier_attempts: false,
+            on_dependency_failure: on_dependency_failure
+                .map(|p| p.parse())
+                .transpose()
+                .map_err(bad_row)?,
+            dependency_count: at_or_default(row, c.dependencies)?,
+            dependent_count: at_or_default(row, c.dependents)?,
+            dependencies: Vec::new(),
+            dependents: Vec::new(),
+        })
     }
 
     /// The running attempt, which is on the row and not yet in `job_attempts`.

@@ -385,3 +385,112 @@ async fn a_value_postgres_refuses_in_an_enqueue_batch_fails_only_its_own_request
     let leases = c.api.claim("q", "w", 50).await;
     assert_eq!(leases.len(), 29);
 }
+
+#[tokio::test]
+async fn an_enqueue_batch_keeps_what_each_job_set_and_gives_the_rest_their_defaults() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let (status, body) = c
+        .api
+        .patch(
+            "/v1/queues/qp",
+            &json!({"max_attempts": 3, "retry_window_ms": 600000}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The statement sends a field no job of the batch sets as one NULL, and
+    // writes without the idempotency arbiter when no job has a key: each
+    // shape must keep every job's own values.
+    let all = json!({"queue": "qp", "payload": "all", "priority": -5, "delay_ms": 3_600_000,
+        "max_attempts": 7, "backoff": {"base_ms": 10, "max_ms": 20, "factor": 2, "jitter": 0.5},
+        "retry_window_ms": 5000, "timeout_ms": 1234, "concurrency_key": "ck",
+        "idempotency_key": "kept"});
+    let bare = json!({"queue": "qp", "payload": "bare"});
+    let other = json!({"queue": "plain", "payload": "other", "run_at": "2030-01-01T00:00:00Z"});
+    for (name, batch) in [
+        ("mixed", vec![all.clone(), bare.clone(), other.clone()]),
+        ("without keys", vec![bare.clone(), other.clone()]),
+    ] {
+        let (status, body) = c.api.post("/v1/jobs/batch", &json!({"jobs": batch})).await;
+        assert_eq!(status, 201, "{name}: {body}");
+        let ids: Vec<uuid::Uuid> = body["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        let rows = db
+            .client()
+            .await
+            .query(
+                "SELECT payload #>> '{}' AS p, priority, max_attempts, timeout_ms, concurrency_key,
+                        idempotency_key, backoff_base_ms, backoff_max_ms, backoff_factor, backoff_jitter,
+                        retry_window_ms, run_at > now() + interval '50 minutes' AS later,
+                        run_at = '2030-01-01T00:00:00Z' AS fixed
+                 FROM jobs WHERE id = ANY($1) ORDER BY array_position($1, id)",
+                &[&ids],
+            )
+            .await
+            .unwrap();
+        let of = |p: &str| rows.iter().find(|r| r.get::<_, String>("p") == p);
+        if let Some(r) = of("all") {
+            assert_eq!(r.get::<_, i32>("priority"), -5);
+            assert_eq!(r.get::<_, i32>("max_attempts"), 7);
+            assert_eq!(r.get::<_, Option<i64>>("timeout_ms"), Some(1234));
+            assert_eq!(
+                r.get::<_, Option<String>>("concurrency_key").as_deref(),
+                Some("ck")
+            );
+            assert_eq!(
+                r.get::<_, Option<String>>("idempotency_key").as_deref(),
+                Some("kept")
+            );
+            assert_eq!(r.get::<_, Option<i64>>("backoff_base_ms"), Some(10));
+            assert_eq!(r.get::<_, Option<i64>>("backoff_max_ms"), Some(20));
+            assert_eq!(r.get::<_, Option<f64>>("backoff_factor"), Some(2.0));
+            assert_eq!(r.get::<_, Option<f64>>("backoff_jitter"), Some(0.5));
+            assert_eq!(r.get::<_, Option<i64>>("retry_window_ms"), Some(5000));
+            assert!(r.get::<_, bool>("later"), "its delay");
+        }
+        let bare_row = of("bare").unwrap_or_else(|| panic!("{name}: the bare job"));
+        assert_eq!(bare_row.get::<_, i32>("priority"), 0, "{name}");
+        assert_eq!(
+            bare_row.get::<_, i32>("max_attempts"),
+            3,
+            "{name}: the queue's budget"
+        );
+        assert_eq!(
+            bare_row.get::<_, Option<i64>>("retry_window_ms"),
+            Some(600000),
+            "{name}"
+        );
+        assert_eq!(bare_row.get::<_, Option<i64>>("timeout_ms"), None, "{name}");
+        assert_eq!(
+            bare_row.get::<_, Option<String>>("idempotency_key"),
+            None,
+            "{name}"
+        );
+        assert_eq!(bare_row.get::<_, Option<i64>>("backoff_base_ms"), None, "{name}");
+        assert!(!bare_row.get::<_, bool>("later"), "{name}: due now");
+        let other_row = of("other").unwrap_or_else(|| panic!("{name}: the other job"));
+        assert!(other_row.get::<_, bool>("fixed"), "{name}: its run_at");
+        assert_eq!(
+            other_row.get::<_, i32>("max_attempts"),
+            4,
+            "{name}: the default budget"
+        );
+    }
+    // The key is still an arbiter in a batch that mixes keyed and unkeyed
+    // jobs: the repeat answers the original, the job beside it is new.
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [bare, {"queue": "qp", "payload": "again", "idempotency_key": "kept"}]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["jobs"][1]["payload"], json!("all"), "the original: {body}");
+    let count: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
+    assert_eq!(count, 6, "three, two, then one new job");
+}
