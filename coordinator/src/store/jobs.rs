@@ -265,15 +265,11 @@ impl Store {
             let tx = Tallied::new(&client);
             // BEGIN and the enqueue's first statement in one round trip.
             let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
-            let written = match begun.and(written) {
-                Ok(written) => written,
-                Err(e) => return tx.end(Err(e)).await,
-            };
-            // The rows are read as jobs while the COMMIT is on its way: the
-            // answers are only handed out once it succeeded.
-            let (committed, answers) = tokio::join!(tx.end(Ok(())), async { written.answers(jobs) });
-            committed?;
-            answers
+            // The rows are read as jobs before the COMMIT: a row that cannot
+            // be read rolls the enqueue back rather than answer an error
+            // for jobs that were written.
+            let answers = begun.and(written).and_then(|w| w.answers(jobs));
+            tx.end(answers).await
         })
         .await
     }

@@ -149,14 +149,18 @@ pub fn queue_col(row: &Row, name: &str) -> Result<QueueName, StoreError> {
 
 /// Reads the `traceparent` column. A statement that lists its columns and
 /// leaves this one out answers `None` rather than fail, since the trace
-/// context is a hint for observability, never a reason to refuse a job; a
-/// value that is not a valid traceparent (written by hand) is read as none.
+/// context is a hint for observability, never a reason to refuse a job.
 fn traceparent_col(row: &Row) -> Result<Option<TraceParent>, StoreError> {
     let Some(i) = row.columns().iter().position(|c| c.name() == "traceparent") else {
         return Ok(None);
     };
-    let text: Option<&str> = row.try_get(i).map_err(bad_row)?;
-    Ok(text.and_then(|t| TraceParent::parse(t).ok()))
+    Ok(as_traceparent(row.try_get(i).map_err(bad_row)?))
+}
+
+/// A stored trace context; a value that is not a valid traceparent (written
+/// by hand) is read as none.
+fn as_traceparent(text: Option<&str>) -> Option<TraceParent> {
+    text.and_then(|t| TraceParent::parse(t).ok())
 }
 
 /// Reads column `name` of `row`, or the type's default when the statement
@@ -281,8 +285,6 @@ impl JobRow {
     /// Reads a `jobs` row whose columns sit where `c` says.
     pub fn read(row: &Row, c: &JobColumns) -> Result<Self, StoreError> {
         let state: DbJobState = at(row, c.state)?;
-        // The trace context is a hint: a value that is not a valid
-        // traceparent (written by hand) is read as none.
         let traceparent: Option<&str> = at_or_default(row, c.traceparent)?;
         let on_dependency_failure: Option<String> = at_or_default(row, c.on_dependency_failure)?;
         Ok(Self {
@@ -314,7 +316,7 @@ impl JobRow {
             cancel_requested_at: at(row, c.cancel_requested_at)?,
             owned_by: at(row, c.owned_by)?,
             claimed_at: at(row, c.claimed_at)?,
-            traceparent: traceparent.and_then(|t| TraceParent::parse(t).ok()),
+            traceparent: as_traceparent(traceparent),
             attempts: Vec::new(),
             earlier_attempts: false,
             on_dependency_failure: on_dependency_failure
