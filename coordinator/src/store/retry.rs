@@ -10,7 +10,7 @@ use runlease_protocol::{Backoff, JobId, QueueName};
 use tokio_postgres::Row;
 use uuid::Uuid;
 
-use crate::store::rows::col;
+use crate::store::rows::{col, col_or_default};
 use crate::store::tally::Tallied;
 use crate::store::{StoreError, sql};
 
@@ -26,38 +26,26 @@ pub struct RetryPolicy {
     pub retry_window_ms: Option<i64>,
 }
 
-/// Column `name` of `row` when the statement answers it (`None` when it
-/// leaves it out: a listing that names its columns).
-fn optional<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a Row,
-    name: &str,
-) -> Result<Option<T>, StoreError> {
-    match row.columns().iter().position(|c| c.name() == name) {
-        Some(_) => col::<Option<T>>(row, name),
-        None => Ok(None),
-    }
-}
-
 /// The backoff columns of a `queue_settings` row.
 fn backoff_from_row(row: &Row) -> Result<Backoff, StoreError> {
     Ok(Backoff {
-        base_ms: optional(row, "backoff_base_ms")?,
-        max_ms: optional(row, "backoff_max_ms")?,
-        factor: optional(row, "backoff_factor")?,
-        jitter: optional(row, "backoff_jitter")?,
+        base_ms: col_or_default(row, "backoff_base_ms")?,
+        max_ms: col_or_default(row, "backoff_max_ms")?,
+        factor: col_or_default(row, "backoff_factor")?,
+        jitter: col_or_default(row, "backoff_jitter")?,
     })
 }
 
 /// `retry_window_ms` of a `queue_settings` row.
 fn window_from_row(row: &Row) -> Result<Option<i64>, StoreError> {
-    optional(row, "retry_window_ms")
+    col_or_default(row, "retry_window_ms")
 }
 
 impl RetryPolicy {
     /// The policy columns of a `queue_settings` row.
     pub fn from_row(row: &Row) -> Result<Self, StoreError> {
         Ok(Self {
-            max_attempts: optional(row, "max_attempts")?,
+            max_attempts: col_or_default(row, "max_attempts")?,
             backoff: backoff_from_row(row)?,
             retry_window_ms: window_from_row(row)?,
         })
@@ -78,8 +66,8 @@ impl DeadLetter {
     /// The `dead_letter_id` and `dead_letter_queue` columns a finish or a
     /// reap answers (both NULL: no follow-up).
     pub fn from_row(row: &Row) -> Result<Option<Self>, StoreError> {
-        let id: Option<Uuid> = optional(row, "dead_letter_id")?;
-        let queue: Option<String> = optional(row, "dead_letter_queue")?;
+        let id: Option<Uuid> = col_or_default(row, "dead_letter_id")?;
+        let queue: Option<String> = col_or_default(row, "dead_letter_queue")?;
         match (id, queue) {
             (Some(id), Some(queue)) => Ok(Some(Self {
                 id: JobId(id),
@@ -119,8 +107,8 @@ pub async fn enqueue_follow_ups(
     let mut f = FollowUps::default();
     for row in rows {
         let (Some(id), Some(queue)) = (
-            optional::<Uuid>(row, "dead_letter_id")?,
-            optional::<String>(row, "dead_letter_queue")?,
+            col_or_default::<Option<Uuid>>(row, "dead_letter_id")?,
+            col_or_default::<Option<String>>(row, "dead_letter_queue")?,
         ) else {
             continue;
         };

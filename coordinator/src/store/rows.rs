@@ -151,10 +151,7 @@ pub fn queue_col(row: &Row, name: &str) -> Result<QueueName, StoreError> {
 /// leaves this one out answers `None` rather than fail, since the trace
 /// context is a hint for observability, never a reason to refuse a job.
 fn traceparent_col(row: &Row) -> Result<Option<TraceParent>, StoreError> {
-    let Some(i) = row.columns().iter().position(|c| c.name() == "traceparent") else {
-        return Ok(None);
-    };
-    Ok(as_traceparent(row.try_get(i).map_err(bad_row)?))
+    Ok(as_traceparent(col_or_default(row, "traceparent")?))
 }
 
 /// A stored trace context; a value that is not a valid traceparent (written
@@ -164,13 +161,11 @@ fn as_traceparent(text: Option<&str>) -> Option<TraceParent> {
 }
 
 /// Reads column `name` of `row`, or the type's default when the statement
-/// does not answer that column (the dependency columns, which statements
-/// that list their columns leave out where they do not concern them).
-fn col_or_default<'a, T: FromSql<'a> + Default>(row: &'a Row, name: &str) -> Result<T, StoreError> {
-    match row.columns().iter().position(|c| c.name() == name) {
-        Some(i) => row.try_get(i).map_err(bad_row),
-        None => Ok(T::default()),
-    }
+/// does not answer that column (the dependency columns, the retry policy's,
+/// which statements that list their columns leave out where they do not
+/// concern them).
+pub fn col_or_default<'a, T: FromSql<'a> + Default>(row: &'a Row, name: &str) -> Result<T, StoreError> {
+    at_or_default(row, row.columns().iter().position(|c| c.name() == name))
 }
 
 /// Reads column `name` of `row`; a missing or mistyped column is a store fault.
