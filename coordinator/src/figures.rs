@@ -35,6 +35,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use runlease_protocol::QueueName;
+
 use crate::store::queues::QueueFigures;
 use crate::store::{Store, StoreError};
 
@@ -155,16 +157,7 @@ impl QueueFiguresCache {
     /// The figures of every queue, for `kind`.
     pub async fn figures(&self, kind: Kind) -> Result<Answer, StoreError> {
         let now = Instant::now();
-        let cached = {
-            let mut slots = self.slots();
-            let slot = &mut slots[kind.index()];
-            slot.asked_at = Some(now);
-            slot.last
-                .as_ref()
-                .filter(|r| slot.slow && now.saturating_duration_since(r.at) <= self.tuning.max_age)
-                .cloned()
-        };
-        if let Some(read) = cached {
+        if let Some(read) = self.cached(kind, now) {
             return Ok(Answer {
                 age: now.saturating_duration_since(read.at),
                 figures: read.figures,
@@ -177,27 +170,80 @@ impl QueueFiguresCache {
         })
     }
 
+    /// One queue's page figures (`GET /v1/queues/{queue}`): while page
+    /// figures come from the loop, that queue's counts are taken from its
+    /// latest read and only the queue's settings (one row) are read now, so
+    /// a change of settings shows at once; otherwise read now, and timed
+    /// like a page read (one queue's read walks the same indexes).
+    pub async fn queue(&self, queue: &QueueName) -> Result<QueueFigures, StoreError> {
+        let now = Instant::now();
+        if let Some(read) = self.cached(Kind::Page, now) {
+            let mut figures = read
+                .figures
+                .iter()
+                .find(|f| &f.queue == queue)
+                .cloned()
+                .unwrap_or_else(|| QueueFigures::empty(queue.clone()));
+            self.store.read_settings_into(&mut figures).await?;
+            return Ok(figures);
+        }
+        let cost = Instant::now();
+        let figures = self.store.queue_figures(Some(queue), true).await?;
+        self.settle(Kind::Page, None, now, cost.elapsed()).await?;
+        figures
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Database(format!("queue figures answered no queue {queue}")))
+    }
+
+    /// The latest read of `kind` when requests are answered from the loop's
+    /// reads and it is recent enough; notes that `kind` was asked for.
+    fn cached(&self, kind: Kind, now: Instant) -> Option<Read> {
+        let mut slots = self.slots();
+        let slot = &mut slots[kind.index()];
+        slot.asked_at = Some(now);
+        slot.last
+            .as_ref()
+            .filter(|r| slot.slow && now.saturating_duration_since(r.at) <= self.tuning.max_age)
+            .cloned()
+    }
+
     /// Reads `kind`'s figures now, keeps them, and settles whether the kind
     /// is slow.
     async fn read(&self, kind: Kind) -> Result<Read, StoreError> {
         let at = Instant::now();
         let figures = self.store.queue_figures(None, kind.detail()).await?;
-        let cost = at.elapsed();
+        let read = Read {
+            at,
+            cost: at.elapsed(),
+            figures: Arc::new(figures),
+        };
+        self.settle(kind, Some(read.clone()), at, read.cost).await?;
+        Ok(read)
+    }
+
+    /// Settles whether `kind` is slow after a read that began `at` and took
+    /// `cost`, keeping `read` (when the read was of every queue) as the
+    /// latest.
+    async fn settle(
+        &self,
+        kind: Kind,
+        read: Option<Read>,
+        at: Instant,
+        cost: Duration,
+    ) -> Result<(), StoreError> {
         // Only a read that is not quick asks how big the table is: a quick
         // one is quick whatever its size.
         let quick = cost <= self.tuning.slow / 2;
         let big = !quick && self.store.jobs_table_rows().await? >= self.tuning.big_table;
-        let read = Read {
-            at,
-            cost,
-            figures: Arc::new(figures),
-        };
         let turned_slow = {
             let mut slots = self.slots();
             let slot = &mut slots[kind.index()];
             // A read that started before the one kept is older: keep the newer.
-            if slot.last.as_ref().is_none_or(|r| r.at <= at) {
-                slot.last = Some(read.clone());
+            if let Some(read) = read
+                && slot.last.as_ref().is_none_or(|r| r.at <= at)
+            {
+                slot.last = Some(read);
             }
             let was = slot.slow;
             if cost > self.tuning.slow && big {
@@ -233,7 +279,7 @@ impl QueueFiguresCache {
         if slow {
             self.wanted.notify_one();
         }
-        Ok(read)
+        Ok(())
     }
 
     /// The kinds the loop should read now: slow, and asked for lately.

@@ -116,7 +116,7 @@ pub async fn list_jobs(
     State(state): State<AppState>,
     caller: Caller,
     QueryParams(query): QueryParams<ListJobsQuery>,
-) -> Result<Json<ListJobsResponse>, ApiError> {
+) -> Result<views::JobsJson<ListJobsResponse>, ApiError> {
     require(&caller, Action::List)?;
     let queue = query
         .queue
@@ -150,10 +150,12 @@ pub async fn list_jobs(
         .store
         .list_jobs(&filter, cursor, i64::from(limit), state.max_answer_bytes)
         .await?;
-    Ok(Json(ListJobsResponse {
+    let answer = ListJobsResponse {
         jobs: page.rows.into_iter().map(|r| ListedJob(views::job(r))).collect(),
         next_cursor: page.next.map(|last| state.tokens.mint_cursor(last, &scope)),
-    }))
+    };
+    let jobs = answer.jobs.len();
+    Ok(views::JobsJson { value: answer, jobs })
 }
 
 /// `POST /v1/jobs/bulk`: retry, cancel or delete every job of a queue in
@@ -256,12 +258,7 @@ pub async fn get_queue(
 }
 
 async fn figures_of(state: &AppState, queue: &QueueName) -> Result<QueueSummary, ApiError> {
-    let figures = state.store.queue_figures(Some(queue), true).await?;
-    figures
-        .into_iter()
-        .next()
-        .map(queue_summary)
-        .ok_or_else(|| ApiError::new(ErrorCode::Internal, "queue figures answered no queue"))
+    Ok(queue_summary(state.figures.queue(queue).await?))
 }
 
 fn check_limit(name: &str, value: Option<Option<i32>>) -> Result<(), ApiError> {

@@ -219,7 +219,7 @@ pub async fn enqueue_batch(
     caller: Caller,
     TraceContext(traceparent): TraceContext,
     JsonBody(req): JsonBody<EnqueueBatchRequest>,
-) -> Result<(StatusCode, Json<EnqueueBatchResponse>), ApiError> {
+) -> Result<(StatusCode, views::JobsJson<EnqueueBatchResponse>), ApiError> {
     require(&caller, Action::Enqueue)?;
     if req.jobs.is_empty() || req.jobs.len() > MAX_BATCH_JOBS {
         return Err(ApiError::invalid(format!(
@@ -228,35 +228,31 @@ pub async fn enqueue_batch(
     }
     let deps = dependencies::resolve(&req.jobs).map_err(ApiError::invalid)?;
     let refs: Vec<Option<String>> = req.jobs.iter().map(|r| r.job_ref.clone()).collect();
-    let jobs = req
-        .jobs
-        .into_iter()
-        .zip(deps)
-        .enumerate()
-        .map(|(i, (r, deps))| {
-            let mut job = new_job(&caller, r, traceparent.as_ref()).map_err(|e| ApiError {
-                message: format!("jobs[{i}]: {}", e.message),
-                ..e
-            })?;
-            job.dependencies = deps;
-            Ok(job)
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
+    // Sized at once: collecting through `Result` would grow it by doubling,
+    // moving every job written so far each time.
+    let mut jobs = Vec::with_capacity(req.jobs.len());
+    for (i, (r, deps)) in req.jobs.into_iter().zip(deps).enumerate() {
+        let mut job = new_job(&caller, r, traceparent.as_ref()).map_err(|e| ApiError {
+            message: format!("jobs[{i}]: {}", e.message),
+            ..e
+        })?;
+        job.dependencies = deps;
+        jobs.push(job);
+    }
     let mut enqueued = state.store.enqueue(&jobs).await?;
     announce(&state, &mut enqueued).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(EnqueueBatchResponse {
-            jobs: enqueued
-                .into_iter()
-                .zip(refs)
-                .map(|(e, job_ref)| BatchJob {
-                    job_ref,
-                    job: views::job(e.job),
-                })
-                .collect(),
-        }),
-    ))
+    let answer = EnqueueBatchResponse {
+        jobs: enqueued
+            .into_iter()
+            .zip(refs)
+            .map(|(e, job_ref)| BatchJob {
+                job_ref,
+                job: views::job(e.job),
+            })
+            .collect(),
+    };
+    let jobs = answer.jobs.len();
+    Ok((StatusCode::CREATED, views::JobsJson { value: answer, jobs }))
 }
 
 /// Reads a job the caller may see; 404 otherwise.

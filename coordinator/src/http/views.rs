@@ -69,3 +69,30 @@ pub fn attempt(a: AttemptRow) -> Attempt {
         retry_reason: a.retry_reason,
     }
 }
+
+/// Room per job in an answer holding many (a job with a small payload
+/// takes about 460 bytes): the buffer is sized once instead of doubling
+/// from axum's 128 bytes a dozen times, each a copy of what was written.
+const ANSWER_BYTES_PER_JOB: usize = 512;
+
+/// A JSON answer of `jobs` jobs, written into a buffer sized for them.
+pub struct JobsJson<T> {
+    /// The answer.
+    pub value: T,
+    /// How many jobs it holds.
+    pub jobs: usize,
+}
+
+impl<T: serde::Serialize> axum::response::IntoResponse for JobsJson<T> {
+    fn into_response(self) -> axum::response::Response {
+        let mut buf = Vec::with_capacity(64 + self.jobs * ANSWER_BYTES_PER_JOB);
+        match serde_json::to_writer(&mut buf, &self.value) {
+            Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/json")], buf).into_response(),
+            Err(e) => crate::http::error::ApiError::new(
+                runlease_protocol::ErrorCode::Internal,
+                format!("cannot write the answer: {e}"),
+            )
+            .into_response(),
+        }
+    }
+}

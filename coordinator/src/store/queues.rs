@@ -157,7 +157,8 @@ pub struct QueueFigures {
 }
 
 impl QueueFigures {
-    fn empty(queue: QueueName) -> Self {
+    /// A queue with no jobs, no tallies and the default settings.
+    pub fn empty(queue: QueueName) -> Self {
         Self {
             queue,
             counts: JobState::ALL.iter().map(|s| (*s, 0)).collect(),
@@ -407,6 +408,24 @@ impl Store {
             Ok(by_queue.into_values().collect())
         })
         .await
+    }
+
+    /// Reads `figures.queue`'s settings and endpoint health into `figures`
+    /// (the defaults for a queue without settings): one row.
+    pub async fn read_settings_into(&self, figures: &mut QueueFigures) -> Result<(), StoreError> {
+        let queue = &figures.queue;
+        (figures.settings, figures.endpoint_health) = self
+            .timed("queue_settings_health", || async move {
+                let client = self.conn().await?;
+                let stmt = client.prepare_cached(sql::QUEUE_SETTINGS_LIST).await?;
+                let only = vec![queue.as_str()];
+                match client.query(&stmt, &[&only]).await?.first() {
+                    Some(row) => Ok((settings_from_row(row)?.1, health_from_row(row)?)),
+                    None => Ok(Default::default()),
+                }
+            })
+            .await?;
+        Ok(())
     }
 
     /// Row versions of the jobs table, live and dead, as PostgreSQL's

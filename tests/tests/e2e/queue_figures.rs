@@ -1,7 +1,8 @@
 //! The queue figures of `/metrics` and `/v1/queues` while they are read in
 //! the background (`runlease_coordinator::figures`): the same as a read at
-//! that moment once the loop has read again, for every state and tally; and
-//! on a small table, read at the moment they are asked.
+//! that moment once the loop has read again, for every state and tally; one
+//! queue's page taken from them with its settings read at once; and on a
+//! small table, read at the moment they are asked.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::time::Duration;
 
 use runlease_coordinator::figures::{Kind, QueueFiguresCache, Tuning};
 use runlease_coordinator::store::queues::QueueFigures;
-use runlease_protocol::JobState;
+use runlease_protocol::{JobState, QueueName};
 use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -181,4 +182,50 @@ async fn a_small_table_is_read_at_the_moment_it_is_asked() {
     assert_eq!(api.metric("runlease_queue_figures_age_seconds").await, 0.0);
     stop.cancel();
     looping.await.unwrap();
+}
+
+#[tokio::test]
+async fn one_queue_is_answered_from_the_background_read_with_its_settings_read_at_once() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let api = &c.api;
+    // Every read counts as slow, and nothing reads again (no loop runs): a
+    // request is answered the read it found.
+    let tuning = Tuning {
+        slow: Duration::ZERO,
+        big_table: 0,
+        refresh: Duration::from_secs(3600),
+        max_age: Duration::from_secs(3600),
+        ..Tuning::default()
+    };
+    let cache = QueueFiguresCache::new(db.store().await, tuning);
+    let one = QueueName::new("one".to_owned()).unwrap();
+    let fresh = QueueName::new("fresh".to_owned()).unwrap();
+    api.enqueue("one", json!(1)).await;
+    // Read at once for this request, and kept: page reads are slow now.
+    assert_eq!(cache.figures(Kind::Page).await.unwrap().age, Duration::ZERO);
+    api.enqueue("one", json!(2)).await;
+    let (status, _) = api
+        .patch("/v1/queues/one", &json!({"paused": true, "max_running": 3}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = api.patch("/v1/queues/fresh", &json!({"max_running": 7})).await;
+    assert_eq!(status, 200);
+
+    // The counts are the kept read's (one job), the settings today's.
+    let figures = cache.queue(&one).await.unwrap();
+    assert_eq!(figures.counts[&JobState::Queued], 1);
+    assert!(figures.settings.paused);
+    assert_eq!(figures.settings.max_running, Some(3));
+    // A queue the kept read did not hold: no jobs, its settings.
+    let figures = cache.queue(&fresh).await.unwrap();
+    assert!(figures.counts.values().all(|n| *n == 0), "{:?}", figures.counts);
+    assert_eq!(figures.settings.max_running, Some(7));
+    assert!(!figures.settings.paused);
+
+    // The coordinator's own figures, on this small table, are read at once.
+    let (status, body) = api.get("/v1/queues/one").await;
+    assert_eq!(status, 200);
+    assert_eq!(body["counts"]["queued"], 2, "{body}");
+    assert_eq!(body["settings"]["paused"], true, "{body}");
 }

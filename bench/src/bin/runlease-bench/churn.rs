@@ -6,12 +6,13 @@
 //!
 //! 1. A burst: `--jobs` (300,000) enqueued 1,000 per `POST /v1/jobs/batch`,
 //!    then drained by workers started after (its jobs/s is the drain rate
-//!    of the next phase). Right
-//!    after the last completion, `GET /metrics` and `GET /v1/queues` are
-//!    timed every 100 ms (from a thread of their own) for `--sample-s` (60) seconds: p50/p99/max per 10 s
-//!    window, and from when on every 10 s window's p99 is within 5 ms.
+//!    of the next phase). Right after the last completion, `GET /metrics`,
+//!    `GET /v1/queues` and `GET /v1/queues/churn` are timed one after the
+//!    other every 100 ms (from a thread of their own) for `--sample-s` (60)
+//!    seconds: p50/p99/max per 10 s window, and from when on every 10 s
+//!    window's p99 is within 5 ms.
 //! 2. A steady stream at half the drain rate (one `/v1/jobs/batch` every
-//!    100 ms) for `--sample-s` seconds, the workers draining it, both
+//!    100 ms) for `--sample-s` seconds, the workers draining it, the
 //!    endpoints timed the same way.
 //! 3. The drain with the xmin horizon held: `--pin-jobs` (100,000) drained
 //!    again and again, first without, then with a `REPEATABLE READ`
@@ -169,8 +170,8 @@ impl Fleet {
 struct Samples {
     metrics: Vec<(f64, f64)>,
     queues: Vec<(f64, f64)>,
-    /// `/v1/queues/{queue}` (once a second), whose figures are always read
-    /// at once: what the other two cost when read for each request.
+    /// `/v1/queues/{queue}`: one queue's page, its settings read for each
+    /// request.
     queue: Vec<(f64, f64)>,
 }
 
@@ -213,10 +214,7 @@ async fn sample_here(http: &reqwest::Client, base: &str, seconds: u64) -> Sample
         let at = started.elapsed().as_secs_f64();
         s.metrics.push((at, timed_get(http, &metrics).await));
         s.queues.push((at, timed_get(http, &queues).await));
-        // Once a second: read at once, it would load the server it times.
-        if s.metrics.len() % 10 == 1 {
-            s.queue.push((at, timed_get(http, &queue).await));
-        }
+        s.queue.push((at, timed_get(http, &queue).await));
     }
     s
 }
@@ -256,7 +254,7 @@ fn print_samples(what: &str, samples: &Samples, seconds: u64) {
     for (name, s) in [
         ("/metrics", &samples.metrics),
         ("/v1/queues", &samples.queues),
-        ("/v1/queues/churn (read at once)", &samples.queue),
+        ("/v1/queues/churn", &samples.queue),
     ] {
         let mut line = format!("    {name}\n      ");
         for w in (0..seconds as usize).step_by(WINDOW_S) {
