@@ -118,7 +118,7 @@ async fn insert_jobs(
     jobs: &[NewJob],
     deps: Option<&EnqueueColumns>,
     default_attempts: i32,
-) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+) -> Result<Vec<JobRow>, StoreError> {
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.id.0).collect();
     let queues: Vec<&str> = jobs.iter().map(|j| j.queue.as_str()).collect();
     let payloads: Vec<&Value> = jobs.iter().map(|j| &j.payload).collect();
@@ -140,7 +140,16 @@ async fn insert_jobs(
     } else {
         &sql::JOB_ENQUEUE
     };
-    tx.query(
+    // Each row is read as a job as it arrives, while the insert goes on.
+    let mut columns: Option<JobColumns> = None;
+    let read = move |names: &[tokio_postgres::Column], row: &tokio_postgres::Row| {
+        let columns = match &columns {
+            Some(c) => c,
+            None => columns.insert(JobColumns::of(names)?),
+        };
+        JobRow::read(row, columns)
+    };
+    tx.query_each(
         statement,
         &[
             &ids,
@@ -167,6 +176,7 @@ async fn insert_jobs(
             &jitters,
             &windows,
         ],
+        read,
     )
     .await
 }
@@ -193,10 +203,10 @@ fn skipped_dependency(
     })
 }
 
-/// What an enqueue's transaction wrote, before its rows are read as jobs.
+/// What an enqueue's transaction wrote.
 struct Written {
-    /// The insert's rows.
-    rows: Vec<tokio_postgres::Row>,
+    /// The jobs inserted, as their rows came.
+    rows: Vec<JobRow>,
     /// Each job's row, in request order; `None`: skipped for its
     /// idempotency key.
     row_of: Vec<Option<usize>>,
@@ -204,15 +214,16 @@ struct Written {
     originals: HashMap<(String, String), JobRow>,
 }
 
-/// The row of each job (`ids`, in request order) among an insert's rows,
-/// read by the id alone.
-fn rows_of(ids: &[JobId], rows: &[tokio_postgres::Row]) -> Result<Vec<Option<usize>>, StoreError> {
+/// The row of each job (`ids`, in request order) among an insert's rows.
+fn rows_of(ids: &[JobId], rows: &[JobRow]) -> Result<Vec<Option<usize>>, StoreError> {
     let position: HashMap<JobId, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     let mut row_of = vec![None; ids.len()];
     for (r, row) in rows.iter().enumerate() {
-        let id = JobId(col::<Uuid>(row, "id")?);
-        let at = *position.get(&id).ok_or_else(|| {
-            StoreError::Database(format!("the enqueue answered job {id}, which it was not given"))
+        let at = *position.get(&row.id).ok_or_else(|| {
+            StoreError::Database(format!(
+                "the enqueue answered job {}, which it was not given",
+                row.id
+            ))
         })?;
         row_of[at] = Some(r);
     }
@@ -222,20 +233,13 @@ fn rows_of(ids: &[JobId], rows: &[tokio_postgres::Row]) -> Result<Vec<Option<usi
 impl Written {
     /// Each job as answered: the row inserted, or the original its key
     /// named.
-    fn answers(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>, StoreError> {
-        let columns = self
-            .rows
-            .first()
-            .map(|r| JobColumns::of(r.columns()))
-            .transpose()?;
+    fn answers(self, jobs: &[NewJob]) -> Result<Vec<Enqueued>, StoreError> {
+        let mut rows: Vec<Option<JobRow>> = self.rows.into_iter().map(Some).collect();
         jobs.iter()
             .zip(&self.row_of)
             .map(|(j, row)| {
-                if let (Some(r), Some(columns)) = (row, &columns) {
-                    return Ok(Enqueued {
-                        job: JobRow::read(&self.rows[*r], columns)?,
-                        created: true,
-                    });
+                if let Some(job) = row.and_then(|r| rows[r].take()) {
+                    return Ok(Enqueued { job, created: true });
                 }
                 let key = (j.queue.to_string(), j.idempotency_key.clone().unwrap_or_default());
                 self.originals
@@ -265,9 +269,9 @@ impl Store {
             let tx = Tallied::new(&client);
             // BEGIN and the enqueue's first statement in one round trip.
             let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
-            // The rows are read as jobs before the COMMIT: a row that cannot
-            // be read rolls the enqueue back rather than answer an error
-            // for jobs that were written.
+            // The rows are read as jobs before the COMMIT (as they arrive): a
+            // row that cannot be read rolls the enqueue back rather than
+            // answer an error for jobs that were written.
             let answers = begun.and(written).and_then(|w| w.answers(jobs));
             tx.end(answers).await
         })

@@ -18,9 +18,10 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use deadpool_postgres::ClientWrapper;
+use futures_util::TryStreamExt;
 use runlease_protocol::JobState;
-use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{Column, Row};
 
 use crate::store::StoreError;
 use crate::store::rows::{DbJobState, col};
@@ -304,6 +305,34 @@ impl<'c> Tallied<'c> {
         }
         self.lock().merge(delta);
         Ok(rows)
+    }
+
+    /// Prepares and runs `stmt`, counting what its rows change, and makes
+    /// each row into what `each` makes of it as the row arrives: while
+    /// PostgreSQL is still writing the rows after it (an `INSERT ...
+    /// RETURNING` sends each row as it is written), not once the last has
+    /// come. `each` is given the statement's columns with each row.
+    pub async fn query_each<R>(
+        &self,
+        stmt: &Changes,
+        params: &[&(dyn ToSql + Sync)],
+        mut each: impl FnMut(&[Column], &Row) -> Result<R, StoreError>,
+    ) -> Result<Vec<R>, StoreError> {
+        let prepared = self.prepare(stmt).await?;
+        let rows = self
+            .client
+            .query_raw(&prepared.statement, params.iter().map(|p| *p as &dyn ToSql))
+            .await?;
+        futures_util::pin_mut!(rows);
+        let columns = prepared.statement.columns();
+        let mut delta = Delta::default();
+        let mut made = Vec::new();
+        while let Some(row) = rows.try_next().await? {
+            (prepared.delta)(&row, &mut delta)?;
+            made.push(each(columns, &row)?);
+        }
+        self.lock().merge(delta);
+        Ok(made)
     }
 
     /// Prepares and runs `stmt`, counting what its rows change.
