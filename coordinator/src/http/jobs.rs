@@ -24,7 +24,7 @@ use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, requi
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
 use crate::store::floors::ClaimKey;
-use crate::store::jobs::{CancelOutcome, Enqueued, NewJob, RetryOutcome};
+use crate::store::jobs::{CancelOutcome, NewJob, RetryOutcome};
 use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
 
@@ -117,51 +117,57 @@ fn validate_enqueue(req: EnqueueJobRequest) -> Result<NewJob, String> {
 /// Counts new jobs and sends their wake-ups (local and Redis). When the
 /// wake-up cannot be published the jobs are marked `enqueue_failed`: still
 /// claimable, repaired by the repair loop; the answer shows the mark.
-async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), ApiError> {
+/// Each job comes with whether this enqueue created it; answers whether a
+/// job was marked.
+async fn announce(state: &AppState, enqueued: &mut [(bool, &mut Job)]) -> Result<bool, ApiError> {
     let mut queues = Vec::new();
-    for e in enqueued.iter().filter(|e| e.created) {
+    for (_, job) in enqueued.iter().filter(|(created, _)| *created) {
         state
             .metrics
             .enqueued
             .get_or_create(&QueueLabels {
-                queue: e.job.queue.to_string(),
+                queue: job.queue.to_string(),
             })
             .inc();
         job_event!(
-            e.job.traceparent.is_some(),
-            job_id = %e.job.id,
-            queue = %e.job.queue,
-            trace_id = e.job.traceparent.as_ref().map(TraceParent::trace_id),
+            job.traceparent.is_some(),
+            job_id = %job.id,
+            queue = %job.queue,
+            trace_id = job.traceparent.as_ref().map(TraceParent::trace_id),
             "job enqueued"
         );
-        if e.job.state == JobState::Cancelled {
+        if job.state == JobState::Cancelled {
             // A dependency had already failed: cancelled as it was enqueued,
             // counted as the end of a dependency would count it.
             state.metrics.transition_of(
-                e.job.queue.as_str(),
+                job.queue.as_str(),
                 JobState::Cancelled,
-                e.job.created_at,
-                e.job.finished_at,
+                job.created_at,
+                job.finished_at,
                 Via::Dependency,
             );
             continue;
         }
         // Each queue's wake-up carries its first new job in claim order.
         let key = ClaimKey {
-            priority: e.job.priority,
-            run_at: e.job.run_at,
-            id: e.job.id.0,
+            priority: job.priority,
+            run_at: job.run_at,
+            id: job.id.0,
         };
-        match queues.iter_mut().find(|(q, _)| *q == e.job.queue) {
+        match queues.iter_mut().find(|(q, _)| *q == job.queue) {
             Some((_, first)) => *first = key.min(*first),
-            None => queues.push((e.job.queue.clone(), key)),
+            None => queues.push((job.queue.clone(), key)),
         }
     }
     if queues.is_empty() {
-        return Ok(());
+        return Ok(false);
     }
     if let Err(e) = state.wake.enqueued_at(&queues).await {
-        let ids: Vec<JobId> = enqueued.iter().filter(|e| e.created).map(|e| e.job.id).collect();
+        let ids: Vec<JobId> = enqueued
+            .iter()
+            .filter(|(created, _)| *created)
+            .map(|(_, job)| job.id)
+            .collect();
         // The jobs are committed either way: should the mark fail too, they
         // stay queued and claims find them on their timer; the enqueue still
         // succeeded and must say so.
@@ -169,7 +175,7 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
             Ok(marked) => marked,
             Err(mark_error) => {
                 tracing::error!(error = %e, %mark_error, "wake-up not delivered and jobs not marked enqueue_failed");
-                return Ok(());
+                return Ok(false);
             }
         };
         tracing::warn!(error = %e, jobs = marked.len(), "wake-up not delivered: jobs marked enqueue_failed");
@@ -181,12 +187,13 @@ async fn announce(state: &AppState, enqueued: &mut [Enqueued]) -> Result<(), Api
                     queue: queue.to_string(),
                 })
                 .inc();
-            if let Some(e) = enqueued.iter_mut().find(|e| e.job.id == *id) {
-                e.job.state = runlease_protocol::JobState::EnqueueFailed;
+            if let Some((_, job)) = enqueued.iter_mut().find(|(_, job)| job.id == *id) {
+                job.state = runlease_protocol::JobState::EnqueueFailed;
             }
         }
+        return Ok(!marked.is_empty());
     }
-    Ok(())
+    Ok(false)
 }
 
 /// `POST /v1/jobs`: 201 with the new job; 200 with the original for a repeated idempotency key.
@@ -201,16 +208,16 @@ pub async fn enqueue(
         .map_err(|e| ApiError::invalid(e.trim_start_matches("jobs[0]: ")))?;
     let mut job = new_job(&caller, req, traceparent.as_ref())?;
     job.dependencies = deps.into_iter().next().flatten();
-    let mut enqueued = [state.enqueuer.submit(job).await??];
-    announce(&state, &mut enqueued).await?;
-    let [first] = enqueued;
-    record_job(&first.job);
-    let status = if first.created {
+    let enqueued = state.enqueuer.submit(job).await??;
+    record_job(&enqueued.job);
+    let mut job = views::job(enqueued.job);
+    announce(&state, &mut [(enqueued.created, &mut job)]).await?;
+    let status = if enqueued.created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(views::job(first.job))))
+    Ok((status, Json(job)))
 }
 
 /// `POST /v1/jobs/batch`: 1 to 1000 jobs in one transaction; 201 in request order.
@@ -219,7 +226,7 @@ pub async fn enqueue_batch(
     caller: Caller,
     TraceContext(traceparent): TraceContext,
     JsonBody(req): JsonBody<EnqueueBatchRequest>,
-) -> Result<(StatusCode, views::JobsJson<EnqueueBatchResponse>), ApiError> {
+) -> Result<(StatusCode, views::JsonBytes), ApiError> {
     require(&caller, Action::Enqueue)?;
     if req.jobs.is_empty() || req.jobs.len() > MAX_BATCH_JOBS {
         return Err(ApiError::invalid(format!(
@@ -239,20 +246,38 @@ pub async fn enqueue_batch(
         job.dependencies = deps;
         jobs.push(job);
     }
-    let mut enqueued = state.store.enqueue(&jobs).await?;
-    announce(&state, &mut enqueued).await?;
-    let answer = EnqueueBatchResponse {
-        jobs: enqueued
-            .into_iter()
-            .zip(refs)
-            .map(|(e, job_ref)| BatchJob {
-                job_ref,
-                job: views::job(e.job),
-            })
-            .collect(),
+    // The answer is made while the COMMIT travels: ready once the jobs are
+    // written.
+    let (mut answer, created, body) = state
+        .store
+        .enqueue_then(&jobs, |enqueued| {
+            let created: Vec<bool> = enqueued.iter().map(|e| e.created).collect();
+            let answer = EnqueueBatchResponse {
+                jobs: enqueued
+                    .into_iter()
+                    .zip(refs.iter().cloned())
+                    .map(|(e, job_ref)| BatchJob {
+                        job_ref,
+                        job: views::job(e.job),
+                    })
+                    .collect(),
+            };
+            let body = views::to_json(&answer, answer.jobs.len());
+            (answer, created, body)
+        })
+        .await?;
+    let mut announced: Vec<(bool, &mut Job)> = created
+        .into_iter()
+        .zip(answer.jobs.iter_mut().map(|b| &mut b.job))
+        .collect();
+    // Jobs marked `enqueue_failed` (their wake-up did not go out) are
+    // answered as marked.
+    let body = if announce(&state, &mut announced).await? {
+        views::to_json(&answer, answer.jobs.len())?
+    } else {
+        body?
     };
-    let jobs = answer.jobs.len();
-    Ok((StatusCode::CREATED, views::JobsJson { value: answer, jobs }))
+    Ok((StatusCode::CREATED, views::JsonBytes(body)))
 }
 
 /// Reads a job the caller may see; 404 otherwise.

@@ -1,7 +1,11 @@
 //! The store's rows as the protocol answers them: the one place a job row
 //! becomes a wire `Job`.
 
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use runlease_protocol::{Attempt, Job, JobLink, LeaseDependency};
+
+use crate::http::error::ApiError;
 
 use crate::store::dependencies::{DependencyRow, Link};
 use crate::store::rows::{AttemptRow, JobRow};
@@ -75,6 +79,27 @@ pub fn attempt(a: AttemptRow) -> Attempt {
 /// from axum's 128 bytes a dozen times, each a copy of what was written.
 const ANSWER_BYTES_PER_JOB: usize = 512;
 
+/// `value` as JSON, written into a buffer sized for `jobs` jobs.
+pub fn to_json<T: serde::Serialize>(value: &T, jobs: usize) -> Result<Vec<u8>, ApiError> {
+    let mut buf = Vec::with_capacity(64 + jobs * ANSWER_BYTES_PER_JOB);
+    serde_json::to_writer(&mut buf, value).map_err(|e| {
+        ApiError::new(
+            runlease_protocol::ErrorCode::Internal,
+            format!("cannot write the answer: {e}"),
+        )
+    })?;
+    Ok(buf)
+}
+
+/// A JSON answer written already.
+pub struct JsonBytes(pub Vec<u8>);
+
+impl IntoResponse for JsonBytes {
+    fn into_response(self) -> Response {
+        ([(header::CONTENT_TYPE, "application/json")], self.0).into_response()
+    }
+}
+
 /// A JSON answer of `jobs` jobs, written into a buffer sized for them.
 pub struct JobsJson<T> {
     /// The answer.
@@ -83,16 +108,11 @@ pub struct JobsJson<T> {
     pub jobs: usize,
 }
 
-impl<T: serde::Serialize> axum::response::IntoResponse for JobsJson<T> {
-    fn into_response(self) -> axum::response::Response {
-        let mut buf = Vec::with_capacity(64 + self.jobs * ANSWER_BYTES_PER_JOB);
-        match serde_json::to_writer(&mut buf, &self.value) {
-            Ok(()) => ([(axum::http::header::CONTENT_TYPE, "application/json")], buf).into_response(),
-            Err(e) => crate::http::error::ApiError::new(
-                runlease_protocol::ErrorCode::Internal,
-                format!("cannot write the answer: {e}"),
-            )
-            .into_response(),
+impl<T: serde::Serialize> IntoResponse for JobsJson<T> {
+    fn into_response(self) -> Response {
+        match to_json(&self.value, self.jobs) {
+            Ok(body) => JsonBytes(body).into_response(),
+            Err(e) => e.into_response(),
         }
     }
 }

@@ -264,6 +264,18 @@ impl Store {
     /// `cancelled` (one failed already): its existing dependencies are
     /// locked and read first (store::dependencies).
     pub async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued>, StoreError> {
+        self.enqueue_then(jobs, |enqueued| enqueued).await
+    }
+
+    /// [`Store::enqueue`], answering what `then` makes of the jobs while
+    /// their COMMIT travels ([`Tallied::end_then`]): `then` must only make
+    /// a value, and may run again when the enqueue is retried.
+    pub async fn enqueue_then<T>(
+        &self,
+        jobs: &[NewJob],
+        then: impl Fn(Vec<Enqueued>) -> T,
+    ) -> Result<T, StoreError> {
+        let then = &then;
         self.timed("enqueue", || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
@@ -273,7 +285,7 @@ impl Store {
             // row that cannot be read rolls the enqueue back rather than
             // answer an error for jobs that were written.
             let answers = begun.and(written).and_then(|w| w.answers(jobs));
-            tx.end(answers).await
+            tx.end_then(answers, then).await
         })
         .await
     }

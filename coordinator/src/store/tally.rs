@@ -360,37 +360,68 @@ impl<'c> Tallied<'c> {
     /// deltas and commits, in one round trip, and answers it (or the
     /// commit's error); otherwise rolls back and answers the error.
     pub async fn end<T>(self, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
-        let value = match outcome {
-            Ok(value) => value,
-            Err(e) => {
-                // A connection that cannot roll back is broken: the pool
-                // drops it at its next check.
-                if let Err(rollback) = self.client.batch_execute("ROLLBACK").await {
-                    tracing::debug!(error = %rollback, "rollback failed");
-                }
-                return Err(e);
+        let value = self.or_roll_back(outcome).await?;
+        self.commit(std::future::ready(value)).await
+    }
+
+    /// [`Tallied::end`], answering what `then` makes of the value, made
+    /// while the COMMIT travels and PostgreSQL flushes it (an answer's
+    /// bytes). `then` runs before the commit is known to have gone
+    /// through: it must only make its value, which a failed COMMIT drops.
+    pub async fn end_then<T, U>(
+        self,
+        outcome: Result<T, StoreError>,
+        then: impl FnOnce(T) -> U,
+    ) -> Result<U, StoreError> {
+        let value = self.or_roll_back(outcome).await?;
+        self.commit(async {
+            // The COMMIT, handed over first, wakes the connection's task on
+            // this thread, where no other thread may take it: yielding lets
+            // it send the COMMIT before `then` holds the thread.
+            tokio::task::yield_now().await;
+            then(value)
+        })
+        .await
+    }
+
+    /// The value of `outcome`, or its error once the transaction is rolled
+    /// back.
+    async fn or_roll_back<T>(&self, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
+        if outcome.is_err() {
+            // A connection that cannot roll back is broken: the pool drops
+            // it at its next check.
+            if let Err(rollback) = self.client.batch_execute("ROLLBACK").await {
+                tracing::debug!(error = %rollback, "rollback failed");
             }
-        };
+        }
+        outcome
+    }
+
+    /// Writes the deltas and commits, in one round trip, while `made` runs;
+    /// answers what it made, or the commit's error.
+    async fn commit<U>(self, made: impl Future<Output = U>) -> Result<U, StoreError> {
         let delta = self
             .delta
             .into_inner()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if delta.is_empty() {
-            self.client.batch_execute("COMMIT").await?;
-            return Ok(value);
+            let (committed, made) = tokio::join!(self.client.batch_execute("COMMIT"), made);
+            committed?;
+            return Ok(made);
         }
         let add = self.client.prepare_cached(JOB_TALLY_ADD).await?;
         let (queues, tallies, counts) = delta.columns();
         // A refused insert aborts the transaction: the COMMIT then rolls
         // back, and the insert's error is answered.
         let params: [&(dyn ToSql + Sync); 3] = [&queues, &tallies, &counts];
-        let (added, committed) = tokio::join!(
+        let (added, committed, made) = tokio::join!(
             self.client.execute(&add, &params),
-            self.client.batch_execute("COMMIT")
+            self.client.batch_execute("COMMIT"),
+            made
         );
         added?;
         committed?;
-        Ok(value)
+        Ok(made)
     }
 }
 
