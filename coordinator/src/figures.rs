@@ -1,4 +1,4 @@
-//! Queue figures for `/metrics` and `/v1/queues`, read from PostgreSQL at
+//! Queue figures for `/metrics` and `/v1/queues[/{queue}]`, read from PostgreSQL at
 //! once while that is cheap, and from one background read while it is not.
 //!
 //! The live counts come from indexes over live rows (`queue_live_counts.sql`)
@@ -24,6 +24,9 @@
 //!   without a statement of their own. The loop times each read.
 //! - The loop runs only while someone asks: it stops reading a kind nobody
 //!   asked for in [`Tuning::idle`].
+//! - One queue's page (`GET /v1/queues/{queue}`, [`QueueFiguresCache::queue`])
+//!   is a page read: while those are slow it takes the queue's counts from
+//!   the loop's latest and reads only the queue's settings, one row.
 //!
 //! A small table (every test database, most deployments between bursts)
 //! always gets figures read at the moment it is asked.
