@@ -72,20 +72,27 @@ async fn until_caught_up(cache: &QueueFiguresCache, db: &TestDb, kind: Kind) -> 
     }
 }
 
+/// Every read counts as slow, whatever the table's size; the loop reads
+/// every `refresh`.
+fn always_slow(refresh: Duration) -> Tuning {
+    Tuning {
+        slow: Duration::ZERO,
+        big_table: 0,
+        refresh,
+        ..Tuning::default()
+    }
+}
+
 #[tokio::test]
 async fn figures_read_in_the_background_catch_up_with_every_change() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
     let api = &c.api;
-    // Every read counts as slow, whatever the table's size: the figures
-    // always come from the loop.
-    let tuning = Tuning {
-        slow: Duration::ZERO,
-        big_table: 0,
-        refresh: Duration::from_millis(50),
-        ..Tuning::default()
-    };
-    let cache = Arc::new(QueueFiguresCache::new(db.store().await, tuning));
+    // The figures always come from the loop.
+    let cache = Arc::new(QueueFiguresCache::new(
+        db.store().await,
+        always_slow(Duration::from_millis(50)),
+    ));
     let stop = CancellationToken::new();
     let looping = tokio::spawn(cache.clone().run(stop.clone()));
 
@@ -189,16 +196,16 @@ async fn one_queue_is_answered_from_the_background_read_with_its_settings_read_a
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
     let api = &c.api;
-    // Every read counts as slow, and nothing reads again (no loop runs): a
-    // request is answered the read it found.
-    let tuning = Tuning {
-        slow: Duration::ZERO,
-        big_table: 0,
-        refresh: Duration::from_secs(3600),
-        max_age: Duration::from_secs(3600),
-        ..Tuning::default()
-    };
-    let cache = QueueFiguresCache::new(db.store().await, tuning);
+    // Nothing reads again (no loop runs), and the read kept stays young
+    // enough: a request is answered the read it found.
+    let hour = Duration::from_secs(3600);
+    let cache = QueueFiguresCache::new(
+        db.store().await,
+        Tuning {
+            max_age: hour,
+            ..always_slow(hour)
+        },
+    );
     let one = QueueName::new("one".to_owned()).unwrap();
     let fresh = QueueName::new("fresh".to_owned()).unwrap();
     api.enqueue("one", json!(1)).await;
