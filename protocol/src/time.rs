@@ -49,23 +49,21 @@ fn rfc3339<'b>(at: &DateTime<Utc>, buf: &'b mut [u8; RFC3339_MAX]) -> Option<&'b
     digits(&mut buf[14..16], at.minute());
     buf[16] = b':';
     digits(&mut buf[17..19], at.second());
-    let end = match nanos {
-        0 => 19,
-        n if n % 1_000_000 == 0 => fraction(&mut buf[19..23], n / 1_000_000),
-        n if n % 1_000 == 0 => fraction(&mut buf[19..26], n / 1_000),
-        n => fraction(&mut buf[19..29], n),
+    let (fraction, places) = match nanos {
+        0 => (0, 0),
+        n if n % 1_000_000 == 0 => (n / 1_000_000, 3),
+        n if n % 1_000 == 0 => (n / 1_000, 6),
+        n => (n, 9),
     };
+    let mut end = 19;
+    if places > 0 {
+        buf[19] = b'.';
+        end = 20 + places;
+        digits(&mut buf[20..end], fraction);
+    }
     buf[end] = b'Z';
     // Only ASCII digits and punctuation were written.
     std::str::from_utf8(&buf[..=end]).ok()
-}
-
-/// `.` and `value`'s digits, zero-padded to the rest of `out`; where the
-/// fraction ends.
-fn fraction(out: &mut [u8], value: u32) -> usize {
-    out[0] = b'.';
-    digits(&mut out[1..], value);
-    19 + out.len()
 }
 
 /// `value` in decimal, zero-padded to fill `out`.
