@@ -182,7 +182,7 @@ pub async fn serve(
     http::serve::serve(
         listener,
         app,
-        config.limits.connections(),
+        config.limits.connections(config.server.max_body_bytes),
         parts.metrics.clone(),
         shutdown,
     )

@@ -101,9 +101,10 @@ impl Default for LimitSettings {
 }
 
 impl LimitSettings {
-    /// The accept loop's limits.
-    pub fn connections(&self) -> ConnectionLimits {
+    /// The accept loop's limits, reading bodies of up to `max_body_bytes`.
+    pub fn connections(&self, max_body_bytes: usize) -> ConnectionLimits {
         ConnectionLimits {
+            max_body_bytes,
             max_connections: self.max_connections,
             header_timeout: Duration::from_millis(self.header_timeout_ms),
             body_timeout: Duration::from_millis(self.body_timeout_ms),

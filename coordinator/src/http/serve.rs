@@ -38,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::Service;
 
+use crate::http::h1;
 use crate::http::watch::{
     Activity, BoxError, H2_PREFACE, InFlight, Tracked, Watch, Watched, evict_idle, lock, may_be_preface,
 };
@@ -51,8 +52,8 @@ pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default `RUNLEASE_IDLE_TIMEOUT_MS`: 60 s.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Largest HTTP/1.1 read buffer, so the largest request head.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest HTTP/1.1 request head.
+pub(super) const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Largest HTTP/2 header list.
 const MAX_HEADER_LIST_BYTES: u32 = 64 * 1024;
 /// Most concurrent HTTP/2 streams on one connection.
@@ -83,6 +84,9 @@ pub struct ConnectionLimits {
     pub body_timeout: Duration,
     /// How long a connection may sit with no request in flight.
     pub idle_timeout: Duration,
+    /// Most bytes of a request body read (`RUNLEASE_MAX_BODY_BYTES`; the
+    /// router refuses larger ones).
+    pub max_body_bytes: usize,
 }
 
 impl Default for ConnectionLimits {
@@ -92,6 +96,7 @@ impl Default for ConnectionLimits {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_body_bytes: crate::config::DEFAULT_MAX_BODY_BYTES,
         }
     }
 }
@@ -174,8 +179,6 @@ pub async fn serve(
 struct Server {
     /// A connection that may be HTTP/2 (see [`may_be_h2`]).
     builder: auto::Builder<TokioExecutor>,
-    /// A connection that is HTTP/1.1, configured as `builder` is.
-    http1: hyper::server::conn::http1::Builder,
     app: Router,
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
@@ -195,11 +198,8 @@ impl Server {
             .http2()
             .max_header_list_size(MAX_HEADER_LIST_BYTES)
             .max_concurrent_streams(MAX_STREAMS);
-        let mut http1 = hyper::server::conn::http1::Builder::new();
-        http1.max_buf_size(MAX_HEAD_BYTES);
         Self {
             builder,
-            http1,
             app,
             limits,
             metrics,
@@ -210,12 +210,53 @@ impl Server {
 
 async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, activity: Arc<Activity>) {
     let limits = server.limits;
-    let app = &server.app;
     let watched = Watched {
         inner: stream,
         activity: activity.clone(),
     };
-    let service_activity = activity.clone();
+    // Told to close the connection gracefully (the watchdog's decision).
+    let close = Notify::new();
+    let connection = async {
+        let Some(h2) = may_be_h2(&watched.inner, &close).await else {
+            return Ok(());
+        };
+        if h2 {
+            // Boxed: the connection's task is sized for HTTP/1.1, the usual.
+            Box::pin(serve_auto(server, watched, peer, &close)).await
+        } else {
+            let connection = h1::Connection {
+                app: &server.app,
+                peer,
+                limits: &limits,
+                activity: &activity,
+                close: &close,
+            };
+            connection.serve(watched).await
+        }
+    };
+    tokio::pin!(connection);
+    let watch = Watch {
+        activity: &activity,
+        limits: &limits,
+        close: &close,
+        metrics: &server.metrics,
+        shutdown: &server.shutdown,
+        peer,
+    };
+    watch.until_done(connection).await;
+}
+
+/// Serves a connection that may be HTTP/2 with hyper (HTTP/2, or HTTP/1.1
+/// whose first bytes were too few to tell).
+async fn serve_auto(
+    server: &Server,
+    watched: Watched,
+    peer: SocketAddr,
+    close: &Notify,
+) -> Result<(), BoxError> {
+    let limits = server.limits;
+    let app = &server.app;
+    let service_activity = watched.activity.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let guard = InFlight::start(&service_activity);
         request.extensions_mut().insert(ConnectInfo(peer));
@@ -233,42 +274,19 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
             }))
         }
     });
-    // Told to close the connection gracefully (the watchdog's decision).
-    let close = Notify::new();
-    let connection = async {
-        let Some(h2) = may_be_h2(&watched.inner, &close).await else {
-            return Ok(());
-        };
-        let io = TokioIo::new(watched);
-        if h2 {
-            // Boxed: the connection's task is sized for HTTP/1.1, the usual.
-            let conn = server.builder.serve_connection_with_upgrades(io, service);
-            Box::pin(drive(conn, &close, |c| c.graceful_shutdown())).await
-        } else {
-            let conn = server.http1.serve_connection(io, service).with_upgrades();
-            drive(conn, &close, |c| c.graceful_shutdown()).await
-        }
-    };
-    tokio::pin!(connection);
-    let watch = Watch {
-        activity: &activity,
-        limits: &limits,
-        close: &close,
-        metrics: &server.metrics,
-        shutdown: &server.shutdown,
-        peer,
-    };
-    watch.until_done(connection).await;
+    let conn = server
+        .builder
+        .serve_connection_with_upgrades(TokioIo::new(watched), service);
+    drive(conn, close, |c| c.graceful_shutdown()).await
 }
 
 /// Whether a connection's first bytes may be the HTTP/2 preface (not enough
 /// of them to tell counts as may); `None` when told to close first.
 ///
-/// Peeked, not read: `auto::Builder` reads them itself and hands them to
-/// hyper's HTTP/1.1 connection apart from the rest of the request, which
-/// then grows its 8 KiB read buffer to 16 KiB for the rest of the head and
-/// keeps it for the connection's life (every parked claim held one). Read
-/// whole, a request of less than 8 KiB stays in the 8 KiB buffer.
+/// Peeked, not read: an HTTP/1.1 connection goes to [`h1`], which reads its
+/// requests itself; `auto::Builder` would read the first bytes and hand
+/// them to hyper's HTTP/1.1 connection apart from the rest of the request,
+/// which then grows its read buffer to 16 KiB for the rest of the head.
 async fn may_be_h2(stream: &TcpStream, close: &Notify) -> Option<bool> {
     let mut first = [0u8; H2_PREFACE.len()];
     tokio::select! {

@@ -31,6 +31,7 @@ mod finish_races;
 mod flow_control;
 mod guards;
 mod hostile_clients;
+mod http1;
 mod json_values;
 mod lambda_emulator;
 mod lambda_worker;
