@@ -64,7 +64,11 @@ pub(super) async fn write<W: AsyncWrite + Unpin>(
     }
     if !bodiless && !parts.headers.contains_key(header::CONTENT_LENGTH) {
         match length {
-            Some(n) => field(&mut out, b"content-length", n.to_string().as_bytes()),
+            Some(n) => {
+                out.extend_from_slice(b"content-length: ");
+                // Digits written in place, without a String.
+                let _ = std::io::Write::write_fmt(&mut out, format_args!("{n}\r\n"));
+            }
             None if chunked => field(&mut out, b"transfer-encoding", b"chunked"),
             None => {}
         }

@@ -45,8 +45,9 @@ use crate::http::watch::{Activity, BoxError, InFlight, Watched};
 use self::body::Read;
 use self::head::Head;
 
-/// The first read of a request head.
-const FIRST_READ: usize = 1024;
+/// The first read of a request (its head, and its body if small): freed
+/// before the router is called, whatever its size.
+const FIRST_READ: usize = 8 * 1024;
 
 /// What one HTTP/1.1 connection is served with.
 pub(super) struct Connection<'a> {
@@ -157,7 +158,7 @@ impl Connection<'_> {
         // time is parsed once, not once per byte.
         let mut scanned: usize = 0;
         loop {
-            if head::may_end(&buf[scanned.saturating_sub(3)..]) {
+            if scanned == 0 || head::may_end(&buf[scanned - 3.min(scanned)..]) {
                 match head::parse(buf) {
                     Ok(Some(head)) => return Ok(Ok(Some(head))),
                     Ok(None) => {}
