@@ -19,7 +19,7 @@ pub mod dependencies;
 pub mod error;
 pub mod extract;
 pub mod finish;
-mod h1;
+pub mod h1;
 pub mod jobs;
 pub mod leases;
 pub mod ops;

@@ -112,7 +112,7 @@ enum State {
 
 /// What one pass of the decoder came to.
 #[derive(Debug, PartialEq, Eq)]
-enum Step {
+pub enum Step {
     /// Needs more input.
     More,
     /// The body is whole.
@@ -123,7 +123,7 @@ enum Step {
 
 /// Decodes chunked framing from one input buffer into a body.
 #[derive(Debug, Default)]
-struct Chunked {
+pub struct Chunked {
     state: State,
     trailer_bytes: usize,
 }
@@ -131,7 +131,12 @@ struct Chunked {
 impl Chunked {
     /// Moves what `input` holds into `out` (at most `cap` bytes in all),
     /// taking what it used off `input`.
-    fn decode(&mut self, input: &mut BytesMut, out: &mut BytesMut, cap: usize) -> Result<Step, &'static str> {
+    pub fn decode(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut BytesMut,
+        cap: usize,
+    ) -> Result<Step, &'static str> {
         loop {
             match self.state {
                 State::Size => {

@@ -12,7 +12,7 @@ pub(super) const MAX_HEADERS: usize = 100;
 
 /// How a request's body is delimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Framing {
+pub enum Framing {
     /// No body.
     Empty,
     /// `Content-Length` bytes.
@@ -23,14 +23,15 @@ pub(super) enum Framing {
 
 /// A request head, parsed.
 #[derive(Debug)]
-pub(super) struct Head {
+pub struct Head {
     /// Method, target, version and fields; the body comes after.
-    pub(super) request: Request<()>,
-    pub(super) framing: Framing,
+    pub request: Request<()>,
+    /// How its body is delimited.
+    pub framing: Framing,
     /// The connection may carry another request after this one's answer.
-    pub(super) keep_alive: bool,
+    pub keep_alive: bool,
     /// The client waits for `100 Continue` before it sends the body.
-    pub(super) expects_continue: bool,
+    pub expects_continue: bool,
 }
 
 /// Where the parser found each part, as offsets into the buffer.
@@ -46,7 +47,7 @@ struct Found {
 /// `Ok(None)` while only its start has arrived, `Err` for what is not a
 /// request this server reads (answered 400 with the message, and the
 /// connection closed).
-pub(super) fn parse(buf: &mut BytesMut) -> Result<Option<Head>, String> {
+pub fn parse(buf: &mut BytesMut) -> Result<Option<Head>, String> {
     let Some(found) = find(buf)? else {
         return Ok(None);
     };

@@ -43,7 +43,8 @@ use crate::http::serve::{BodyDeadline, ConnectionLimits, MAX_HEAD_BYTES};
 use crate::http::watch::{Activity, BoxError, InFlight, Watched};
 
 use self::body::Read;
-use self::head::Head;
+pub use self::body::{Chunked, Step};
+pub use self::head::{Framing, Head, parse as parse_head};
 
 /// The first read of a request (its head, and its body if small): freed
 /// before the router is called, whatever its size.
@@ -158,7 +159,7 @@ impl Connection<'_> {
         // time is parsed once, not once per byte.
         let mut scanned: usize = 0;
         loop {
-            if scanned == 0 || head::may_end(&buf[scanned - 3.min(scanned)..]) {
+            if !buf.is_empty() && (scanned == 0 || head::may_end(&buf[scanned - 3.min(scanned)..])) {
                 match head::parse(buf) {
                     Ok(Some(head)) => return Ok(Ok(Some(head))),
                     Ok(None) => {}
@@ -170,15 +171,18 @@ impl Connection<'_> {
                 return Ok(Err(ApiError::new(ErrorCode::TooLarge, message)));
             }
             scanned = buf.len();
+            if buf.is_empty() {
+                // Between requests: no buffer until bytes arrive, so an idle
+                // connection holds none. Told to close, it closes.
+                tokio::select! {
+                    ready = io.inner.readable() => ready?,
+                    () = self.close.notified() => return Ok(Ok(None)),
+                }
+            }
             if buf.capacity() - buf.len() < FIRST_READ / 2 {
                 buf.reserve(buf.len().max(FIRST_READ));
             }
-            let read = tokio::select! {
-                read = io.read_buf(buf) => read?,
-                // Between requests only: a head begun is answered first.
-                () = self.close.notified(), if buf.is_empty() => return Ok(Ok(None)),
-            };
-            if read == 0 {
+            if io.read_buf(buf).await? == 0 {
                 return Ok(Ok(None));
             }
         }
