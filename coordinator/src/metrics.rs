@@ -132,7 +132,9 @@ pub struct TimeoutLabels {
 /// Label set of requests refused by a limit.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusedLabels {
-    /// Which limit: `parked_claims`, `parked_reads`, `cross_origin`, `host`.
+    /// Which limit: `parked_claims`, `parked_reads`, `answer_bytes`,
+    /// `cross_origin`, `host`, `malformed` (an HTTP/1.1 head or framing that
+    /// cannot be read), `head_bytes` (a head over 64 KiB).
     pub limit: &'static str,
 }
 

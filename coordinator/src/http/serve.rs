@@ -230,6 +230,7 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
                 limits: &limits,
                 activity: &activity,
                 close: &close,
+                metrics: &server.metrics,
             };
             connection.serve(watched).await
         }

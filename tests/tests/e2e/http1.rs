@@ -162,6 +162,10 @@ async fn ambiguous_malformed_and_oversized_requests_get_the_json_error_and_a_clo
         assert_eq!(last_body(&answer)["error"]["code"], code, "{answer}");
         assert!(answer.contains("connection: close\r\n"), "{answer}");
     }
+    // Counted by why, apart from the body over the limit (the router's 413).
+    let refused = |limit: &str| format!("runlease_requests_refused_total{{limit=\"{limit}\"}}");
+    assert_eq!(c.api.metric(&refused("malformed")).await, 3.0);
+    assert_eq!(c.api.metric(&refused("head_bytes")).await, 1.0);
     let (status, jobs) = c.api.get("/v1/jobs?queue=refused").await;
     assert_eq!(status, 200);
     assert_eq!(jobs["jobs"], json!([]), "nothing refused was enqueued");

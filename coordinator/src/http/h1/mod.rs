@@ -30,7 +30,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, Version};
 use axum::response::IntoResponse;
 use axum::routing::future::RouteFuture;
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use runlease_protocol::ErrorCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -41,6 +41,7 @@ use tower::Service;
 use crate::http::error::ApiError;
 use crate::http::serve::{BodyDeadline, ConnectionLimits, MAX_HEAD_BYTES};
 use crate::http::watch::{Activity, BoxError, InFlight, Watched};
+use crate::metrics::{Metrics, RefusedLabels};
 
 use self::body::Read;
 pub use self::body::{Chunked, Step};
@@ -58,6 +59,7 @@ pub(super) struct Connection<'a> {
     pub(super) activity: &'a Arc<Activity>,
     /// Told to close the connection gracefully (the watchdog's decision).
     pub(super) close: &'a Notify,
+    pub(super) metrics: &'a Metrics,
 }
 
 /// What came of reading a request's body.
@@ -88,7 +90,10 @@ impl Connection<'_> {
             let (call, framing, in_flight) = match self.request(&mut io, &mut buf).await? {
                 Ok(Some(call)) => call,
                 Ok(None) => return Ok(()),
-                Err(error) => return Ok(Box::pin(refuse(&mut io, error)).await?),
+                Err(error) => {
+                    self.count_refused(&error);
+                    return Ok(Box::pin(refuse(&mut io, error)).await?);
+                }
             };
             tokio::pin!(call);
             // A request pipelined behind this one means the peer is there.
@@ -106,6 +111,19 @@ impl Connection<'_> {
                 return Ok(());
             }
         }
+    }
+
+    /// Counts a request refused before the router saw it, and logs why.
+    fn count_refused(&self, error: &ApiError) {
+        let limit = match error.code {
+            ErrorCode::TooLarge => "head_bytes",
+            _ => "malformed",
+        };
+        self.metrics
+            .requests_refused
+            .get_or_create(&RefusedLabels { limit })
+            .inc();
+        tracing::debug!(peer = %self.peer, limit, "refused an HTTP/1.1 request: {}", error.message);
     }
 
     /// The next request, read whole, as the router's call; `Ok(None)` when
@@ -182,7 +200,9 @@ impl Connection<'_> {
             if buf.capacity() - buf.len() < FIRST_READ / 2 {
                 buf.reserve(buf.len().max(FIRST_READ));
             }
-            if io.read_buf(buf).await? == 0 {
+            // Never more than the largest head: one past it is refused.
+            let room = MAX_HEAD_BYTES - buf.len();
+            if io.read_buf(&mut (&mut *buf).limit(room)).await? == 0 {
                 return Ok(Ok(None));
             }
         }
