@@ -28,6 +28,7 @@ pub mod model;
 pub mod pg_cluster;
 pub mod process;
 pub mod proxy;
+pub mod raw;
 pub mod redis;
 pub mod sqs;
 pub mod webhooks;

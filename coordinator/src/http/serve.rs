@@ -1,5 +1,5 @@
-//! The accept loop: HTTP/1.1 and HTTP/2 over hyper, with the limits a
-//! server on an open network needs and `axum::serve` does not set.
+//! The accept loop: HTTP/1.1 served by [`h1`], HTTP/2 by hyper, with the
+//! limits a server on an open network needs and `axum::serve` does not set.
 //!
 //! - At most `RUNLEASE_MAX_CONNECTIONS` connections are open at once; one
 //!   past it is answered `503 overloaded` with `Retry-After` and closed at
@@ -12,8 +12,8 @@
 //! - Each request carries the deadline of its body
 //!   (`RUNLEASE_BODY_TIMEOUT_MS` from its head), which the JSON extractor
 //!   enforces, and its peer address.
-//! - HTTP/1.1 heads are capped at 64 KiB (a made-up method or path of
-//!   hundreds of kilobytes is refused by the parser), HTTP/2 header lists at
+//! - HTTP/1.1 heads are capped at 64 KiB and 100 fields (a made-up method
+//!   or path of hundreds of kilobytes is refused), HTTP/2 header lists at
 //!   64 KiB and 100 concurrent streams.
 //!
 //! At shutdown the loop stops accepting, asks every connection to close

@@ -3,40 +3,15 @@
 //! `HEAD`, framings it refuses, bodies over the limit, and a parked claim
 //! whose client hangs up.
 
-use std::time::Duration;
-
+use runlease_tests::raw::{self, read_to_close};
 use runlease_tests::{TestCoordinator, TestDb};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
-/// Reads until the server closes the connection (within 20 s).
-async fn read_to_close(stream: &mut TcpStream) -> String {
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut answer))
-        .await
-        .expect("the server closes the connection")
-        .unwrap();
-    String::from_utf8_lossy(&answer).into_owned()
-}
-
-/// Reads until `answer` holds `needle`.
+/// Reads until what was read holds `needle`.
 async fn read_until(stream: &mut TcpStream, needle: &str) -> String {
-    let mut answer = Vec::new();
-    while !String::from_utf8_lossy(&answer).contains(needle) {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(20), stream.read(&mut buf))
-            .await
-            .expect("answered within 20 s")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed before {needle:?}: {}",
-            String::from_utf8_lossy(&answer)
-        );
-        answer.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&answer).into_owned()
+    raw::read_until(stream, |answer| answer.contains(needle)).await
 }
 
 /// The status codes of the answers in `text`, in order.

@@ -95,16 +95,14 @@ async fn a_parked_read_answers_when_the_job_is_done() {
 /// Sends `pieces` on a new connection, a pause between them, and reads the
 /// answer (the connection stays open: it is a keep-alive one).
 async fn claim_in_pieces(addr: std::net::SocketAddr, pieces: Vec<Vec<u8>>) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     for piece in pieces {
         stream.write_all(&piece).await.unwrap();
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Until the head and as much body as it announces have come.
-    let mut answer = Vec::new();
-    let whole = |a: &[u8]| {
-        let text = String::from_utf8_lossy(a);
+    let whole = |text: &str| {
         let Some((head, body)) = text.split_once("\r\n\r\n") else {
             return false;
         };
@@ -115,20 +113,7 @@ async fn claim_in_pieces(addr: std::net::SocketAddr, pieces: Vec<Vec<u8>>) -> St
         });
         length.and_then(|v| v.parse::<usize>().ok()) == Some(body.len())
     };
-    while !whole(&answer) {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(Duration::from_secs(30), stream.read(&mut buf))
-            .await
-            .expect("answered within 30 s")
-            .unwrap();
-        assert!(
-            n > 0,
-            "closed before its answer: {}",
-            String::from_utf8_lossy(&answer)
-        );
-        answer.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&answer).into_owned()
+    runlease_tests::raw::read_until(&mut stream, whole).await
 }
 
 #[tokio::test]
