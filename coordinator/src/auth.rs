@@ -180,6 +180,27 @@ impl ApiKeys {
     pub fn lookup(&self, key: &str) -> Option<&Caller> {
         self.by_hash.get(&hash(key))
     }
+
+    /// Whether a request with these fields may have its body read: no key
+    /// is needed, or it names a configured one. A body sent without one is
+    /// not read, so a client without a key cannot make the coordinator
+    /// hold bodies (its request is answered 401 as before).
+    pub fn admits(&self, fields: &axum::http::HeaderMap) -> bool {
+        self.is_empty()
+            || fields
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(bearer)
+                .is_some_and(|key| self.lookup(key).is_some())
+    }
+}
+
+/// The key of an `Authorization` value `Bearer <key>`.
+pub fn bearer(value: &str) -> Option<&str> {
+    value
+        .strip_prefix("Bearer ")
+        .or_else(|| value.strip_prefix("bearer "))
+        .map(str::trim)
 }
 
 #[cfg(test)]

@@ -163,6 +163,10 @@ pub async fn serve(
         metrics,
     };
     start_loops(&config, &parts, &tracker, &shutdown).await?;
+    let admits: http::serve::Admits = {
+        let keys = keys.clone();
+        Arc::new(move |fields| keys.admits(fields))
+    };
     let state = Arc::new(http::Shared::new(
         &parts,
         &config,
@@ -183,6 +187,7 @@ pub async fn serve(
         listener,
         app,
         config.limits.connections(config.server.max_body_bytes),
+        admits,
         parts.metrics.clone(),
         shutdown,
     )

@@ -7,7 +7,7 @@
 //! agrees with its fields (a length is the value of every `Content-Length`
 //! element and comes without `Transfer-Encoding`; chunked is a lone
 //! `chunked` coding and comes without `Content-Length`; no body means
-//! neither, or a length of 0); the chunked decoder, given what follows the
+//! neither, or a length of 0; no empty element in either); the chunked decoder, given what follows the
 //! head in two pieces split anywhere, comes to the same body and outcome as
 //! given it whole, and never holds more than its cap.
 #![no_main]
@@ -53,12 +53,13 @@ fn framing_agrees(head: &Head) {
             .iter()
             .flat_map(|v| v.as_bytes().split(|b| *b == b','))
             .map(<[u8]>::trim_ascii)
-            .filter(|e| !e.is_empty())
             .map(<[u8]>::to_vec)
             .collect::<Vec<_>>()
     };
     let lengths = elements(CONTENT_LENGTH);
     let codings = elements(TRANSFER_ENCODING);
+    // An empty element (`Content-Length:` with no value) is refused.
+    assert!(lengths.iter().chain(&codings).all(|e| !e.is_empty()), "{lengths:?} {codings:?}");
     match head.framing {
         Framing::Length(n) => {
             assert!(n > 0 && codings.is_empty());

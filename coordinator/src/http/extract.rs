@@ -169,16 +169,12 @@ impl FromRequestParts<AppState> for Caller {
             .get(AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .ok_or_else(|| ApiError::new(ErrorCode::Unauthorized, "send Authorization: Bearer <key>"))?;
-        let key = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .map(str::trim)
-            .ok_or_else(|| {
-                ApiError::new(
-                    ErrorCode::Unauthorized,
-                    "the Authorization header must be Bearer <key>",
-                )
-            })?;
+        let key = crate::auth::bearer(header).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::Unauthorized,
+                "the Authorization header must be Bearer <key>",
+            )
+        })?;
         state
             .keys
             .lookup(key)

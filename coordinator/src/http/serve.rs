@@ -39,6 +39,7 @@ use tokio_util::task::TaskTracker;
 use tower::Service;
 
 use crate::http::h1;
+pub use crate::http::h1::Admits;
 use crate::http::watch::{
     Activity, BoxError, H2_PREFACE, InFlight, Tracked, Watch, Watched, evict_idle, lock, may_be_preface,
 };
@@ -107,11 +108,13 @@ impl Default for ConnectionLimits {
 pub struct BodyDeadline(pub Instant);
 
 /// Serves `app` on `listener` until `shutdown` fires, then waits for every
-/// connection to finish its requests.
+/// connection to finish its requests. An HTTP/1.1 request's body is read
+/// only when `admits` its fields.
 pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    admits: Admits,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
@@ -123,7 +126,13 @@ pub async fn serve(
     let open: Arc<Mutex<HashMap<u64, Arc<Activity>>>> = Arc::default();
     let mut next_id: u64 = 0;
     let connections = TaskTracker::new();
-    let server = Arc::new(Server::new(app, limits, metrics.clone(), shutdown.clone()));
+    let server = Arc::new(Server::new(
+        app,
+        limits,
+        admits,
+        metrics.clone(),
+        shutdown.clone(),
+    ));
     loop {
         let (stream, peer) = tokio::select! {
             () = shutdown.cancelled() => break,
@@ -181,6 +190,7 @@ struct Server {
     builder: auto::Builder<TokioExecutor>,
     app: Router,
     limits: ConnectionLimits,
+    admits: Admits,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 }
@@ -189,6 +199,7 @@ impl Server {
     fn new(
         app: Router,
         limits: ConnectionLimits,
+        admits: Admits,
         metrics: Arc<Metrics>,
         shutdown: CancellationToken,
     ) -> Self {
@@ -202,6 +213,7 @@ impl Server {
             builder,
             app,
             limits,
+            admits,
             metrics,
             shutdown,
         }
@@ -231,6 +243,7 @@ async fn serve_connection(server: &Server, stream: TcpStream, peer: SocketAddr, 
                 activity: &activity,
                 close: &close,
                 metrics: &server.metrics,
+                admits: &server.admits,
             };
             connection.serve(watched).await
         }

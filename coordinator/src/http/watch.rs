@@ -110,6 +110,15 @@ impl Activity {
         }
     }
 
+    /// Notes that the next request's head began arriving (read along with
+    /// the request before it), so its deadline runs.
+    pub(super) fn head_begun(&self) {
+        if self.head_since.load(Ordering::Acquire) == NONE {
+            self.head_since.store(self.now_ms(), Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+
     fn now_ms(&self) -> u64 {
         u64::try_from(self.opened.elapsed().as_millis()).unwrap_or(NONE - 1)
     }

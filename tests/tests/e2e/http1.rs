@@ -100,6 +100,17 @@ async fn ambiguous_malformed_and_oversized_requests_get_the_json_error_and_a_clo
     let cases = [
         // Both framings: how requests are smuggled past proxies.
         (format!("{head}{body}"), 400, "bad_request"),
+        // A lone LF in a chunk-size line: a proxy may end the line there.
+        (
+            "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n2;\nxx\r\nab\r\n0\r\n\r\n".to_owned(),
+            400,
+            "bad_request",
+        ),
+        (
+            "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: \r\n\r\n".to_owned(),
+            400,
+            "bad_request",
+        ),
         (
             "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
                 .to_owned(),
@@ -137,10 +148,11 @@ async fn ambiguous_malformed_and_oversized_requests_get_the_json_error_and_a_clo
         assert_eq!(last_body(&answer)["error"]["code"], code, "{answer}");
         assert!(answer.contains("connection: close\r\n"), "{answer}");
     }
-    // Counted by why, apart from the body over the limit (the router's 413).
+    // Counted by why.
     let refused = |limit: &str| format!("runlease_requests_refused_total{{limit=\"{limit}\"}}");
-    assert_eq!(c.api.metric(&refused("malformed")).await, 3.0);
+    assert_eq!(c.api.metric(&refused("malformed")).await, 5.0);
     assert_eq!(c.api.metric(&refused("head_bytes")).await, 1.0);
+    assert_eq!(c.api.metric(&refused("body_bytes")).await, 1.0);
     let (status, jobs) = c.api.get("/v1/jobs?queue=refused").await;
     assert_eq!(status, 200);
     assert_eq!(jobs["jobs"], json!([]), "nothing refused was enqueued");
@@ -200,4 +212,49 @@ async fn a_claim_parked_by_a_client_that_hung_up_is_dropped_and_its_job_goes_to_
     let leases = c.api.claim("hung-up", "next", 1).await;
     assert_eq!(leases.len(), 1, "the job was leased to the client that hung up");
     assert_eq!(leases[0].job_id, job.id);
+}
+
+#[tokio::test]
+async fn a_body_is_not_read_without_a_key_nor_past_the_limit() {
+    const PRODUCER: &str = "producer-key-0123456789";
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |config| {
+        config.keys.api_keys = Some(format!("producer:{PRODUCER}"));
+        config.server.max_body_bytes = 1024;
+        // Far past the reads' 20 s: an answer that waited for the body
+        // would not come in time.
+        config.limits.body_timeout_ms = 120_000;
+    })
+    .await;
+    // No key, or an unknown one: answered 401 without waiting for the body
+    // it announces, and the connection closed.
+    for key in ["", "Authorization: Bearer not-a-key-0123456789\r\n"] {
+        let mut stream = TcpStream::connect(c.addr).await.unwrap();
+        let head = format!("POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n{key}Content-Length: 1000\r\n\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let answer = read_to_close(&mut stream).await;
+        assert_eq!(statuses(&answer), [401], "{answer}");
+        assert_eq!(last_body(&answer)["error"]["code"], "unauthorized");
+    }
+    // A key, and a length over the limit: 413 at once, no `100 Continue`.
+    let mut stream = TcpStream::connect(c.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {PRODUCER}\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let answer = read_to_close(&mut stream).await;
+    assert_eq!(statuses(&answer), [413], "{answer}");
+    assert_eq!(last_body(&answer)["error"]["code"], "too_large");
+    // With the key and a body within the limit, it is read as ever.
+    let (head, body) = enqueue_head(
+        "keyed",
+        "1",
+        &format!("Authorization: Bearer {PRODUCER}\r\nConnection: close\r\n"),
+    );
+    let mut stream = TcpStream::connect(c.addr).await.unwrap();
+    stream
+        .write_all(format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    assert_eq!(statuses(&read_to_close(&mut stream).await), [201]);
 }

@@ -38,12 +38,15 @@ pub(super) async fn write<W: AsyncWrite + Unpin>(
     let bodiless =
         status.is_informational() || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED;
     let length = body.size_hint().exact();
-    let chunked = !bodiless && length.is_none() && !framing.http10;
+    // A length the router set is kept (and the body sent as it is).
+    let set_length = parts.headers.contains_key(header::CONTENT_LENGTH);
+    let chunked = !bodiless && length.is_none() && !set_length && !framing.http10;
     let says_close = parts
         .headers
         .get(header::CONNECTION)
         .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-    let keep_alive = framing.keep_alive && !says_close && (bodiless || length.is_some() || chunked);
+    let keep_alive =
+        framing.keep_alive && !says_close && (bodiless || length.is_some() || set_length || chunked);
     let inline = length
         .filter(|n| *n as usize <= INLINE_BODY && !framing.head_only)
         .unwrap_or(0);
@@ -54,7 +57,11 @@ pub(super) async fn write<W: AsyncWrite + Unpin>(
     out.extend_from_slice(status.canonical_reason().unwrap_or("Unknown").as_bytes());
     out.extend_from_slice(b"\r\n");
     for (name, value) in &parts.headers {
-        if name == header::CONNECTION || name == header::TRANSFER_ENCODING {
+        // No length on an answer that has no body (a 304 would claim one).
+        if name == header::CONNECTION
+            || name == header::TRANSFER_ENCODING
+            || (bodiless && name == header::CONTENT_LENGTH)
+        {
             continue;
         }
         field(&mut out, name.as_str().as_bytes(), value.as_bytes());
@@ -62,7 +69,7 @@ pub(super) async fn write<W: AsyncWrite + Unpin>(
     if !parts.headers.contains_key(header::DATE) {
         with_date(|date| field(&mut out, b"date", date));
     }
-    if !bodiless && !parts.headers.contains_key(header::CONTENT_LENGTH) {
+    if !bodiless && !set_length {
         match length {
             Some(n) => {
                 out.extend_from_slice(b"content-length: ");
@@ -230,5 +237,18 @@ mod tests {
         assert!(!keep);
         assert!(!text.contains("content-length"), "{text}");
         assert!(text.ends_with("connection: close\r\n\r\n"), "{text}");
+        // axum gives a 304 a length of 0: it is not sent.
+        let response = Response::builder()
+            .status(304)
+            .header("content-length", "0")
+            .header("etag", "\"v1\"")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        let (text, keep) = written(response, KEEP).await;
+        assert!(keep);
+        assert!(
+            !text.contains("content-length") && text.contains("etag: \"v1\""),
+            "{text}"
+        );
     }
 }

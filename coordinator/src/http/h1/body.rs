@@ -192,6 +192,9 @@ impl Chunked {
                     if self.trailer_bytes > MAX_TRAILERS {
                         return Err("the trailer fields are too long");
                     }
+                    if !valid_line(&input[..end]) {
+                        return Err("a trailer field holds a control byte");
+                    }
                     input.advance(end + 2);
                     if end == 0 {
                         self.state = State::Done;
@@ -213,15 +216,28 @@ fn line_end(input: &[u8]) -> Option<usize> {
     input.windows(2).position(|w| w == b"\r\n")
 }
 
-/// A chunk-size line's size, before its extensions.
+/// A chunk-size line's size: hexadecimal digits from its first byte, then
+/// only spaces or tabs before its extensions (`;...`). A line holding a
+/// lone CR or LF, or another control byte, is refused: a proxy in front
+/// may end the line there and read the body otherwise.
 fn chunk_size(line: &[u8]) -> Option<u64> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
+    if !valid_line(line) {
         return None;
     }
-    digits.iter().try_fold(0u64, |n, d| {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let (size, rest) = line.split_at(digits);
+    let rest = rest.trim_ascii_start();
+    if digits == 0 || digits > 15 || !(rest.is_empty() || rest.starts_with(b";")) {
+        return None;
+    }
+    size.iter().try_fold(0u64, |n, d| {
         char::from(*d).to_digit(16).map(|d| n * 16 + u64::from(d))
     })
+}
+
+/// Whether a chunk-size or trailer line holds no control byte but tabs.
+fn valid_line(line: &[u8]) -> bool {
+    line.iter().all(|b| *b == b'\t' || !b.is_ascii_control())
 }
 
 #[cfg(test)]
@@ -249,7 +265,7 @@ mod tests {
 
     #[test]
     fn chunks_in_pieces_of_every_size_decode_to_the_body_and_leave_what_follows() {
-        let input = b"5;ext=1\r\nhello\r\n19\r\n, and twenty-one more ok.\r\n0\r\nX-Trailer: t\r\n\r\nGET /";
+        let input = b"5 ;ext=1\r\nhello\r\n19\r\n, and twenty-one more ok.\r\n0\r\nX-Trailer: t\r\n\r\nGET /";
         for step in 1..=input.len() {
             let (step_result, out, rest) = decode_in_steps(input, step, 1024);
             assert_eq!(step_result, Ok(Step::Done), "pieces of {step}");
@@ -267,7 +283,19 @@ mod tests {
 
     #[test]
     fn malformed_chunks_are_refused() {
-        for input in [&b"zz\r\n"[..], b"\r\n", b"5\r\nhelloXX", b"1234567890123456\r\n"] {
+        for input in [
+            &b"zz\r\n"[..],
+            b"\r\n",
+            b"5\r\nhelloXX",
+            b"1234567890123456\r\n",
+            // A lone LF or CR in the line, or space before the size: a proxy
+            // may read these lines otherwise.
+            b"2;\nxx\r\nab\r\n0\r\n\r\n",
+            b"2\r;x\r\nab\r\n0\r\n\r\n",
+            b" 2\r\nab\r\n0\r\n\r\n",
+            b"2 x\r\nab\r\n0\r\n\r\n",
+            b"2\r\nab\r\n0\r\nX-T: a\nb\r\n\r\n",
+        ] {
             let (result, ..) = decode_in_steps(input, 64, 1024);
             assert!(result.is_err(), "{:?}", String::from_utf8_lossy(input));
         }

@@ -134,7 +134,8 @@ fn build(bytes: &Bytes, found: Found) -> Result<Head, &'static str> {
     })
 }
 
-/// The comma-separated, trimmed, non-empty elements of every `name` field.
+/// The comma-separated, trimmed elements of every `name` field (empty ones
+/// too).
 fn elements<'a>(request: &'a Request<()>, name: &HeaderName) -> impl Iterator<Item = &'a [u8]> {
     request
         .headers()
@@ -142,13 +143,12 @@ fn elements<'a>(request: &'a Request<()>, name: &HeaderName) -> impl Iterator<It
         .iter()
         .flat_map(|v| v.as_bytes().split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
-        .filter(|e| !e.is_empty())
 }
 
 /// The body's framing. A request with both `Transfer-Encoding` and
-/// `Content-Length`, or a transfer coding other than chunked alone, is
-/// refused: it is how requests are smuggled past a proxy that frames them
-/// otherwise.
+/// `Content-Length`, a transfer coding other than chunked alone, or an
+/// empty element in either (`Content-Length:` with no value) is refused:
+/// it is how requests are smuggled past a proxy that frames them otherwise.
 fn framing(request: &Request<()>) -> Result<Framing, &'static str> {
     let fields = request.headers();
     if fields.contains_key(header::TRANSFER_ENCODING) {
@@ -193,7 +193,7 @@ fn decimal(digits: &[u8]) -> Option<u64> {
 fn connection_options(request: &Request<()>) -> (bool, bool) {
     let mut close = false;
     let mut keep_alive = false;
-    for option in elements(request, &header::CONNECTION) {
+    for option in elements(request, &header::CONNECTION).filter(|e| !e.is_empty()) {
         close |= option.eq_ignore_ascii_case(b"close");
         keep_alive |= option.eq_ignore_ascii_case(b"keep-alive");
     }
@@ -275,6 +275,11 @@ mod tests {
             "Transfer-Encoding: gzip, chunked\r\n",
             "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
             "Transfer-Encoding: identity\r\n",
+            "Transfer-Encoding: chunked,\r\n",
+            "Transfer-Encoding: , chunked\r\n",
+            "Content-Length: \r\n",
+            "Content-Length: ,\r\n",
+            "Content-Length: 5,\r\n",
         ] {
             refused(&with(fields));
         }

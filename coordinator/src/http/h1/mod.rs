@@ -30,7 +30,7 @@ use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, Version};
 use axum::response::IntoResponse;
 use axum::routing::future::RouteFuture;
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use runlease_protocol::ErrorCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -60,6 +60,29 @@ pub(super) struct Connection<'a> {
     /// Told to close the connection gracefully (the watchdog's decision).
     pub(super) close: &'a Notify,
     pub(super) metrics: &'a Metrics,
+    /// Whether a request's body may be read (see [`Admits`]).
+    pub(super) admits: &'a Admits,
+}
+
+/// Whether a request's body may be read, from its fields: a body sent
+/// without a key the router would accept is not read (its request is
+/// answered by the router, the connection then closed).
+pub type Admits = std::sync::Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>;
+
+/// A request refused before the router saw it: the answer, and the
+/// `limit` label it is counted under in `runlease_requests_refused_total`.
+struct Refused {
+    limit: &'static str,
+    error: ApiError,
+}
+
+impl Refused {
+    fn malformed(message: impl Into<String>) -> Self {
+        Self {
+            limit: "malformed",
+            error: ApiError::bad_request(message),
+        }
+    }
 }
 
 /// What came of reading a request's body.
@@ -67,7 +90,7 @@ enum Arrived {
     /// The body for the router, and whether it was read whole (if not, the
     /// connection ends after the answer).
     Body(axum::body::Body, bool),
-    Refused(ApiError),
+    Refused(Refused),
     Gone,
 }
 
@@ -90,9 +113,9 @@ impl Connection<'_> {
             let (call, framing, in_flight) = match self.request(&mut io, &mut buf).await? {
                 Ok(Some(call)) => call,
                 Ok(None) => return Ok(()),
-                Err(error) => {
-                    self.count_refused(&error);
-                    return Ok(Box::pin(refuse(&mut io, error)).await?);
+                Err(refused) => {
+                    self.count_refused(&refused);
+                    return Ok(Box::pin(refuse(&mut io, refused.error)).await?);
                 }
             };
             tokio::pin!(call);
@@ -110,20 +133,22 @@ impl Connection<'_> {
                 let _ = io.shutdown().await;
                 return Ok(());
             }
+            if !buf.is_empty() {
+                // The next head began arriving with this request: its
+                // deadline runs from now.
+                self.activity.head_begun();
+            }
         }
     }
 
     /// Counts a request refused before the router saw it, and logs why.
-    fn count_refused(&self, error: &ApiError) {
-        let limit = match error.code {
-            ErrorCode::TooLarge => "head_bytes",
-            _ => "malformed",
-        };
+    fn count_refused(&self, refused: &Refused) {
+        let limit = refused.limit;
         self.metrics
             .requests_refused
             .get_or_create(&RefusedLabels { limit })
             .inc();
-        tracing::debug!(peer = %self.peer, limit, "refused an HTTP/1.1 request: {}", error.message);
+        tracing::debug!(peer = %self.peer, limit, "refused an HTTP/1.1 request: {}", refused.error.message);
     }
 
     /// The next request, read whole, as the router's call; `Ok(None)` when
@@ -133,7 +158,7 @@ impl Connection<'_> {
         &self,
         io: &mut Watched,
         buf: &mut BytesMut,
-    ) -> std::io::Result<Result<Option<Call>, ApiError>> {
+    ) -> std::io::Result<Result<Option<Call>, Refused>> {
         let head = match self.read_head(io, buf).await? {
             Ok(Some(head)) => head,
             Ok(None) => return Ok(Ok(None)),
@@ -141,8 +166,26 @@ impl Connection<'_> {
         };
         let in_flight = InFlight::start(self.activity);
         let deadline = Instant::now() + self.limits.body_timeout;
+        let admitted = head.framing == head::Framing::Empty || (self.admits)(head.request.headers());
+        if let head::Framing::Length(length) = head.framing
+            && admitted
+            && length > self.limits.max_body_bytes as u64
+        {
+            // Answered before a byte of it is read (nor `100 Continue` sent).
+            let error = ApiError::new(
+                ErrorCode::TooLarge,
+                "request body is larger than RUNLEASE_MAX_BODY_BYTES",
+            );
+            return Ok(Err(Refused {
+                limit: "body_bytes",
+                error,
+            }));
+        }
         let (body, whole) = if head.framing == head::Framing::Empty {
             (axum::body::Body::empty(), true)
+        } else if !admitted {
+            // The router refuses it for its key; the body is left unread.
+            (axum::body::Body::empty(), false)
         } else {
             match Box::pin(self.read_body(io, buf, head.framing, head.expects_continue, deadline)).await? {
                 Arrived::Body(body, whole) => (body, whole),
@@ -172,38 +215,38 @@ impl Connection<'_> {
         &self,
         io: &mut Watched,
         buf: &mut BytesMut,
-    ) -> std::io::Result<Result<Option<Head>, ApiError>> {
+    ) -> std::io::Result<Result<Option<Head>, Refused>> {
         // Bytes already looked at for a head's end: a head sent a byte at a
         // time is parsed once, not once per byte.
         let mut scanned: usize = 0;
         loop {
+            // Empty lines before a request line are ignored (as HTTP/1.1
+            // allows), and not kept: a stream of them is not parsed again
+            // and again.
+            let blank = buf.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+            buf.advance(blank);
+            scanned = scanned.saturating_sub(blank);
             if !buf.is_empty() && (scanned == 0 || head::may_end(&buf[scanned - 3.min(scanned)..])) {
                 match head::parse(buf) {
                     Ok(Some(head)) => return Ok(Ok(Some(head))),
                     Ok(None) => {}
-                    Err(message) => return Ok(Err(ApiError::bad_request(message))),
+                    Err(message) => return Ok(Err(Refused::malformed(message))),
                 }
             }
             if buf.len() >= MAX_HEAD_BYTES {
-                let message = "the request head is larger than 64 KiB";
-                return Ok(Err(ApiError::new(ErrorCode::TooLarge, message)));
+                let error = ApiError::new(ErrorCode::TooLarge, "the request head is larger than 64 KiB");
+                return Ok(Err(Refused {
+                    limit: "head_bytes",
+                    error,
+                }));
             }
             scanned = buf.len();
-            if buf.is_empty() {
-                // Between requests: no buffer until bytes arrive, so an idle
-                // connection holds none. Told to close, it closes.
-                tokio::select! {
-                    ready = io.inner.readable() => ready?,
-                    () = self.close.notified() => return Ok(Ok(None)),
-                }
-            }
-            if buf.capacity() - buf.len() < FIRST_READ / 2 {
-                buf.reserve(buf.len().max(FIRST_READ));
-            }
-            // Never more than the largest head: one past it is refused.
-            let room = MAX_HEAD_BYTES - buf.len();
-            if io.read_buf(&mut (&mut *buf).limit(room)).await? == 0 {
-                return Ok(Ok(None));
+            // Told to close, it closes (a head begun is dropped).
+            tokio::select! {
+                read = fill(io, buf) => if read? == 0 {
+                    return Ok(Ok(None));
+                },
+                () = self.close.notified() => return Ok(Ok(None)),
             }
         }
     }
@@ -226,7 +269,7 @@ impl Connection<'_> {
                 Read::Whole(bytes) => Arrived::Body(axum::body::Body::from(bytes), true),
                 // The router's body limit answers 413.
                 Read::Over(bytes) => Arrived::Body(axum::body::Body::from(bytes), false),
-                Read::Malformed(message) => Arrived::Refused(ApiError::bad_request(message)),
+                Read::Malformed(message) => Arrived::Refused(Refused::malformed(message)),
                 Read::Gone => Arrived::Gone,
             },
             // The router's body deadline, passed already, answers 400.
@@ -263,6 +306,20 @@ impl Connection<'_> {
             }
         }
     }
+}
+
+/// Reads more of a head into `buf`: between requests it takes no buffer
+/// until the socket is readable, so an idle connection holds none, and it
+/// never reads past the largest head (one past it is refused).
+async fn fill(io: &mut Watched, buf: &mut BytesMut) -> std::io::Result<usize> {
+    if buf.is_empty() {
+        io.inner.readable().await?;
+    }
+    if buf.capacity() - buf.len() < FIRST_READ / 2 {
+        buf.reserve(buf.len().max(FIRST_READ));
+    }
+    let room = MAX_HEAD_BYTES - buf.len();
+    io.read_buf(&mut (&mut *buf).limit(room)).await
 }
 
 /// Whether the peer closed the connection (true) or sent more bytes
