@@ -1,11 +1,18 @@
 //! Raw HTTP/1.1 over a socket, for tests of what a client may send that
-//! an HTTP library would not: reading an answer until a condition holds or
-//! until the server closes the connection.
+//! an HTTP library would not: sending bytes on a new connection, reading an
+//! answer until a condition holds or until the server closes the connection.
 
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// Opens a connection to `addr` and sends `request` on it.
+pub async fn send(addr: std::net::SocketAddr, request: impl AsRef<[u8]>) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request.as_ref()).await.unwrap();
+    stream
+}
 
 /// Reads from `stream` until what was read satisfies `whole` (20 s at
 /// most; panics if the server closes the connection first); what was read.

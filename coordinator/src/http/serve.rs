@@ -107,6 +107,13 @@ impl Default for ConnectionLimits {
 #[derive(Debug, Clone, Copy)]
 pub struct BodyDeadline(pub Instant);
 
+/// Gives a request what the router reads of its connection: the peer's
+/// address and its body's deadline.
+pub(super) fn mark(extensions: &mut axum::http::Extensions, peer: SocketAddr, body_deadline: Instant) {
+    extensions.insert(ConnectInfo(peer));
+    extensions.insert(BodyDeadline(body_deadline));
+}
+
 /// Serves `app` on `listener` until `shutdown` fires, then waits for every
 /// connection to finish its requests. An HTTP/1.1 request's body is read
 /// only when `admits` its fields.
@@ -273,10 +280,11 @@ async fn serve_auto(
     let service_activity = watched.activity.clone();
     let service = hyper::service::service_fn(move |mut request: hyper::Request<Incoming>| {
         let guard = InFlight::start(&service_activity);
-        request.extensions_mut().insert(ConnectInfo(peer));
-        request
-            .extensions_mut()
-            .insert(BodyDeadline(Instant::now() + limits.body_timeout));
+        mark(
+            request.extensions_mut(),
+            peer,
+            Instant::now() + limits.body_timeout,
+        );
         let mut app = app.clone();
         async move {
             let response = app.call(request).await?;

@@ -110,8 +110,9 @@ impl Activity {
         }
     }
 
-    /// Notes that the next request's head began arriving (read along with
-    /// the request before it), so its deadline runs.
+    /// Notes that the next request's head began arriving (read while no
+    /// request is in flight, or along with the one before it), so its
+    /// deadline runs.
     pub(super) fn head_begun(&self) {
         if self.head_since.load(Ordering::Acquire) == NONE {
             self.head_since.store(self.now_ms(), Ordering::Release);
@@ -167,13 +168,8 @@ impl AsyncRead for Watched {
             let first = &buf.filled()[before..];
             this.activity.h2.store(may_be_preface(first), Ordering::Release);
         }
-        if buf.filled().len() > before
-            && this.activity.in_flight.load(Ordering::Acquire) == 0
-            && this.activity.head_since.load(Ordering::Acquire) == NONE
-        {
-            let now = this.activity.now_ms();
-            this.activity.head_since.store(now, Ordering::Release);
-            this.activity.changed.notify_one();
+        if buf.filled().len() > before && this.activity.in_flight.load(Ordering::Acquire) == 0 {
+            this.activity.head_begun();
         }
         polled
     }

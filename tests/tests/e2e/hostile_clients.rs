@@ -17,8 +17,7 @@ const PRODUCER: &str = "producer-key-0123456789";
 /// Sends `request` on a new connection and reads until the server closes it
 /// or `within` passes; the bytes read.
 async fn raw(addr: std::net::SocketAddr, request: &[u8], within: Duration) -> String {
-    let mut stream = TcpStream::connect(addr).await.unwrap();
-    stream.write_all(request).await.unwrap();
+    let mut stream = runlease_tests::raw::send(addr, request).await;
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(within, stream.read_to_end(&mut answer)).await;
     String::from_utf8_lossy(&answer).into_owned()

@@ -44,8 +44,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
     let requests = format!(
         "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n{head}{body}GET /v1/nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     );
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream.write_all(requests.as_bytes()).await.unwrap();
+    let mut stream = raw::send(c.addr, requests).await;
     let answers = read_to_close(&mut stream).await;
     assert_eq!(statuses(&answers), [200, 201, 404, 200], "{answers}");
     assert!(answers.contains("\"code\":\"not_found\""), "{answers}");
@@ -57,13 +56,7 @@ async fn pipelined_requests_are_answered_in_order_on_one_connection() {
 async fn a_chunked_body_after_100_continue_is_read_like_any_other() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream
-        .write_all(
-            b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n",
-        )
-        .await
-        .unwrap();
+    let mut stream = raw::send(c.addr, b"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nExpect: 100-continue\r\nTransfer-Encoding: chunked\r\n\r\n").await;
     let continued = read_until(&mut stream, "\r\n\r\n").await;
     assert_eq!(continued, "HTTP/1.1 100 Continue\r\n\r\n");
     let body = br#"{"queue":"chunked","payload":{"text":"in pieces"}}"#;
@@ -141,8 +134,7 @@ async fn ambiguous_malformed_and_oversized_requests_get_the_json_error_and_a_clo
         ),
     ];
     for (request, status, code) in cases {
-        let mut stream = TcpStream::connect(c.addr).await.unwrap();
-        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut stream = raw::send(c.addr, &request).await;
         let answer = read_to_close(&mut stream).await;
         assert_eq!(statuses(&answer), [status], "{request:.120}: {answer}");
         assert_eq!(last_body(&answer)["error"]["code"], code, "{answer}");
@@ -162,17 +154,12 @@ async fn ambiguous_malformed_and_oversized_requests_get_the_json_error_and_a_clo
 async fn http10_closes_unless_kept_alive_and_head_answers_carry_no_body() {
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream.write_all(b"GET /healthz HTTP/1.0\r\n\r\n").await.unwrap();
+    let mut stream = raw::send(c.addr, b"GET /healthz HTTP/1.0\r\n\r\n").await;
     let answer = read_to_close(&mut stream).await;
     assert_eq!(statuses(&answer), [200], "{answer}");
     assert!(answer.contains("connection: close\r\n"), "{answer}");
 
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream
-        .write_all(b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
-        .await
-        .unwrap();
+    let mut stream = raw::send(c.addr, b"GET /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n").await;
     let answer = read_until(&mut stream, "\"status\"").await;
     assert!(answer.contains("connection: keep-alive\r\n"), "{answer}");
     stream
@@ -192,17 +179,11 @@ async fn a_claim_parked_by_a_client_that_hung_up_is_dropped_and_its_job_goes_to_
     let db = TestDb::new().await;
     let c = TestCoordinator::start(&db).await;
     let body = r#"{"queues":["hung-up"],"worker_id":"gone","max_jobs":1,"wait_ms":30000}"#;
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream
-        .write_all(
-            format!(
+    let stream = raw::send(c.addr, format!(
                 "POST /v1/claim HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
-            .as_bytes(),
-        )
-        .await
-        .unwrap();
+            ).await;
     c.api.until_claims_parked(1).await;
     drop(stream);
     c.api
@@ -229,19 +210,17 @@ async fn a_body_is_not_read_without_a_key_nor_past_the_limit() {
     // No key, or an unknown one: answered 401 without waiting for the body
     // it announces, and the connection closed.
     for key in ["", "Authorization: Bearer not-a-key-0123456789\r\n"] {
-        let mut stream = TcpStream::connect(c.addr).await.unwrap();
         let head = format!("POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\n{key}Content-Length: 1000\r\n\r\n");
-        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut stream = raw::send(c.addr, head).await;
         let answer = read_to_close(&mut stream).await;
         assert_eq!(statuses(&answer), [401], "{answer}");
         assert_eq!(last_body(&answer)["error"]["code"], "unauthorized");
     }
     // A key, and a length over the limit: 413 at once, no `100 Continue`.
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
     let head = format!(
         "POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {PRODUCER}\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n"
     );
-    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut stream = raw::send(c.addr, head).await;
     let answer = read_to_close(&mut stream).await;
     assert_eq!(statuses(&answer), [413], "{answer}");
     assert_eq!(last_body(&answer)["error"]["code"], "too_large");
@@ -251,10 +230,6 @@ async fn a_body_is_not_read_without_a_key_nor_past_the_limit() {
         "1",
         &format!("Authorization: Bearer {PRODUCER}\r\nConnection: close\r\n"),
     );
-    let mut stream = TcpStream::connect(c.addr).await.unwrap();
-    stream
-        .write_all(format!("{head}{body}").as_bytes())
-        .await
-        .unwrap();
+    let mut stream = raw::send(c.addr, format!("{head}{body}")).await;
     assert_eq!(statuses(&read_to_close(&mut stream).await), [201]);
 }

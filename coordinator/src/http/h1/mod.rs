@@ -26,7 +26,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::ConnectInfo;
 use axum::http::{Method, Request, Version};
 use axum::response::IntoResponse;
 use axum::routing::future::RouteFuture;
@@ -39,7 +38,7 @@ use tokio::time::Instant;
 use tower::Service;
 
 use crate::http::error::ApiError;
-use crate::http::serve::{BodyDeadline, ConnectionLimits, MAX_HEAD_BYTES};
+use crate::http::serve::{ConnectionLimits, MAX_HEAD_BYTES, mark};
 use crate::http::watch::{Activity, BoxError, InFlight, Watched};
 use crate::metrics::{Metrics, RefusedLabels};
 
@@ -203,8 +202,7 @@ impl Connection<'_> {
             keep_alive: head.keep_alive && whole,
         };
         let (mut parts, ()) = head.request.into_parts();
-        parts.extensions.insert(ConnectInfo(self.peer));
-        parts.extensions.insert(BodyDeadline(deadline));
+        mark(&mut parts.extensions, self.peer, deadline);
         let call = self.app.clone().call(Request::from_parts(parts, body));
         Ok(Ok(Some((call, framing, in_flight))))
     }
