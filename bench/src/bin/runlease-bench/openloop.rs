@@ -26,6 +26,12 @@
 //! last enqueue was due; a job not started by then counts in neither
 //! latency and shows as fewer started than acknowledged, and an enqueue
 //! not answered by then counts as not acknowledged.
+//!
+//! For runlease the CPU of that window is reported too, per job done: its
+//! database's backends, the coordinator process and this process (the
+//! enqueues and the workers), and the share of the machine's cores that
+//! were busy, so a run can tell a system that keeps up from one that had no
+//! core to spare.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -39,7 +45,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::drain::{Build, CLAIM_WAIT_MS, QUEUE, rides};
-use crate::stats::percentile;
+use crate::stats::{BackendCpu, Cpu, ns_us, percentile, process_ticks, ticks_us};
 
 /// Latencies of one kind, ms from when the enqueue was due.
 #[derive(Debug, Clone, Copy, Default, Deserialize)]
@@ -78,6 +84,57 @@ pub struct OpenLoop {
     pub ack: Lat,
     pub start: Lat,
     pub done: Lat,
+    /// runlease's CPU over the run (graphile-worker's peer reports none).
+    #[serde(default)]
+    pub cpu: Option<CpuPerJob>,
+}
+
+/// CPU µs per job done, from the first enqueue due to the end of the run,
+/// and how busy the machine was meanwhile.
+#[derive(Debug, Clone, Copy, Deserialize)]
+pub struct CpuPerJob {
+    /// The run's database's backends.
+    pub pg_us: f64,
+    /// The coordinator process.
+    pub coordinator_us: f64,
+    /// This process: the enqueues and the outside workers.
+    pub bench_us: f64,
+    /// The share of the machine's cores busy, 0 to 1.
+    pub machine_busy: f64,
+}
+
+/// The CPU counters a run starts from.
+struct CpuStart {
+    pg: BackendCpu,
+    coordinator: u64,
+    machine: Cpu,
+    at: Instant,
+}
+
+impl CpuStart {
+    async fn now(db: &str, coordinator: u32) -> Self {
+        Self {
+            pg: BackendCpu::start(db).await,
+            coordinator: process_ticks(coordinator).unwrap_or(0),
+            machine: Cpu::now(),
+            at: Instant::now(),
+        }
+    }
+
+    /// What was spent since, per job of `jobs`.
+    async fn per_job(self, coordinator: u32, jobs: usize) -> CpuPerJob {
+        let n = jobs.max(1) as f64;
+        let (machine, wall) = (Cpu::now(), self.at.elapsed());
+        let coordinator = process_ticks(coordinator)
+            .unwrap_or(0)
+            .saturating_sub(self.coordinator);
+        CpuPerJob {
+            pg_us: ns_us(self.pg.stop().await) / n,
+            coordinator_us: ticks_us(coordinator) / n,
+            bench_us: machine.per_job_since(self.machine, jobs.max(1)).0,
+            machine_busy: machine.busy_share_since(self.machine, wall),
+        }
+    }
 }
 
 impl OpenLoop {
@@ -228,6 +285,8 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
         changed: Notify::new(),
     });
     let stop = CancellationToken::new();
+    let pid = process.child.id().expect("the coordinator is running");
+    let cpu = CpuStart::now(&db.name, pid).await;
     let t0 = Instant::now();
     let workers: Vec<_> = (0..offer.workers)
         .map(|w| {
@@ -280,6 +339,7 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
             break;
         }
     }
+    let cpu = cpu.per_job(pid, tally.done.load(Ordering::Relaxed)).await;
     stop.cancel();
     let (mut starts, mut dones) = (Vec::new(), Vec::new());
     for w in workers {
@@ -301,6 +361,7 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
         ack: Lat::of(acks),
         start: Lat::of(starts),
         done: Lat::of(dones),
+        cpu: Some(cpu),
     })
 }
 
@@ -408,7 +469,7 @@ fn peer_of<'a>(runs: &'a [Row], row: &Row) -> Option<&'a OpenLoop> {
 
 fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
     println!(
-        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (an open loop: late answers do not slow the offer), {rounds} round(s); runlease: POST /v1/jobs over a keep-alive pool of the connections shown, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over a pool of the PostgreSQL connections shown, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; failed: answered with an error (the rest of those not acknowledged were unanswered at the deadline); a job not started within {} s of the last enqueue counts in no latency\n",
+        "runlease-bench open-loop: one enqueue per job, due at a fixed rate for {} s (an open loop: late answers do not slow the offer), {rounds} round(s); runlease: POST /v1/jobs over a keep-alive pool of the connections shown, {} outside HTTP workers claiming up to {} (start = the worker received the lease, done = its /v1/finish answered); graphile-worker 0.17: addJob over a pool of the PostgreSQL connections shown, {} concurrent jobs in its batched mode (start = task function called, done = job:complete); all times ms from when the enqueue was due; failed: answered with an error (the rest of those not acknowledged were unanswered at the deadline); a job not started within {} s of the last enqueue counts in no latency; CPU (runlease only): µs per job done of its database's backends, the coordinator and this process (enqueues and workers), from the first enqueue to the end of the run, and the share of the machine's cores busy meanwhile\n",
         offer.seconds,
         offer.workers,
         offer.concurrency,
@@ -416,17 +477,26 @@ fn print_runs(runs: &[Row], rounds: usize, offer: Offer) {
         offer.grace.as_secs()
     );
     println!(
-        "| offered jobs/s | round | system | enqueue connections | acknowledged | failed | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's |"
+        "| offered jobs/s | round | system | enqueue connections | acknowledged | failed | started | enqueue→ack p50 / p99 / max | enqueue→start p50 / p99 / max | enqueue→done p50 / p99 / max | p99 start ÷ graphile-worker's | CPU µs/job PG / coordinator / bench | machine busy |"
     );
-    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in runs {
         let r = &row.r;
         let ratio = match (peer_of(runs, row).and_then(|p| p.start.p99), r.start.p99) {
             (Some(p), Some(t)) if row.name != GRAPHILE && p > 0.0 => format!("{:.2}", t / p),
             _ => "–".to_owned(),
         };
+        let (cpu, busy) = r.cpu.map_or_else(
+            || ("–".to_owned(), "–".to_owned()),
+            |c| {
+                (
+                    format!("{:.0} / {:.0} / {:.0}", c.pg_us, c.coordinator_us, c.bench_us),
+                    format!("{:.0}%", c.machine_busy * 100.0),
+                )
+            },
+        );
         println!(
-            "| {} | {} | {} | {} | {:.2}% ({}/{}) | {} | {} | {} | {} | {} | {ratio} |",
+            "| {} | {} | {} | {} | {:.2}% ({}/{}) | {} | {} | {} | {} | {} | {ratio} | {cpu} | {busy} |",
             row.rate,
             row.round,
             row.name,
@@ -503,6 +573,7 @@ mod tests {
             (r.offered, r.acked, r.start.p99, r.done.p50),
             (600, 598, Some(19.0), None)
         );
+        assert!(r.cpu.is_none(), "the peer reports no CPU");
         assert!((r.acked_share() - 598.0 / 600.0).abs() < 1e-12);
     }
 

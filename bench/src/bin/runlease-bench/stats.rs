@@ -95,6 +95,14 @@ impl Cpu {
         }
     }
 
+    /// The share of the machine's cores that were busy (anything but idle
+    /// and I/O wait) since `earlier`, over `wall` of wall-clock time.
+    pub fn busy_share_since(self, earlier: Cpu, wall: Duration) -> f64 {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        let busy = self.busy.saturating_sub(earlier.busy) as f64 / TICKS_PER_SEC;
+        busy / (wall.as_secs_f64() * cores).max(f64::MIN_POSITIVE)
+    }
+
     /// CPU µs per job since `earlier`: (this process, everything else —
     /// PostgreSQL, essentially).
     pub fn per_job_since(self, earlier: Cpu, jobs: usize) -> (f64, f64) {
