@@ -4,6 +4,10 @@
 -- migrations are the source; a test (tests/tests/e2e/schema_snapshot.rs)
 -- fails when this file and a freshly migrated database disagree, and
 -- RUNLEASE_WRITE_SCHEMA=1 with that test writes it again.
+-- Name: attempt_budget; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.attempt_budget AS integer;
+
 -- Name: attempt_outcome; Type: TYPE; Schema: public; Owner: -
 
 CREATE TYPE public.attempt_outcome AS ENUM (
@@ -13,6 +17,30 @@ CREATE TYPE public.attempt_outcome AS ENUM (
     'lease_expired',
     'cancelled'
 );
+
+-- Name: backoff_factor; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.backoff_factor AS double precision;
+
+-- Name: backoff_jitter; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.backoff_jitter AS double precision;
+
+-- Name: backoff_ms; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.backoff_ms AS bigint;
+
+-- Name: dependency_count; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.dependency_count AS integer;
+
+-- Name: dependency_failure; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.dependency_failure AS text;
+
+-- Name: job_count; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.job_count AS integer;
 
 -- Name: job_state; Type: TYPE; Schema: public; Owner: -
 
@@ -25,6 +53,18 @@ CREATE TYPE public.job_state AS ENUM (
     'enqueue_failed',
     'blocked'
 );
+
+-- Name: lease_timeout_ms; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.lease_timeout_ms AS bigint;
+
+-- Name: retry_window_ms; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.retry_window_ms AS bigint;
+
+-- Name: trace_context; Type: DOMAIN; Schema: public; Owner: -
+
+CREATE DOMAIN public.trace_context AS text;
 
 -- Name: job_attempts_insert(); Type: FUNCTION; Schema: public; Owner: -
 
@@ -68,8 +108,8 @@ CREATE TABLE public.jobs (
     owned_by text,
     run_lease bigint DEFAULT 0 NOT NULL,
     attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer NOT NULL,
-    timeout_ms bigint,
+    max_attempts public.attempt_budget NOT NULL,
+    timeout_ms public.lease_timeout_ms,
     lease_expires_at timestamp with time zone,
     progress jsonb,
     idempotency_key text,
@@ -77,31 +117,26 @@ CREATE TABLE public.jobs (
     finished_at timestamp with time zone,
     dispatched_run_at timestamp with time zone,
     concurrency_key text,
-    traceparent text,
+    traceparent public.trace_context,
     final_outcome public.attempt_outcome,
-    dependencies integer DEFAULT 0 NOT NULL,
-    dependencies_pending integer DEFAULT 0 NOT NULL,
-    dependents integer DEFAULT 0 NOT NULL,
-    on_dependency_failure text,
-    backoff_base_ms bigint,
-    backoff_max_ms bigint,
-    backoff_factor double precision,
-    backoff_jitter double precision,
-    retry_window_ms bigint,
+    dependencies public.dependency_count DEFAULT 0 NOT NULL,
+    dependencies_pending public.job_count DEFAULT 0 NOT NULL,
+    dependents public.job_count DEFAULT 0 NOT NULL,
+    on_dependency_failure public.dependency_failure,
+    backoff_base_ms public.backoff_ms,
+    backoff_max_ms public.backoff_ms,
+    backoff_factor public.backoff_factor,
+    backoff_jitter public.backoff_jitter,
+    retry_window_ms public.retry_window_ms,
     first_claimed_at timestamp with time zone,
     retry_reason text,
-    CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= max_attempts))),
     CONSTRAINT jobs_cancel_request_when_running CHECK (((cancel_requested_at IS NULL) OR (state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])))),
-    CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < max_attempts))),
-    CONSTRAINT jobs_dependencies CHECK ((((dependencies >= 0) AND (dependencies <= 100)) AND ((dependencies_pending >= 0) AND (dependencies_pending <= dependencies)) AND (dependents >= 0) AND ((on_dependency_failure IS NULL) = (dependencies = 0)) AND ((on_dependency_failure IS NULL) OR (on_dependency_failure = ANY (ARRAY['cancel'::text, 'run'::text]))) AND (((state)::text = 'blocked'::text) = (dependencies_pending > 0)))),
     CONSTRAINT jobs_done_has_result CHECK (((state <> 'done'::public.job_state) OR (result IS NOT NULL))),
     CONSTRAINT jobs_idempotency_key_len CHECK (((idempotency_key IS NULL) OR ((octet_length(idempotency_key) >= 1) AND (octet_length(idempotency_key) <= 255)))),
-    CONSTRAINT jobs_max_attempts_positive CHECK ((max_attempts >= 1)),
     CONSTRAINT jobs_queue_len CHECK (((octet_length(queue) >= 1) AND (octet_length(queue) <= 128))),
     CONSTRAINT jobs_run_lease_nonnegative CHECK ((run_lease >= 0)),
     CONSTRAINT jobs_running_has_lease CHECK ((((state = 'running'::public.job_state) = (lease_expires_at IS NOT NULL)) AND ((state <> 'running'::public.job_state) OR ((owned_by IS NOT NULL) AND (claimed_at IS NOT NULL) AND (run_lease >= 1) AND (attempt >= 1))))),
-    CONSTRAINT jobs_terminal_has_finished_at CHECK (((state = ANY (ARRAY['done'::public.job_state, 'failed'::public.job_state, 'cancelled'::public.job_state])) = (finished_at IS NOT NULL))),
-    CONSTRAINT jobs_timeout_positive CHECK (((timeout_ms IS NULL) OR (timeout_ms > 0)))
+    CONSTRAINT jobs_terminal_has_finished_at CHECK (((state = ANY (ARRAY['done'::public.job_state, 'failed'::public.job_state, 'cancelled'::public.job_state])) = (finished_at IS NOT NULL)))
 )
 WITH (fillfactor='90');
 
@@ -361,20 +396,70 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_timeout_positive CHECK (((timeout_ms IS NULL) OR (timeout_ms > 0)))
 );
 
+-- Name: attempt_budget attempt_budget_positive; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.attempt_budget
+    ADD CONSTRAINT attempt_budget_positive CHECK ((VALUE >= 1)) NOT VALID;
+
+-- Name: backoff_factor backoff_factor_range; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.backoff_factor
+    ADD CONSTRAINT backoff_factor_range CHECK (((VALUE >= (1)::double precision) AND (VALUE <= (10)::double precision))) NOT VALID;
+
+-- Name: backoff_jitter backoff_jitter_range; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.backoff_jitter
+    ADD CONSTRAINT backoff_jitter_range CHECK (((VALUE >= (0)::double precision) AND (VALUE <= (1)::double precision))) NOT VALID;
+
+-- Name: backoff_ms backoff_ms_nonnegative; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.backoff_ms
+    ADD CONSTRAINT backoff_ms_nonnegative CHECK ((VALUE >= 0)) NOT VALID;
+
+-- Name: dependency_count dependency_count_range; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.dependency_count
+    ADD CONSTRAINT dependency_count_range CHECK (((VALUE >= 0) AND (VALUE <= 100))) NOT VALID;
+
+-- Name: dependency_failure dependency_failure_action; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.dependency_failure
+    ADD CONSTRAINT dependency_failure_action CHECK ((VALUE = ANY (ARRAY['cancel'::text, 'run'::text]))) NOT VALID;
+
 -- Name: job_attempt_log job_attempt_log_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE ONLY public.job_attempt_log
     ADD CONSTRAINT job_attempt_log_pkey PRIMARY KEY (job_id, run_lease);
+
+-- Name: job_count job_count_nonnegative; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.job_count
+    ADD CONSTRAINT job_count_nonnegative CHECK ((VALUE >= 0)) NOT VALID;
 
 -- Name: job_dependencies job_dependencies_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE ONLY public.job_dependencies
     ADD CONSTRAINT job_dependencies_pkey PRIMARY KEY (job_id, depends_on_id);
 
+-- Name: jobs jobs_attempt_in_budget; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER TABLE public.jobs
+    ADD CONSTRAINT jobs_attempt_in_budget CHECK (((attempt >= 0) AND (attempt <= (max_attempts)::integer))) NOT VALID;
+
+-- Name: jobs jobs_claimable_has_budget; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER TABLE public.jobs
+    ADD CONSTRAINT jobs_claimable_has_budget CHECK (((state <> ALL (ARRAY['queued'::public.job_state, 'enqueue_failed'::public.job_state])) OR (attempt < (max_attempts)::integer))) NOT VALID;
+
 -- Name: jobs jobs_concurrency_key_len; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE public.jobs
     ADD CONSTRAINT jobs_concurrency_key_len CHECK (((concurrency_key IS NULL) OR ((octet_length(concurrency_key) >= 1) AND (octet_length(concurrency_key) <= 255)))) NOT VALID;
+
+-- Name: jobs jobs_dependencies; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER TABLE public.jobs
+    ADD CONSTRAINT jobs_dependencies CHECK ((((dependencies_pending)::integer <= (dependencies)::integer) AND ((on_dependency_failure IS NULL) = ((dependencies)::integer = 0)) AND ((state > 'enqueue_failed'::public.job_state) = ((dependencies_pending)::integer > 0)))) NOT VALID;
 
 -- Name: jobs jobs_final_outcome_terminal; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 
@@ -386,20 +471,20 @@ ALTER TABLE public.jobs
 ALTER TABLE ONLY public.jobs
     ADD CONSTRAINT jobs_pkey PRIMARY KEY (id);
 
--- Name: jobs jobs_retry_policy; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+-- Name: lease_timeout_ms lease_timeout_ms_positive; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 
-ALTER TABLE public.jobs
-    ADD CONSTRAINT jobs_retry_policy CHECK ((((backoff_base_ms IS NULL) OR (backoff_base_ms >= 0)) AND ((backoff_max_ms IS NULL) OR (backoff_max_ms >= 0)) AND ((backoff_factor IS NULL) OR ((backoff_factor >= (1)::double precision) AND (backoff_factor <= (10)::double precision))) AND ((backoff_jitter IS NULL) OR ((backoff_jitter >= (0)::double precision) AND (backoff_jitter <= (1)::double precision))) AND ((retry_window_ms IS NULL) OR (retry_window_ms >= 1)))) NOT VALID;
-
--- Name: jobs jobs_traceparent_form; Type: CHECK CONSTRAINT; Schema: public; Owner: -
-
-ALTER TABLE public.jobs
-    ADD CONSTRAINT jobs_traceparent_form CHECK (((traceparent IS NULL) OR (traceparent ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text))) NOT VALID;
+ALTER DOMAIN public.lease_timeout_ms
+    ADD CONSTRAINT lease_timeout_ms_positive CHECK ((VALUE > 0)) NOT VALID;
 
 -- Name: queue_settings queue_settings_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE ONLY public.queue_settings
     ADD CONSTRAINT queue_settings_pkey PRIMARY KEY (queue);
+
+-- Name: retry_window_ms retry_window_ms_positive; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.retry_window_ms
+    ADD CONSTRAINT retry_window_ms_positive CHECK ((VALUE >= 1)) NOT VALID;
 
 -- Name: runlease_migrations runlease_migrations_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 
@@ -410,6 +495,11 @@ ALTER TABLE ONLY public.runlease_migrations
 
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (name);
+
+-- Name: trace_context trace_context_form; Type: CHECK CONSTRAINT; Schema: public; Owner: -
+
+ALTER DOMAIN public.trace_context
+    ADD CONSTRAINT trace_context_form CHECK ((VALUE ~ '^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$'::text)) NOT VALID;
 
 -- Name: job_dependencies_depends_on_idx; Type: INDEX; Schema: public; Owner: -
 

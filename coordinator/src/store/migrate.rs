@@ -44,6 +44,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(12, "0012", "dependencies"),
     migration!(13, "0013", "retry_policy"),
     migration!(14, "0014", "dependents_in_place"),
+    migration!(15, "0015", "column_domains"),
 ];
 
 /// Advisory lock key of the migrator ("runlease" in ASCII, as an i64).

@@ -14,6 +14,7 @@ mod cli_conventions;
 mod cli_endpoints;
 mod cli_operations;
 mod cli_schedules;
+mod column_domains;
 mod dashboard;
 mod dashboard_graph;
 mod database_faults;

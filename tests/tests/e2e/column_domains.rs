@@ -1,0 +1,146 @@
+//! Version 15: the checks of a single column of `jobs` held by the column's
+//! type (a domain) instead of the table. The upgrade keeps every row and
+//! rewrites neither the table nor an index; the database still refuses
+//! every value the old checks refused, naming the rule.
+
+use runlease_coordinator::store::connect::DatabaseTarget;
+use runlease_coordinator::store::migrate::{migrate, migrate_to};
+use runlease_tests::{TestDb, admin, test_config};
+
+/// The storage of `jobs` and of each of its indexes, by name.
+const STORAGE: &str =
+    "SELECT string_agg(c.relname || '=' || pg_relation_filenode(c.oid), ' ' ORDER BY c.relname)
+                       FROM pg_class c
+                       WHERE c.oid = 'jobs'::regclass
+                          OR c.oid IN (SELECT indexrelid FROM pg_index WHERE indrelid = 'jobs'::regclass)";
+
+/// Every row of `jobs`, as one digest.
+const ROWS: &str = "SELECT md5(string_agg(to_jsonb(j)::text, ',' ORDER BY j.id)) FROM jobs j";
+
+#[tokio::test]
+async fn the_column_domains_migration_keeps_every_row_and_rewrites_no_table_or_index() {
+    let name = format!("runlease_v14_{}", uuid::Uuid::new_v4().simple());
+    let url = runlease_tests::url_for(&name);
+    let target = DatabaseTarget::parse(&url).unwrap();
+    target.create_database_if_missing().await.unwrap();
+    let pool = target.pool(2, test_config(&url).database.deadlines()).unwrap();
+    assert_eq!(migrate_to(&pool, 14).await.unwrap(), (1..=14).collect::<Vec<_>>());
+    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Rows using every column that changes type: a retry policy, a trace
+    // context, a timeout, dependencies (a blocked dependent, a job others
+    // depend on).
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts, timeout_ms, traceparent, backoff_base_ms,
+                               backoff_max_ms, backoff_factor, backoff_jitter, retry_window_ms, dependents)
+             SELECT gen_random_uuid(), 'q', jsonb_build_object('i', i), 5, 30000,
+                    '00-0123456789abcdef0123456789abcdef-0123456789abcdef-01', 100, 60000, 2.5, 0.25, 600000, 1
+             FROM generate_series(1, 20) AS i;
+             INSERT INTO jobs (id, queue, state, payload, max_attempts, dependencies, dependencies_pending,
+                               on_dependency_failure)
+             VALUES (gen_random_uuid(), 'q', 'blocked', '{}', 3, 2, 1, 'cancel');",
+        )
+        .await
+        .unwrap();
+    let storage: String = client.query_one(STORAGE, &[]).await.unwrap().get(0);
+    let rows: String = client.query_one(ROWS, &[]).await.unwrap().get(0);
+
+    assert_eq!(migrate(&pool).await.unwrap(), vec![15]);
+    let storage_after: String = client.query_one(STORAGE, &[]).await.unwrap().get(0);
+    let rows_after: String = client.query_one(ROWS, &[]).await.unwrap().get(0);
+    assert_eq!(rows, rows_after, "every row is unchanged");
+    assert_eq!(
+        storage, storage_after,
+        "neither the table nor an index was rewritten"
+    );
+    let domain: String = client
+        .query_one(
+            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute
+             WHERE attrelid = 'jobs'::regclass AND attname = 'backoff_factor'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(domain, "backoff_factor");
+    // The migrated rows stay writable: a row update checks the table's
+    // checks, a write of a domain column that column's rules.
+    let updated = client
+        .execute(
+            "UPDATE jobs SET backoff_factor = backoff_factor + 1, updated_at = now() WHERE queue = 'q'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 21);
+    drop(client);
+    drop(pool);
+    admin()
+        .await
+        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn the_database_refuses_what_a_column_domain_forbids_and_names_the_rule() {
+    let db = TestDb::new().await;
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             VALUES ('00000000-0000-7000-8000-000000000001', 'q', '{}', 3)",
+        )
+        .await
+        .unwrap();
+    let refused = [
+        ("max_attempts = 0", "attempt_budget_positive"),
+        ("timeout_ms = 0", "lease_timeout_ms_positive"),
+        ("traceparent = '00-short-01'", "trace_context_form"),
+        ("backoff_base_ms = -1", "backoff_ms_nonnegative"),
+        ("backoff_max_ms = -1", "backoff_ms_nonnegative"),
+        ("backoff_factor = 10.5", "backoff_factor_range"),
+        ("backoff_jitter = 1.5", "backoff_jitter_range"),
+        ("retry_window_ms = 0", "retry_window_ms_positive"),
+        ("dependents = -1", "job_count_nonnegative"),
+        ("dependencies = 101", "dependency_count_range"),
+        (
+            "on_dependency_failure = 'ignore', dependencies = 1",
+            "dependency_failure_action",
+        ),
+        // What stays on the table: the checks that tie columns together.
+        ("on_dependency_failure = 'run'", "jobs_dependencies"),
+        ("dependencies = 1, dependencies_pending = 2", "jobs_dependencies"),
+        ("attempt = 4", "jobs_attempt_in_budget"),
+        ("attempt = 3", "jobs_claimable_has_budget"),
+        ("queue = ''", "jobs_queue_len"),
+        ("idempotency_key = ''", "jobs_idempotency_key_len"),
+        ("concurrency_key = ''", "jobs_concurrency_key_len"),
+    ];
+    for (set, rule) in refused {
+        let err = client
+            .execute(&format!("UPDATE jobs SET {set}"), &[])
+            .await
+            .expect_err(set);
+        let db_error = err.as_db_error().unwrap_or_else(|| panic!("{set}: {err:?}"));
+        assert_eq!(db_error.constraint(), Some(rule), "{set}: {db_error:?}");
+    }
+    // An insert is checked too.
+    let err = client
+        .execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts, backoff_jitter)
+             VALUES ('00000000-0000-7000-8000-000000000002', 'q', '{}', 3, -0.5)",
+            &[],
+        )
+        .await
+        .expect_err("a jitter below 0");
+    assert_eq!(
+        err.as_db_error().and_then(|e| e.constraint()),
+        Some("backoff_jitter_range")
+    );
+    let jobs: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
+    assert_eq!(jobs, 1, "nothing refused was written");
+}
