@@ -197,6 +197,9 @@ impl ClaimBatcher {
             if next_timer.is_some_and(|at| at <= Instant::now()) {
                 self.expire(&mut groups);
             }
+            // Wake-ups that came while the last statement ran are served by
+            // this one.
+            mark_pending(&mut groups, &mut wakes);
             self.serve_dirty(&mut groups).await;
             // Shards share the gauge: each adds what changed on its side.
             let parked_now: i64 = groups.values().map(|g| g.parked.len() as i64).sum();
@@ -370,6 +373,20 @@ fn mark_woken(
             groups.values_mut().for_each(|g| g.dirty = true);
         }
         Err(broadcast::error::RecvError::Closed) => {}
+    }
+}
+
+/// Marks the groups of every wake-up already waiting: those that came while
+/// the last statement ran are served by one statement after them all (each
+/// job they announce was committed before it), not by a statement each.
+fn mark_pending(groups: &mut HashMap<GroupKey, Group>, wakes: &mut broadcast::Receiver<Option<QueueName>>) {
+    loop {
+        let wake = match wakes.try_recv() {
+            Ok(wake) => Ok(wake),
+            Err(broadcast::error::TryRecvError::Lagged(n)) => Err(broadcast::error::RecvError::Lagged(n)),
+            Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => return,
+        };
+        mark_woken(groups, wake);
     }
 }
 

@@ -17,6 +17,7 @@ use runlease_protocol::{Job, JobId, JobState, RunLease, TraceParent, retry};
 use tokio::time::Instant;
 
 use crate::auth::{Action, Caller};
+use crate::batch::enqueue::NewJobs;
 use crate::http::AppState;
 use crate::http::dependencies;
 use crate::http::error::ApiError;
@@ -114,86 +115,33 @@ fn validate_enqueue(req: EnqueueJobRequest) -> Result<NewJob, String> {
     })
 }
 
-/// Counts new jobs and sends their wake-ups (local and Redis). When the
-/// wake-up cannot be published the jobs are marked `enqueue_failed`: still
-/// claimable, repaired by the repair loop; the answer shows the mark.
-/// Each job comes with whether this enqueue created it; answers whether a
-/// job was marked.
-async fn announce(state: &AppState, enqueued: &mut [(bool, &mut Job)]) -> Result<bool, ApiError> {
-    let mut queues = Vec::new();
-    for (_, job) in enqueued.iter().filter(|(created, _)| *created) {
-        state
-            .metrics
-            .enqueued
-            .get_or_create(&QueueLabels {
-                queue: job.queue.to_string(),
-            })
-            .inc();
-        job_event!(
-            job.traceparent.is_some(),
-            job_id = %job.id,
-            queue = %job.queue,
-            trace_id = job.traceparent.as_ref().map(TraceParent::trace_id),
-            "job enqueued"
+/// Counts and logs a job an enqueue created.
+fn count_new(state: &AppState, job: &Job) {
+    state
+        .metrics
+        .enqueued
+        .get_or_create(&QueueLabels {
+            queue: job.queue.to_string(),
+        })
+        .inc();
+    job_event!(
+        job.traceparent.is_some(),
+        job_id = %job.id,
+        queue = %job.queue,
+        trace_id = job.traceparent.as_ref().map(TraceParent::trace_id),
+        "job enqueued"
+    );
+    if job.state == JobState::Cancelled {
+        // A dependency had already failed: cancelled as it was enqueued,
+        // counted as the end of a dependency would count it.
+        state.metrics.transition_of(
+            job.queue.as_str(),
+            JobState::Cancelled,
+            job.created_at,
+            job.finished_at,
+            Via::Dependency,
         );
-        if job.state == JobState::Cancelled {
-            // A dependency had already failed: cancelled as it was enqueued,
-            // counted as the end of a dependency would count it.
-            state.metrics.transition_of(
-                job.queue.as_str(),
-                JobState::Cancelled,
-                job.created_at,
-                job.finished_at,
-                Via::Dependency,
-            );
-            continue;
-        }
-        // Each queue's wake-up carries its first new job in claim order.
-        let key = ClaimKey {
-            priority: job.priority,
-            run_at: job.run_at,
-            id: job.id.0,
-        };
-        match queues.iter_mut().find(|(q, _)| *q == job.queue) {
-            Some((_, first)) => *first = key.min(*first),
-            None => queues.push((job.queue.clone(), key)),
-        }
     }
-    if queues.is_empty() {
-        return Ok(false);
-    }
-    if let Err(e) = state.wake.enqueued_at(&queues).await {
-        let ids: Vec<JobId> = enqueued
-            .iter()
-            .filter(|(created, _)| *created)
-            .map(|(_, job)| job.id)
-            .collect();
-        // The jobs are committed either way: should the mark fail too, they
-        // stay queued and claims find them on their timer; the enqueue still
-        // succeeded and must say so.
-        let marked = match state.store.mark_enqueue_failed(&ids).await {
-            Ok(marked) => marked,
-            Err(mark_error) => {
-                tracing::error!(error = %e, %mark_error, "wake-up not delivered and jobs not marked enqueue_failed");
-                return Ok(false);
-            }
-        };
-        tracing::warn!(error = %e, jobs = marked.len(), "wake-up not delivered: jobs marked enqueue_failed");
-        for (id, queue) in &marked {
-            state
-                .metrics
-                .enqueue_failed_marks
-                .get_or_create(&QueueLabels {
-                    queue: queue.to_string(),
-                })
-                .inc();
-            if let Some((_, job)) = enqueued.iter_mut().find(|(_, job)| job.id == *id) {
-                job.state = runlease_protocol::JobState::EnqueueFailed;
-            }
-        }
-        return Ok(!marked.is_empty());
-    }
-    Ok(false)
 }
 
 /// `POST /v1/jobs`: 201 with the new job; 200 with the original for a repeated idempotency key.
@@ -210,8 +158,12 @@ pub async fn enqueue(
     job.dependencies = deps.into_iter().next().flatten();
     let enqueued = state.enqueuer.submit(job).await??;
     record_job(&enqueued.job);
-    let mut job = views::job(enqueued.job);
-    announce(&state, &mut [(enqueued.created, &mut job)]).await?;
+    let job = views::job(enqueued.job);
+    // The enqueuer announced the job with the rest of its batch (and marked
+    // it `enqueue_failed` when the wake-up did not go out).
+    if enqueued.created {
+        count_new(&state, &job);
+    }
     let status = if enqueued.created {
         StatusCode::CREATED
     } else {
@@ -266,16 +218,28 @@ pub async fn enqueue_batch(
             (answer, created, body)
         })
         .await?;
-    let mut announced: Vec<(bool, &mut Job)> = created
-        .into_iter()
-        .zip(answer.jobs.iter_mut().map(|b| &mut b.job))
-        .collect();
+    let mut new = NewJobs::default();
+    for (b, _) in answer.jobs.iter().zip(created).filter(|(_, created)| *created) {
+        count_new(&state, &b.job);
+        let key = ClaimKey {
+            priority: b.job.priority,
+            run_at: b.job.run_at,
+            id: b.job.id.0,
+        };
+        new.add(b.job.id, &b.job.queue, b.job.state, key);
+    }
     // Jobs marked `enqueue_failed` (their wake-up did not go out) are
     // answered as marked.
-    let body = if announce(&state, &mut announced).await? {
-        views::to_json(&answer, answer.jobs.len())?
-    } else {
+    let marked = new.announce(&state.wake, &state.store, &state.metrics).await;
+    let body = if marked.is_empty() {
         body?
+    } else {
+        for b in &mut answer.jobs {
+            if marked.contains(&b.job.id) {
+                b.job.state = JobState::EnqueueFailed;
+            }
+        }
+        views::to_json(&answer, answer.jobs.len())?
     };
     Ok((StatusCode::CREATED, views::JsonBytes(body)))
 }

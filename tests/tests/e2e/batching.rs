@@ -344,6 +344,49 @@ async fn concurrent_single_enqueues_share_a_transaction_and_a_repeated_key_answe
     assert_eq!(leases.len(), 31);
 }
 
+/// How many PUBLISH commands the Redis on `port` has served.
+fn publishes(port: u16) -> u64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "commandstats"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run redis-cli (is it installed?): {e}"));
+    let stats = String::from_utf8(out.stdout).unwrap();
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_publish:calls="))
+        .map_or(0, |rest| rest.split(',').next().unwrap().parse().unwrap())
+}
+
+#[tokio::test]
+async fn concurrent_single_enqueues_are_announced_once_per_batch() {
+    let db = TestDb::new().await;
+    let redis = runlease_tests::TestRedis::start().await;
+    let url = redis.url();
+    let c = TestCoordinator::start_with(&db, |cfg| cfg.redis.url = url).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while c.api.get("/readyz").await.1["redis"] != "ok" {
+        assert!(Instant::now() < deadline, "Redis never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = publishes(redis.port);
+    let mut sends = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let api = c.api.clone();
+        sends.spawn(async move { api.post("/v1/jobs", &json!({"queue": "q", "payload": i})).await });
+    }
+    for (status, body) in sends.join_all().await {
+        assert_eq!(status, 201, "{body}");
+        assert_eq!(body["state"], "queued", "{body}");
+    }
+    // Each batch was announced once, when it committed, before its
+    // requests were answered: one wake-up for its queue, not one per job.
+    let (_, metrics) = c.api.get_text("/metrics").await;
+    let batches = metric(&metrics, "runlease_batch_size_count{kind=\"enqueue\"}");
+    assert!((1.0..40.0).contains(&batches), "enqueue batches: {batches}");
+    assert_eq!((publishes(redis.port) - before) as f64, batches);
+    assert_eq!(c.api.claim("q", "w", 50).await.len(), 40);
+}
+
 #[tokio::test]
 async fn a_value_postgres_refuses_in_an_enqueue_batch_fails_only_its_own_request() {
     let db = TestDb::new().await;
