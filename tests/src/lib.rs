@@ -2,6 +2,8 @@
 //! per test, cloned from a migrated template, and a real coordinator on port 0.
 //!
 //! - [`TestDb`]: one database per test, dropped (forcibly) when the test ends.
+//! - [`UpgradeDb`]: a database of a test's own at an older schema version,
+//!   for tests of an upgrade.
 //! - [`TestCoordinator`]: the coordinator library serving on a loopback port.
 //! - [`Api`]: a small JSON-over-HTTP caller that returns status and body.
 //! - [`cli`]: the `runlease` CLI binary as a child process, and checks of
@@ -195,6 +197,52 @@ pub fn test_config(database_url: &str) -> Config {
     config.database.pool_size = 8;
     config.server.shutdown_grace = std::time::Duration::from_millis(10_000);
     config
+}
+
+/// A database of a test's own migrated to an older schema version, for a
+/// test of the upgrade from it (not from the template: that one holds
+/// every migration). [`UpgradeDb::drop`] drops it.
+pub struct UpgradeDb {
+    /// Its name.
+    pub name: String,
+    /// Its URL.
+    pub url: String,
+    /// A pool over it, for the migrator.
+    pub pool: runlease_coordinator::store::connect::Pool,
+}
+
+impl UpgradeDb {
+    /// A new database, named after `prefix`, with migrations 1 to `version` applied.
+    pub async fn at(prefix: &str, version: i32) -> Self {
+        use runlease_coordinator::store::connect::DatabaseTarget;
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        let url = url_for(&name);
+        let target = DatabaseTarget::parse(&url).unwrap();
+        target.create_database_if_missing().await.unwrap();
+        let pool = target.pool(2, test_config(&url).database.deadlines()).unwrap();
+        let applied = runlease_coordinator::store::migrate::migrate_to(&pool, version)
+            .await
+            .unwrap();
+        assert_eq!(applied, (1..=version).collect::<Vec<_>>());
+        Self { name, url, pool }
+    }
+
+    /// A plain connection to it.
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.url, NoTls).await.unwrap();
+        tokio::spawn(conn);
+        client
+    }
+
+    /// Drops it (closing what is still connected).
+    pub async fn drop(self) {
+        drop(self.pool);
+        admin()
+            .await
+            .batch_execute(&format!("DROP DATABASE {} WITH (FORCE)", quote_ident(&self.name)))
+            .await
+            .unwrap();
+    }
 }
 
 /// A database of its own for one test, cloned from the migrated template.

@@ -3,9 +3,8 @@
 //! rewrites neither the table nor an index; the database still refuses
 //! every value the old checks refused, naming the rule.
 
-use runlease_coordinator::store::connect::DatabaseTarget;
-use runlease_coordinator::store::migrate::{migrate, migrate_to};
-use runlease_tests::{TestDb, admin, test_config};
+use runlease_coordinator::store::migrate::migrate;
+use runlease_tests::{TestDb, UpgradeDb};
 
 /// The storage of `jobs` and of each of its indexes, by name.
 const STORAGE: &str =
@@ -19,16 +18,8 @@ const ROWS: &str = "SELECT md5(string_agg(to_jsonb(j)::text, ',' ORDER BY j.id))
 
 #[tokio::test]
 async fn the_column_domains_migration_keeps_every_row_and_rewrites_no_table_or_index() {
-    let name = format!("runlease_v14_{}", uuid::Uuid::new_v4().simple());
-    let url = runlease_tests::url_for(&name);
-    let target = DatabaseTarget::parse(&url).unwrap();
-    target.create_database_if_missing().await.unwrap();
-    let pool = target.pool(2, test_config(&url).database.deadlines()).unwrap();
-    assert_eq!(migrate_to(&pool, 14).await.unwrap(), (1..=14).collect::<Vec<_>>());
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let db = UpgradeDb::at("runlease_v14", 14).await;
+    let client = db.client().await;
     // Rows using every column that changes type: a retry policy, a trace
     // context, a timeout, dependencies (a blocked dependent, a job others
     // depend on).
@@ -48,7 +39,7 @@ async fn the_column_domains_migration_keeps_every_row_and_rewrites_no_table_or_i
     let storage: String = client.query_one(STORAGE, &[]).await.unwrap().get(0);
     let rows: String = client.query_one(ROWS, &[]).await.unwrap().get(0);
 
-    assert_eq!(migrate(&pool).await.unwrap(), vec![15]);
+    assert_eq!(migrate(&db.pool).await.unwrap(), vec![15]);
     let storage_after: String = client.query_one(STORAGE, &[]).await.unwrap().get(0);
     let rows_after: String = client.query_one(ROWS, &[]).await.unwrap().get(0);
     assert_eq!(rows, rows_after, "every row is unchanged");
@@ -77,12 +68,7 @@ async fn the_column_domains_migration_keeps_every_row_and_rewrites_no_table_or_i
         .unwrap();
     assert_eq!(updated, 21);
     drop(client);
-    drop(pool);
-    admin()
-        .await
-        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .await
-        .unwrap();
+    db.drop().await;
 }
 
 #[tokio::test]

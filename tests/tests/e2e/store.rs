@@ -426,19 +426,11 @@ async fn figures_listing_and_pruning_read_no_history() {
 
 #[tokio::test]
 async fn the_operations_migration_applies_to_a_version_2_database_without_losing_a_row() {
-    use runlease_coordinator::store::connect::DatabaseTarget;
-    use runlease_coordinator::store::migrate::{migrate, migrate_to};
+    use runlease_coordinator::store::migrate::migrate;
 
-    let name = format!("runlease_v2_{}", uuid::Uuid::new_v4().simple());
-    let url = runlease_tests::url_for(&name);
-    let target = DatabaseTarget::parse(&url).unwrap();
-    target.create_database_if_missing().await.unwrap();
-    let pool = target.pool(2, test_config(&url).database.deadlines()).unwrap();
-    assert_eq!(migrate_to(&pool, 2).await.unwrap(), vec![1, 2]);
-    let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
+    let db = runlease_tests::UpgradeDb::at("runlease_v2", 2).await;
+    let url = db.url.clone();
+    let client = db.client().await;
     // Rows as a version 2 coordinator leaves them: every state, attempts
     // ended every way, one job claimed twice.
     client
@@ -489,13 +481,12 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
         .map(|m| m.version)
         .filter(|v| *v > 2)
         .collect();
-    assert_eq!(migrate(&pool).await.unwrap(), later);
+    assert_eq!(migrate(&db.pool).await.unwrap(), later);
     let after: (String, String) = (
         client.query_one(snapshot, &[]).await.unwrap().get(0),
         client.query_one(attempts, &[]).await.unwrap().get(0),
     );
     assert_eq!(before, after, "every job and attempt row is unchanged");
-    drop(pool);
 
     // The figures of the old rows come from the tallies the migration
     // counted, the live ones from the indexes.
@@ -543,11 +534,7 @@ async fn the_operations_migration_applies_to_a_version_2_database_without_losing
     assert_eq!(a["counts"]["queued"], serde_json::json!(8));
     c.stop().await.unwrap();
     drop(client);
-    admin()
-        .await
-        .batch_execute(&format!("DROP DATABASE {name} WITH (FORCE)"))
-        .await
-        .unwrap();
+    db.drop().await;
 }
 
 #[tokio::test]
