@@ -84,10 +84,10 @@ ALTER DOMAIN dependency_failure ADD CONSTRAINT dependency_failure_action
     CHECK (VALUE IN ('cancel', 'run')) NOT VALID;
 
 -- The checks that stay on the table: the attempt budget (as before), and
--- what of version 12's dependency check ties columns together. Version 12
--- adds 'blocked' to job_state, and on a new database every migration runs
--- in one transaction, in which the new value cannot be named: 'blocked' is
--- the one value after 'enqueue_failed' (as jobs_blocked_idx says it).
+-- what of version 12's dependency check ties columns together (naming the
+-- state by its text, as version 12 did: on a new database every migration
+-- runs in one transaction, in which the value 'blocked' it adds cannot be
+-- named).
 ALTER TABLE jobs ADD CONSTRAINT jobs_attempt_in_budget
     CHECK (attempt >= 0 AND attempt <= max_attempts) NOT VALID;
 ALTER TABLE jobs ADD CONSTRAINT jobs_claimable_has_budget
@@ -95,4 +95,4 @@ ALTER TABLE jobs ADD CONSTRAINT jobs_claimable_has_budget
 ALTER TABLE jobs ADD CONSTRAINT jobs_dependencies CHECK (
     dependencies_pending <= dependencies
     AND (on_dependency_failure IS NULL) = (dependencies = 0)
-    AND (state > 'enqueue_failed') = (dependencies_pending > 0)) NOT VALID;
+    AND (state::text = 'blocked') = (dependencies_pending > 0)) NOT VALID;

@@ -459,7 +459,7 @@ ALTER TABLE public.jobs
 -- Name: jobs jobs_dependencies; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 
 ALTER TABLE public.jobs
-    ADD CONSTRAINT jobs_dependencies CHECK ((((dependencies_pending)::integer <= (dependencies)::integer) AND ((on_dependency_failure IS NULL) = ((dependencies)::integer = 0)) AND ((state > 'enqueue_failed'::public.job_state) = ((dependencies_pending)::integer > 0)))) NOT VALID;
+    ADD CONSTRAINT jobs_dependencies CHECK ((((dependencies_pending)::integer <= (dependencies)::integer) AND ((on_dependency_failure IS NULL) = ((dependencies)::integer = 0)) AND (((state)::text = 'blocked'::text) = ((dependencies_pending)::integer > 0)))) NOT VALID;
 
 -- Name: jobs jobs_final_outcome_terminal; Type: CHECK CONSTRAINT; Schema: public; Owner: -
 

@@ -193,13 +193,13 @@ impl ClaimBatcher {
                     }
                 }
             }
+            // Wake-ups that came while the last statement ran are served by
+            // this one (a woken group's claimers are not expired before it).
+            mark_pending(&mut groups, &mut wakes);
             // Scanning every parked claim is only needed once a deadline passed.
             if next_timer.is_some_and(|at| at <= Instant::now()) {
                 self.expire(&mut groups);
             }
-            // Wake-ups that came while the last statement ran are served by
-            // this one.
-            mark_pending(&mut groups, &mut wakes);
             self.serve_dirty(&mut groups).await;
             // Shards share the gauge: each adds what changed on its side.
             let parked_now: i64 = groups.values().map(|g| g.parked.len() as i64).sum();

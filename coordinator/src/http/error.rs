@@ -119,6 +119,16 @@ impl From<StoreError> for ApiError {
                     )
                 }
             }
+            StoreError::Stale(detail) => {
+                tracing::warn!(%detail, "prepared statements outlived a schema change");
+                Self {
+                    db_unavailable: true,
+                    ..Self::new(
+                        ErrorCode::Overloaded,
+                        "the database schema changed under this request; retry after the Retry-After delay (a repeated finish is safe)",
+                    )
+                }
+            }
             StoreError::Retry(detail) => {
                 tracing::warn!(%detail, "transient conflict in the database");
                 Self::new(

@@ -206,7 +206,7 @@ impl Metrics {
         );
         registry.register(
             "db_retries",
-            "Database operations retried after a deadlock or serialization failure",
+            "Database operations retried after a deadlock, a serialization failure, a read-only server or a schema change under prepared statements",
             self.db_retries.clone(),
         );
         registry.register(

@@ -68,6 +68,14 @@ pub enum StoreError {
     /// operation may run again on a fresh connection.
     #[error("the PostgreSQL server reached is read-only: {0}")]
     ReadOnly(String),
+    /// A statement prepared on the connection no longer matches its tables
+    /// (SQLSTATE 0A000 from PostgreSQL's plan cache: a migration, applied by
+    /// a newer coordinator during a rolling upgrade, changed the type of a
+    /// column it returns): nothing of its transaction was written, and the
+    /// operation may run again on a fresh connection, which prepares it
+    /// anew.
+    #[error("a prepared statement outlived a change of its tables: {0}")]
+    Stale(String),
     /// A store operation ran past its deadline (the coordinator's, or
     /// PostgreSQL's `statement_timeout`); what it wrote, if anything, is
     /// settled by the idempotent retry.
@@ -112,6 +120,12 @@ impl From<tokio_postgres::Error> for StoreError {
             StoreError::Timeout("statement")
         } else if e.code() == Some(&SqlState::READ_ONLY_SQL_TRANSACTION) {
             StoreError::ReadOnly(db_error_text(&e))
+        } else if e.code() == Some(&SqlState::FEATURE_NOT_SUPPORTED)
+            && e.as_db_error().and_then(|db| db.routine()) == Some("RevalidateCachedQuery")
+        {
+            // "cached plan must not change result type", told by the
+            // routine that raises it (the message may be translated).
+            StoreError::Stale(db_error_text(&e))
         } else if unavailable {
             StoreError::Unavailable(db_error_text(&e))
         } else if e.code().is_some_and(|c| {
@@ -330,6 +344,20 @@ impl Store {
         self.timed_within(operation, self.call_timeout, work).await
     }
 
+    /// Before a retry that a fresh connection mends (`why`): the pool's idle
+    /// connections are dropped, the retry counted and logged.
+    fn renew_connections(&self, operation: &'static str, tries: u32, detail: &str, why: &'static str) {
+        let dropped = self.pool.retain(|_, _| false).removed.len();
+        self.retries.get_or_create(&OperationLabels { operation }).inc();
+        tracing::warn!(
+            operation,
+            %detail,
+            tries,
+            idle_connections_dropped = dropped,
+            "{why}; retrying on a fresh connection"
+        );
+    }
+
     /// [`Store::timed`] with a deadline of its own, for the rare operation
     /// that sets a longer `statement_timeout` for itself.
     pub(crate) async fn timed_within<T, F, Fut>(
@@ -358,14 +386,19 @@ impl Store {
                         // dropped, and the retry opens a fresh connection,
                         // which `target_session_attrs=read-write` sends to
                         // the writable host.
-                        let dropped = self.pool.retain(|_, _| false).removed.len();
-                        self.retries.get_or_create(&OperationLabels { operation }).inc();
-                        tracing::warn!(
+                        self.renew_connections(operation, tries, &detail, "PostgreSQL server is read-only");
+                        tries += 1;
+                    }
+                    Err(StoreError::Stale(detail)) if tries < RETRY_TRIES => {
+                        // Every connection prepared its statements before
+                        // the change: the idle ones are dropped with theirs
+                        // (this operation's among them), and the retry
+                        // prepares on a fresh connection.
+                        self.renew_connections(
                             operation,
-                            %detail,
                             tries,
-                            idle_connections_dropped = dropped,
-                            "PostgreSQL server is read-only; retrying on a fresh connection"
+                            &detail,
+                            "a table changed under the connection's prepared statements",
                         );
                         tries += 1;
                     }

@@ -4,7 +4,9 @@
 //! every value the old checks refused, naming the rule.
 
 use runlease_coordinator::store::migrate::migrate;
-use runlease_tests::{TestDb, UpgradeDb};
+use runlease_protocol::JobState;
+use runlease_tests::{TestCoordinator, TestDb, UpgradeDb};
+use serde_json::json;
 
 /// The storage of `jobs` and of each of its indexes, by name.
 const STORAGE: &str =
@@ -100,6 +102,10 @@ async fn the_database_refuses_what_a_column_domain_forbids_and_names_the_rule() 
         // What stays on the table: the checks that tie columns together.
         ("on_dependency_failure = 'run'", "jobs_dependencies"),
         ("dependencies = 1, dependencies_pending = 2", "jobs_dependencies"),
+        (
+            "dependencies = 1, dependencies_pending = 1, on_dependency_failure = 'cancel'",
+            "jobs_dependencies",
+        ),
         ("attempt = 4", "jobs_attempt_in_budget"),
         ("attempt = 3", "jobs_claimable_has_budget"),
         ("queue = ''", "jobs_queue_len"),
@@ -129,4 +135,43 @@ async fn the_database_refuses_what_a_column_domain_forbids_and_names_the_rule() 
     );
     let jobs: i64 = db.scalar("SELECT count(*) FROM jobs", &[]).await;
     assert_eq!(jobs, 1, "nothing refused was written");
+}
+
+#[tokio::test]
+async fn a_coordinator_keeps_serving_after_a_migration_changes_the_tables_under_its_statements() {
+    // During a rolling upgrade a newer coordinator migrates while an older
+    // one serves on connections whose statements were prepared before:
+    // PostgreSQL refuses to run a prepared statement whose result changed
+    // type ("cached plan must not change result type").
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let first = c.api.enqueue("rolling", json!(1)).await;
+    assert_eq!(c.api.job(first.id).await.id, first.id);
+    let lease = c.api.claim_one("rolling", "w").await;
+    assert_eq!(c.api.complete(&lease, json!("one")).await.0, 200);
+    // The column types every job answer, lease and finish returns.
+    db.client()
+        .await
+        .batch_execute(
+            "ALTER TABLE jobs ALTER COLUMN max_attempts TYPE integer, ALTER COLUMN timeout_ms TYPE bigint,
+                              ALTER COLUMN traceparent TYPE text, ALTER COLUMN dependents TYPE integer",
+        )
+        .await
+        .unwrap();
+    // Each operation meets the change once, drops the connections that
+    // prepared before it and runs again on a fresh one.
+    let second = c.api.enqueue("rolling", json!(2)).await;
+    assert_eq!(c.api.job(first.id).await.state, JobState::Done);
+    let lease = c.api.claim_one("rolling", "w").await;
+    assert_eq!(lease.job_id, second.id);
+    let (status, body) = c.api.complete(&lease, json!("two")).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(c.api.job(second.id).await.state, JobState::Done);
+    let (_, metrics) = c.api.get_text("/metrics").await;
+    let retries: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("runlease_db_retries_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(retries >= 1.0, "the retries are counted:\n{metrics}");
 }

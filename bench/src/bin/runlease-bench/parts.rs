@@ -56,12 +56,18 @@ struct Variant {
     finish: Option<&'static str>,
 }
 
-/// Drops every `CHECK` constraint of `jobs`.
+/// Drops every `CHECK` constraint of `jobs`, and those of the domains its
+/// columns are of.
 const DROP_CHECKS: &str = "DO $$
-DECLARE c text;
+DECLARE c text; d regtype;
 BEGIN
     FOR c IN SELECT conname FROM pg_constraint WHERE conrelid = 'jobs'::regclass AND contype = 'c' LOOP
         EXECUTE format('ALTER TABLE jobs DROP CONSTRAINT %I', c);
+    END LOOP;
+    FOR d, c IN SELECT k.contypid::regtype, k.conname FROM pg_constraint k
+                WHERE k.contype = 'c' AND k.contypid IN (SELECT atttypid FROM pg_attribute
+                                                         WHERE attrelid = 'jobs'::regclass) LOOP
+        EXECUTE format('ALTER DOMAIN %s DROP CONSTRAINT %I', d, c);
     END LOOP;
 END $$";
 
