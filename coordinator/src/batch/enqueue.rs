@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use runlease_protocol::{JobId, JobState, QueueName};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -16,7 +17,6 @@ use crate::batch::{BatchSettings, Batcher, Parts, Pass};
 use crate::metrics::{Metrics, QueueLabels};
 use crate::store::floors::ClaimKey;
 use crate::store::jobs::{Enqueued, NewJob};
-use crate::store::rows::JobRow;
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
@@ -35,13 +35,26 @@ pub struct NewJobs {
 }
 
 impl NewJobs {
-    /// Adds a job this enqueue created (a job cancelled as it was enqueued,
-    /// its dependency already failed, is never claimable: not announced).
-    pub fn add(&mut self, id: JobId, queue: &QueueName, state: JobState, key: ClaimKey) {
+    /// Adds a job this enqueue created, at `priority` and `run_at` in its
+    /// queue's claim order (a job cancelled as it was enqueued, its
+    /// dependency already failed, is never claimable: not announced).
+    pub fn add(
+        &mut self,
+        id: JobId,
+        queue: &QueueName,
+        state: JobState,
+        priority: i32,
+        run_at: DateTime<Utc>,
+    ) {
         if state == JobState::Cancelled {
             return;
         }
         self.ids.push(id);
+        let key = ClaimKey {
+            priority,
+            run_at,
+            id: id.0,
+        };
         match self.queues.iter_mut().find(|(q, _)| q == queue) {
             Some((_, first)) => *first = key.min(*first),
             None => self.queues.push((queue.clone(), key)),
@@ -77,15 +90,6 @@ impl NewJobs {
                 .inc();
         }
         marked.into_iter().map(|(id, _)| id).collect()
-    }
-}
-
-/// The claim order of `job`.
-fn claim_key(job: &JobRow) -> ClaimKey {
-    ClaimKey {
-        priority: job.priority,
-        run_at: job.run_at,
-        id: job.id.0,
     }
 }
 
@@ -158,7 +162,7 @@ async fn announce(parts: &Parts, written: &mut [Pass<NewJob, Result<Enqueued, St
         if let Pass::Answer(Ok(e)) = pass
             && e.created
         {
-            new.add(e.job.id, &e.job.queue, e.job.state, claim_key(&e.job));
+            new.add(e.job.id, &e.job.queue, e.job.state, e.job.priority, e.job.run_at);
         }
     }
     let marked = new.announce(&parts.wake, &parts.store, &parts.metrics).await;

@@ -24,7 +24,6 @@ use crate::http::error::ApiError;
 use crate::http::extract::{JobIdPath, JsonBody, QueryParams, TraceContext, require};
 use crate::http::views;
 use crate::metrics::{QueueLabels, Via, WaiterGauge};
-use crate::store::floors::ClaimKey;
 use crate::store::jobs::{CancelOutcome, NewJob, RetryOutcome};
 use crate::store::rows::JobRow;
 use crate::wake::{jittered, next_job_wake};
@@ -221,12 +220,7 @@ pub async fn enqueue_batch(
     let mut new = NewJobs::default();
     for (b, _) in answer.jobs.iter().zip(created).filter(|(_, created)| *created) {
         count_new(&state, &b.job);
-        let key = ClaimKey {
-            priority: b.job.priority,
-            run_at: b.job.run_at,
-            id: b.job.id.0,
-        };
-        new.add(b.job.id, &b.job.queue, b.job.state, key);
+        new.add(b.job.id, &b.job.queue, b.job.state, b.job.priority, b.job.run_at);
     }
     // Jobs marked `enqueue_failed` (their wake-up did not go out) are
     // answered as marked.
