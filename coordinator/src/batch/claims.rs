@@ -6,8 +6,8 @@
 //! claim runs its own statements (the per-request mode).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runlease_protocol::{QueueName, WorkerId};
@@ -52,12 +52,68 @@ struct Group {
     next_check: Instant,
 }
 
+/// The claimers parked in one shard, by group: its loop's, shared with
+/// the enqueuer, which may take some to serve in its own transaction
+/// ([`ClaimBatcher::take_parked`]). A group being served is out of it
+/// while its statement runs, so nobody else can take its claimers then.
+#[derive(Default)]
+struct Shelf {
+    groups: HashMap<GroupKey, Group>,
+    /// Parked claimers last added to the waiters' gauge.
+    counted: i64,
+}
+
+impl Shelf {
+    /// Brings the waiters' gauge to what is parked here now (shards
+    /// share the gauge: each adds what changed on its side).
+    fn recount(&mut self, gauge: &prometheus_client::metrics::gauge::Gauge) {
+        let parked: i64 = self.groups.values().map(|g| g.parked.len() as i64).sum();
+        gauge.inc_by(parked - self.counted);
+        self.counted = parked;
+    }
+
+    /// The earliest deadline or re-check of any group.
+    fn next_timer(&self) -> Option<Instant> {
+        self.groups
+            .values()
+            .flat_map(|g| {
+                g.parked
+                    .iter()
+                    .map(|p| p.deadline)
+                    .chain(std::iter::once(g.next_check))
+            })
+            .min()
+    }
+}
+
+type SharedShelf = Arc<Mutex<Shelf>>;
+
+fn lock(shelf: &SharedShelf) -> std::sync::MutexGuard<'_, Shelf> {
+    // A shelf holds no invariant a panic could break halfway.
+    shelf.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A parked claimer an enqueue took from its shard to serve it in the
+/// enqueue's own transaction ([`ClaimBatcher::take_parked`]).
+pub struct TakenClaimer {
+    parked: Parked,
+    shard: usize,
+}
+
+impl TakenClaimer {
+    /// What it asked for.
+    pub fn ask(&self) -> &ClaimAsk {
+        &self.parked.ask
+    }
+}
+
 /// Serves claims. With batching on, claims are spread over a few shards
 /// (`RUNLEASE_BATCH_FLUSHERS`), each a loop with its own claim statement in
 /// flight, so a busy queue's claims use more than one connection.
 #[derive(Clone)]
 pub struct ClaimBatcher {
     shards: Arc<Vec<mpsc::UnboundedSender<Parked>>>,
+    shelves: Arc<Vec<SharedShelf>>,
     next_shard: Arc<AtomicUsize>,
     store: Store,
     flow: Arc<FlowControl>,
@@ -81,6 +137,7 @@ impl ClaimBatcher {
     ) -> Self {
         let mut this = Self {
             shards: Arc::default(),
+            shelves: Arc::default(),
             next_shard: Arc::default(),
             store: parts.store.clone(),
             flow: parts.flow.clone(),
@@ -91,13 +148,18 @@ impl ClaimBatcher {
             shutdown,
         };
         if settings.enabled {
-            let mut shards = Vec::new();
+            let (mut shards, mut shelves) = (Vec::new(), Vec::new());
             for _ in 0..settings.claim_shards.max(1) {
                 let (tx, rx) = mpsc::unbounded_channel();
+                let shelf = SharedShelf::default();
+                // A loop holds no sender (its own or another shard's): it
+                // ends once every handle is dropped.
+                tracker.spawn(this.clone().run(rx, shelf.clone()));
                 shards.push(tx);
-                tracker.spawn(this.clone().run(rx));
+                shelves.push(shelf);
             }
             this.shards = Arc::new(shards);
+            this.shelves = Arc::new(shelves);
         }
         this
     }
@@ -149,30 +211,21 @@ impl ClaimBatcher {
         }
     }
 
-    async fn run(self, mut rx: mpsc::UnboundedReceiver<Parked>) {
+    async fn run(self, mut rx: mpsc::UnboundedReceiver<Parked>, shelf: SharedShelf) {
         let mut wakes = self.wake.subscribe_queues();
-        let mut groups: HashMap<GroupKey, Group> = HashMap::new();
         let mut stopping = false;
-        let mut parked_before: i64 = 0;
         loop {
-            let next_timer = groups
-                .values()
-                .flat_map(|g| {
-                    g.parked
-                        .iter()
-                        .map(|p| p.deadline)
-                        .chain(std::iter::once(g.next_check))
-                })
-                .min();
+            let next_timer = lock(&shelf).next_timer();
             tokio::select! {
                 parked = rx.recv() => {
                     let Some(parked) = parked else { break };
-                    self.admit(&mut groups, parked, stopping);
+                    let mut shelf = lock(&shelf);
+                    self.admit(&mut shelf.groups, parked, stopping);
                     while let Ok(parked) = rx.try_recv() {
-                        self.admit(&mut groups, parked, stopping);
+                        self.admit(&mut shelf.groups, parked, stopping);
                     }
                 }
-                wake = wakes.recv() => mark_woken(&mut groups, wake),
+                wake = wakes.recv() => mark_woken(&mut lock(&shelf).groups, wake),
                 () = async {
                     match next_timer {
                         Some(at) => tokio::time::sleep_until(at).await,
@@ -180,7 +233,7 @@ impl ClaimBatcher {
                     }
                 } => {
                     let now = Instant::now();
-                    for group in groups.values_mut() {
+                    for group in lock(&shelf).groups.values_mut() {
                         if group.next_check <= now {
                             group.dirty = true;
                         }
@@ -188,41 +241,111 @@ impl ClaimBatcher {
                 }
                 () = self.shutdown.cancelled(), if !stopping => {
                     stopping = true;
-                    for parked in groups.drain().flat_map(|(_, g)| g.parked) {
+                    for parked in lock(&shelf).groups.drain().flat_map(|(_, g)| g.parked) {
                         let _ = parked.reply.send(Ok(Vec::new()));
                     }
                 }
             }
-            // Wake-ups that came while the last statement ran are served by
-            // this one (a woken group's claimers are not expired before it).
-            mark_pending(&mut groups, &mut wakes);
-            // Scanning every parked claim is only needed once a deadline passed.
-            if next_timer.is_some_and(|at| at <= Instant::now()) {
-                self.expire(&mut groups);
+            {
+                let mut shelf = lock(&shelf);
+                let groups = &mut shelf.groups;
+                // Wake-ups that came while the last statement ran are
+                // served by this one (a woken group's claimers are not
+                // expired before it).
+                mark_pending(groups, &mut wakes);
+                // Scanning every parked claim is only needed once a
+                // deadline passed.
+                if next_timer.is_some_and(|at| at <= Instant::now()) {
+                    self.expire(groups);
+                }
             }
-            self.serve_dirty(&mut groups).await;
-            // Shards share the gauge: each adds what changed on its side.
-            let parked_now: i64 = groups.values().map(|g| g.parked.len() as i64).sum();
-            self.metrics.claim_waiters.inc_by(parked_now - parked_before);
-            parked_before = parked_now;
+            self.serve_dirty(&shelf).await;
+            lock(&shelf).recount(&self.metrics.claim_waiters);
         }
-        self.metrics.claim_waiters.dec_by(parked_before);
+        let mut shelf = lock(&shelf);
+        self.metrics.claim_waiters.dec_by(shelf.counted);
+        shelf.counted = 0;
     }
 
-    /// Serves every group marked dirty; a group left with nobody parked goes.
-    async fn serve_dirty(&self, groups: &mut HashMap<GroupKey, Group>) {
-        let dirty: Vec<GroupKey> = groups
+    /// Serves every group marked dirty, each out of the shelf while its
+    /// statement runs; a group left with nobody parked goes.
+    async fn serve_dirty(&self, shelf: &SharedShelf) {
+        let dirty: Vec<GroupKey> = lock(shelf)
+            .groups
             .iter()
             .filter(|(_, g)| g.dirty)
             .map(|(k, _)| k.clone())
             .collect();
         for key in dirty {
-            if let Some(mut group) = groups.remove(&key) {
-                self.serve(&key, &mut group).await;
-                if !group.parked.is_empty() {
-                    groups.insert(key, group);
-                }
+            // Gone when an enqueue took its every claimer meanwhile.
+            let Some(mut group) = lock(shelf).groups.remove(&key) else {
+                continue;
+            };
+            self.serve(&key, &mut group).await;
+            if !group.parked.is_empty() {
+                // Only this loop adds claimers: no group of this key was
+                // made while it was out.
+                lock(shelf).groups.insert(key, group);
             }
+        }
+    }
+
+    /// Takes claimers parked for `queue` alone, without a time limit (a
+    /// claim an enqueue's statement can serve as it is), in arrival order,
+    /// until they ask for at least `jobs` leases (so that each has a job
+    /// of the `jobs` the enqueue makes claimable). The enqueue serves them
+    /// in its transaction; those it cannot serve go back
+    /// ([`ClaimBatcher::put_back`]).
+    pub fn take_parked(&self, queue: &QueueName, jobs: usize) -> Vec<TakenClaimer> {
+        let key = GroupKey {
+            queues: vec![queue.clone()],
+            time_left_band: None,
+        };
+        let mut taken = Vec::new();
+        let mut slots = 0;
+        for (shard, shelf) in self.shelves.iter().enumerate() {
+            if slots >= jobs {
+                break;
+            }
+            let mut shelf = lock(shelf);
+            let Some(group) = shelf.groups.get_mut(&key) else {
+                continue;
+            };
+            while slots < jobs
+                && let Some(parked) = group.parked.pop_front()
+            {
+                // One that left needs nothing; its shard would drop it.
+                if parked.reply.is_closed() {
+                    continue;
+                }
+                slots += parked.ask.max_jobs as usize;
+                taken.push(TakenClaimer { parked, shard });
+            }
+            if group.parked.is_empty() {
+                shelf.groups.remove(&key);
+            }
+            shelf.recount(&self.metrics.claim_waiters);
+        }
+        taken
+    }
+
+    /// Hands a taken claimer what the enqueue claimed for it: its leases,
+    /// or, when it got none, back to its shard to park again (a claimer
+    /// that left has its leases given back).
+    pub async fn hand_taken(&self, taken: TakenClaimer, leases: Vec<ClaimedJob>) {
+        if leases.is_empty() {
+            self.put_back(taken);
+        } else if let Err(Ok(leases)) = taken.parked.reply.send(Ok(leases)) {
+            self.release_unwanted(&taken.parked.ask.worker, leases).await;
+        }
+    }
+
+    /// A taken claimer back to its shard, as a new claim (it looks at
+    /// once).
+    pub fn put_back(&self, taken: TakenClaimer) {
+        if let Some(tx) = self.shards.get(taken.shard) {
+            // A shard gone (shutting down) drops the reply: answered empty.
+            let _ = tx.send(taken.parked);
         }
     }
 

@@ -13,10 +13,14 @@ use runlease_protocol::{JobId, JobState, QueueName};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::batch::claims::{ClaimBatcher, TakenClaimer};
+use crate::batch::plan::{ClaimPlan, Placement};
 use crate::batch::{BatchSettings, Batcher, Parts, Pass};
+use crate::flow::FlowControl;
 use crate::metrics::{Metrics, QueueLabels};
 use crate::store::floors::ClaimKey;
 use crate::store::jobs::{Enqueued, NewJob};
+use crate::store::rows::ClaimedJob;
 use crate::store::{Store, StoreError};
 use crate::wake::Wake;
 
@@ -32,6 +36,9 @@ pub type Enqueuer = Batcher<NewJob, Result<Enqueued, StoreError>>;
 pub struct NewJobs {
     queues: Vec<(QueueName, ClaimKey)>,
     ids: Vec<JobId>,
+    /// Queues whose claimers parked here need no wake-up: the enqueue's
+    /// own claims took every job of theirs they could.
+    served: Vec<QueueName>,
 }
 
 impl NewJobs {
@@ -70,7 +77,7 @@ impl NewJobs {
         if self.queues.is_empty() {
             return Vec::new();
         }
-        let Err(e) = wake.enqueued_at(&self.queues).await else {
+        let Err(e) = wake.enqueued_at_served(&self.queues, &self.served).await else {
             return Vec::new();
         };
         let marked = match store.mark_enqueue_failed(&self.ids).await {
@@ -95,17 +102,21 @@ impl NewJobs {
 
 /// Starts the enqueuer: each batch is one multi-row insert in one
 /// transaction ([`crate::store::Store::enqueue`]), announced once it
-/// committed ([`NewJobs`]), before its requests are answered. It never
-/// waits for company (`max_delay` is for finishes): an enqueue is written
-/// at once, or with those that arrived while the batch before it was
-/// committing.
+/// committed ([`NewJobs`]), before its requests are answered. Claimers
+/// parked on this coordinator for a queue the batch makes jobs claimable
+/// on are served in the batch's transaction, after its insert
+/// ([`write_claiming`]). It never waits for company (`max_delay` is for
+/// finishes): an enqueue is written at once, or with those that arrived
+/// while the batch before it was committing.
 pub fn enqueuer(
     parts: &Parts,
     settings: BatchSettings,
+    claims: ClaimBatcher,
     tracker: &TaskTracker,
     cancel: CancellationToken,
 ) -> Enqueuer {
     let flush_parts = parts.clone();
+    let max_slots = settings.max_size.max(1);
     let settings = BatchSettings {
         max_delay: std::time::Duration::ZERO,
         ..settings
@@ -119,13 +130,97 @@ pub fn enqueuer(
         None,
         move |jobs: Arc<Vec<NewJob>>| {
             let parts = flush_parts.clone();
+            let claims = claims.clone();
             async move {
-                let mut written = write(&parts.store, &jobs).await?;
-                announce(&parts, &mut written).await;
+                let taken = take_claimers(&claims, &parts.flow, &jobs);
+                let (mut written, leases, served) =
+                    match write_claiming(&parts, &jobs, &taken, max_slots).await {
+                        Ok(done) => done,
+                        Err(e) => {
+                            taken.into_iter().for_each(|t| claims.put_back(t));
+                            return Err(e);
+                        }
+                    };
+                for (claimer, leases) in taken.into_iter().zip(leases) {
+                    claims.hand_taken(claimer, leases).await;
+                }
+                announce(&parts, &mut written, served).await;
                 Ok(written)
             }
         },
     )
+}
+
+/// Claimers parked for the queues `jobs` make jobs claimable on at once
+/// (due now, without dependencies, on queues without flow-control limits),
+/// about one lease asked for each such job.
+fn take_claimers(claims: &ClaimBatcher, flow: &FlowControl, jobs: &[NewJob]) -> Vec<TakenClaimer> {
+    let mut due: Vec<(&QueueName, usize)> = Vec::new();
+    let now = jobs
+        .iter()
+        .filter(|j| j.dependencies.is_none() && j.run_at.is_none() && j.delay_ms.unwrap_or(0) <= 0);
+    for job in now {
+        match due.iter_mut().find(|(q, _)| *q == &job.queue) {
+            Some((_, n)) => *n += 1,
+            None => due.push((&job.queue, 1)),
+        }
+    }
+    due.into_iter()
+        .filter(|(queue, _)| flow.limited(std::slice::from_ref(*queue)).is_empty())
+        .flat_map(|(queue, n)| claims.take_parked(queue, n))
+        .collect()
+}
+
+/// What a batch's transaction answered: each request's pass, the leases
+/// of each taken claimer (in the order taken), and the queues whose every
+/// claimable job its claims took (their parked claimers here need no
+/// wake-up).
+type WrittenClaiming = (
+    Vec<Pass<NewJob, Result<Enqueued, StoreError>>>,
+    Vec<Vec<ClaimedJob>>,
+    Vec<QueueName>,
+);
+
+/// Writes a batch and, in its transaction, claims for `taken`. A batch
+/// written job by job (a value refused) claims nothing: its claimers get no
+/// leases and park again.
+async fn write_claiming(
+    parts: &Parts,
+    jobs: &[NewJob],
+    taken: &[TakenClaimer],
+    max_slots: usize,
+) -> Result<WrittenClaiming, StoreError> {
+    let mut plan = ClaimPlan::new(max_slots);
+    let placements: Vec<Option<Placement>> = taken.iter().map(|t| plan.place(t.ask())).collect();
+    if plan.is_empty() {
+        let written = write(&parts.store, jobs).await?;
+        return Ok((written, taken.iter().map(|_| Vec::new()).collect(), Vec::new()));
+    }
+    let claims = plan.claims();
+    let (enqueued, claimed) = match parts.store.enqueue_then_claim(jobs, &claims).await {
+        Ok(done) => done,
+        Err(StoreError::Rejected(_)) => {
+            let written = write(&parts.store, jobs).await?;
+            return Ok((written, taken.iter().map(|_| Vec::new()).collect(), Vec::new()));
+        }
+        Err(e) => return Err(e),
+    };
+    parts.metrics.batch("enqueue_claim", plan.slots());
+    // A statement that filled fewer slots than it had took every job of
+    // its queue it could.
+    let served = claims
+        .iter()
+        .zip(&claimed)
+        .filter(|(claim, rows)| rows.len() < claim.slots.len())
+        .flat_map(|(claim, _)| claim.queues.iter().cloned())
+        .collect();
+    let mut dealt = plan.deal(claimed);
+    let leases = placements
+        .into_iter()
+        .map(|p| p.map(|p| dealt.take(p)).unwrap_or_default())
+        .collect();
+    let written = enqueued.into_iter().map(|e| Pass::Answer(Ok(e))).collect();
+    Ok((written, leases, served))
 }
 
 /// Writes a batch in one statement. Should PostgreSQL refuse a value of one
@@ -154,10 +249,18 @@ async fn write(
 }
 
 /// Announces the jobs a batch created, once for the batch: a wake-up per
-/// queue instead of one per request. A job marked `enqueue_failed` is
+/// queue instead of one per request (on this coordinator, none for the
+/// queues its claims served, `served`). A job marked `enqueue_failed` is
 /// answered as marked.
-async fn announce(parts: &Parts, written: &mut [Pass<NewJob, Result<Enqueued, StoreError>>]) {
-    let mut new = NewJobs::default();
+async fn announce(
+    parts: &Parts,
+    written: &mut [Pass<NewJob, Result<Enqueued, StoreError>>],
+    served: Vec<QueueName>,
+) {
+    let mut new = NewJobs {
+        served,
+        ..NewJobs::default()
+    };
     for pass in written.iter() {
         if let Pass::Answer(Ok(e)) = pass
             && e.created

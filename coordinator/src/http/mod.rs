@@ -126,10 +126,17 @@ impl Shared {
             crate::figures::Tuning::default(),
         ));
         tracker.spawn(figures.clone().run(shutdown.clone()));
+        let claims = ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone());
         Self {
             figures,
-            claims: ClaimBatcher::spawn(parts, settings, recheck, tracker, shutdown.clone()),
-            enqueuer: crate::batch::enqueue::enqueuer(parts, settings, tracker, shutdown.clone()),
+            enqueuer: crate::batch::enqueue::enqueuer(
+                parts,
+                settings,
+                claims.clone(),
+                tracker,
+                shutdown.clone(),
+            ),
+            claims,
             finisher: Finisher::finisher(parts, settings, tracker, shutdown.clone()),
             renewer: Renewer::renewer(store, settings, metrics.clone(), tracker, shutdown.clone()),
             store: store.clone(),

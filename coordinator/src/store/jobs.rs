@@ -8,8 +8,12 @@ use runlease_protocol::{JobId, JobState, QueueName, RunLease, TraceParent};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::store::claims::Requeued;
 use crate::store::dependencies::{self, Dependencies, EnqueueColumns};
+use crate::store::floors::ClaimKey;
+use crate::store::leases::ClaimGroup;
 use crate::store::listing::BulkAction;
+use crate::store::rows::ClaimedJob;
 use crate::store::rows::{
     ATTEMPTS_ASKED, AttemptRow, JobColumns, JobRow, assemble, attempts_by_job, col, keep_latest, queue_col,
 };
@@ -286,6 +290,68 @@ impl Store {
             // answer an error for jobs that were written.
             let answers = begun.and(written).and_then(|w| w.answers(jobs));
             tx.end_then(answers, then).await
+        })
+        .await
+    }
+
+    /// [`Store::enqueue`] and, in the same transaction after the jobs are
+    /// written, a claim for each of `claims` (queues without flow-control
+    /// limits, as the shared statement of [`Store::claim`]): claimers parked
+    /// for the queues the jobs go to are served by the enqueue that made
+    /// their jobs, one commit for both. Each claim's scans start no higher
+    /// than the first new job of their queue. Answers the jobs in request
+    /// order and each claim's leases (with the slot, 0-based, each filled),
+    /// or an error for all: nothing of a failed transaction stands. Should
+    /// the leases' dependencies not be read after the commit, the leases
+    /// are given back and answered as none (the jobs stand).
+    pub async fn enqueue_then_claim(
+        &self,
+        jobs: &[NewJob],
+        claims: &[ClaimGroup<'_>],
+    ) -> Result<(Vec<Enqueued>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
+        self.timed("enqueue", || async move {
+            let client = self.conn().await?;
+            let tx = Tallied::new(&client);
+            let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
+            let sent = async {
+                let answers = begun.and(written).and_then(|w| w.answers(jobs))?;
+                // The new jobs were written after the floors were read, and
+                // their wake-up comes after the commit: the claims' floors
+                // must not pass them.
+                let new: Requeued = answers
+                    .iter()
+                    .filter(|e| e.created && e.job.state == JobState::Queued)
+                    .map(|e| {
+                        let key = ClaimKey {
+                            priority: e.job.priority,
+                            run_at: e.job.run_at,
+                            id: e.job.id.0,
+                        };
+                        (e.job.queue.to_string(), key)
+                    })
+                    .collect();
+                // The claims' settings, sent before them in the same
+                // round trip (each future sends at its first poll).
+                let (planned, claimed) = tokio::join!(
+                    tx.client().batch_execute(sql::CLAIM_PLANNING),
+                    self.send_claims(&tx, claims, false, Some(&new))
+                );
+                planned?;
+                let (claimed, floors_read) = claimed?;
+                Ok::<_, StoreError>((answers, claimed, floors_read))
+            }
+            .await;
+            let (answers, mut claimed, (taken, found)) = tx.end(sent).await?;
+            if let Some(floors) = self.claim_floors() {
+                floors.found(&taken, &found);
+            }
+            let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
+            if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
+                tracing::warn!(error = %e, "the leases of an enqueue's claims lost their dependencies: releasing them");
+                self.release_claimed(claims, &claimed).await;
+                claimed.iter_mut().for_each(Vec::clear);
+            }
+            Ok((answers, claimed))
         })
         .await
     }

@@ -565,7 +565,11 @@ impl Store {
 
     /// Gives back leases of [`Store::finish_then_claim`] that committed but
     /// are not answered.
-    async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, ClaimedJob)>]) {
+    pub(super) async fn release_claimed(
+        &self,
+        claims: &[ClaimGroup<'_>],
+        claimed: &[Vec<(usize, ClaimedJob)>],
+    ) {
         let leases: Vec<LeaseRef> = claims
             .iter()
             .zip(claimed)

@@ -64,6 +64,13 @@ impl LocalWake {
         let _ = self.queues.send(Some(queue.clone()));
     }
 
+    /// Jobs were written on `queue` at `key` and up in the claim order,
+    /// and no claim parked here needs to look (the floor is lowered all
+    /// the same).
+    pub fn queue_written_at(&self, queue: &QueueName, key: ClaimKey) {
+        self.floors.wrote(queue.as_str(), Some(key));
+    }
+
     /// `job` reached a terminal state.
     pub fn job_terminal(&self, job: JobId) {
         let _ = self.jobs.send(Some(job));

@@ -198,8 +198,24 @@ impl Wake {
     /// job in claim order (an enqueue answers it): the queue's claim floor
     /// is lowered to it instead of dropped.
     pub async fn enqueued_at(&self, queues: &[(QueueName, ClaimKey)]) -> Result<(), PublishError> {
+        self.enqueued_at_served(queues, &[]).await
+    }
+
+    /// [`Wake::enqueued_at`] where the claims parked here on `served`
+    /// need no wake-up (the enqueue's own claims took every job of those
+    /// queues they could): their floors are lowered, and other
+    /// coordinators told, all the same.
+    pub async fn enqueued_at_served(
+        &self,
+        queues: &[(QueueName, ClaimKey)],
+        served: &[QueueName],
+    ) -> Result<(), PublishError> {
         for (queue, key) in queues {
-            self.local.queue_ready_at(queue, *key);
+            if served.contains(queue) {
+                self.local.queue_written_at(queue, *key);
+            } else {
+                self.local.queue_ready_at(queue, *key);
+            }
         }
         self.publish_enqueued(queues.iter().map(|(q, _)| q)).await
     }

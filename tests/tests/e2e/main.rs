@@ -24,6 +24,7 @@ mod dependency_races;
 mod dispatch;
 mod edge_runtimes;
 mod endpoints;
+mod enqueue_claims;
 mod failover;
 mod fencing;
 mod final_attempt;
