@@ -47,9 +47,34 @@ struct Parked {
 }
 
 struct Group {
+    /// Claimers that looked and wait, in arrival order.
     parked: VecDeque<Parked>,
+    /// Claimers that joined the group while it rested and have not looked
+    /// yet: served by a statement of their own, so that those parked stay
+    /// on the shelf meanwhile (an enqueue may serve them).
+    fresh: VecDeque<Parked>,
+    /// Every claimer must look again (a wake-up, the timer, a new group).
     dirty: bool,
     next_check: Instant,
+}
+
+impl Group {
+    fn new(dirty: bool, next_check: Instant) -> Self {
+        Self {
+            parked: VecDeque::new(),
+            fresh: VecDeque::new(),
+            dirty,
+            next_check,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.parked.len() + self.fresh.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.parked.is_empty() && self.fresh.is_empty()
+    }
 }
 
 /// The claimers parked in one shard, by group: its loop's, shared with
@@ -67,7 +92,7 @@ impl Shelf {
     /// Brings the waiters' gauge to what is parked here now (shards
     /// share the gauge: each adds what changed on its side).
     fn recount(&mut self, gauge: &prometheus_client::metrics::gauge::Gauge) {
-        let parked: i64 = self.groups.values().map(|g| g.parked.len() as i64).sum();
+        let parked: i64 = self.groups.values().map(|g| g.len() as i64).sum();
         gauge.inc_by(parked - self.counted);
         self.counted = parked;
     }
@@ -241,7 +266,7 @@ impl ClaimBatcher {
                 }
                 () = self.shutdown.cancelled(), if !stopping => {
                     stopping = true;
-                    for parked in lock(&shelf).groups.drain().flat_map(|(_, g)| g.parked) {
+                    for parked in lock(&shelf).groups.drain().flat_map(|(_, g)| g.parked.into_iter().chain(g.fresh)) {
                         let _ = parked.reply.send(Ok(Vec::new()));
                     }
                 }
@@ -268,25 +293,46 @@ impl ClaimBatcher {
     }
 
     /// Serves every group marked dirty, each out of the shelf while its
-    /// statement runs; a group left with nobody parked goes.
+    /// statement runs, and the fresh claimers of the others (their group
+    /// stays on the shelf); a group left with nobody parked goes.
     async fn serve_dirty(&self, shelf: &SharedShelf) {
-        let dirty: Vec<GroupKey> = lock(shelf)
+        let due: Vec<(GroupKey, bool)> = lock(shelf)
             .groups
             .iter()
-            .filter(|(_, g)| g.dirty)
-            .map(|(k, _)| k.clone())
+            .filter(|(_, g)| g.dirty || !g.fresh.is_empty())
+            .map(|(k, g)| (k.clone(), g.dirty))
             .collect();
-        for key in dirty {
-            // Gone when an enqueue took its every claimer meanwhile.
-            let Some(mut group) = lock(shelf).groups.remove(&key) else {
-                continue;
+        for (key, whole) in due {
+            let taken = {
+                let mut shelf = lock(shelf);
+                if whole {
+                    shelf.groups.remove(&key).map(|mut group| {
+                        let fresh = std::mem::take(&mut group.fresh);
+                        group.parked.extend(fresh);
+                        group
+                    })
+                } else {
+                    shelf.groups.get_mut(&key).map(|group| Group {
+                        parked: std::mem::take(&mut group.fresh),
+                        ..Group::new(true, group.next_check)
+                    })
+                }
             };
-            self.serve(&key, &mut group).await;
-            if !group.parked.is_empty() {
-                // Only this loop adds claimers: no group of this key was
-                // made while it was out.
-                lock(shelf).groups.insert(key, group);
+            // Gone when an enqueue took its every claimer meanwhile.
+            let Some(mut served) = taken else { continue };
+            self.serve(&key, &mut served).await;
+            if served.is_empty() {
+                continue;
             }
+            // Only this loop adds claimers, and only it makes a group dirty:
+            // those left wait with the group's.
+            let mut shelf = lock(shelf);
+            let group = shelf
+                .groups
+                .entry(key)
+                .or_insert_with(|| Group::new(served.dirty, served.next_check));
+            group.next_check = group.next_check.min(served.next_check);
+            group.parked.extend(served.parked);
         }
     }
 
@@ -311,8 +357,9 @@ impl ClaimBatcher {
             let Some(group) = shelf.groups.get_mut(&key) else {
                 continue;
             };
+            // Those parked longest first.
             while slots < jobs
-                && let Some(parked) = group.parked.pop_front()
+                && let Some(parked) = group.parked.pop_front().or_else(|| group.fresh.pop_front())
             {
                 // One that left needs nothing; its shard would drop it.
                 if parked.reply.is_closed() {
@@ -321,7 +368,7 @@ impl ClaimBatcher {
                 slots += parked.ask.max_jobs as usize;
                 taken.push(TakenClaimer { parked, shard });
             }
-            if group.parked.is_empty() {
+            if group.is_empty() {
                 shelf.groups.remove(&key);
             }
             shelf.recount(&self.metrics.claim_waiters);
@@ -355,19 +402,25 @@ impl ClaimBatcher {
             return;
         }
         let key = GroupKey::of(&parked.ask);
-        let group = groups.entry(key).or_insert_with(|| Group {
-            parked: VecDeque::new(),
-            dirty: true,
-            next_check: Instant::now(),
-        });
-        group.dirty = true;
-        group.parked.push_back(parked);
+        let group = groups
+            .entry(key)
+            .or_insert_with(|| Group::new(true, Instant::now()));
+        if group.dirty {
+            group.parked.push_back(parked);
+        } else {
+            // The group's own claimers stay parked: nothing was claimable
+            // for them when they last looked, and a wake-up tells them
+            // otherwise.
+            group.fresh.push_back(parked);
+        }
     }
 
-    /// Answers claimers whose wait ran out, and forgets those who left.
+    /// Answers claimers whose wait ran out, and forgets those who left
+    /// (fresh claimers look once first, whatever their wait).
     fn expire(&self, groups: &mut HashMap<GroupKey, Group>) {
         let now = Instant::now();
         for group in groups.values_mut() {
+            group.fresh.retain(|p| !p.reply.is_closed());
             let mut kept = VecDeque::with_capacity(group.parked.len());
             for parked in group.parked.drain(..) {
                 if parked.reply.is_closed() {
@@ -381,7 +434,7 @@ impl ClaimBatcher {
             }
             group.parked = kept;
         }
-        groups.retain(|_, g| !g.parked.is_empty());
+        groups.retain(|_, g| !g.is_empty());
     }
 
     /// Runs claim statements for a group until it is served or nothing more
