@@ -2,7 +2,9 @@
 //! single-job enqueue that makes their jobs: one commit for both, no claim
 //! statement of their own, no wake-up of the claim loop. Claims the
 //! enqueue's statement cannot serve as they are (a time limit, several
-//! queues, a job not due yet) are woken as before.
+//! queues, a job not due yet) are woken as before. A claimer that joins a
+//! resting group looks by itself, leaving those parked before it on their
+//! shelf.
 
 use std::collections::HashSet;
 use std::time::Instant;
@@ -213,4 +215,40 @@ async fn claims_with_a_time_limit_or_jobs_not_due_are_left_to_the_claim_loop() {
     assert_eq!(c.api.metric("runlease_claim_waiters").await, 1.0);
     assert!(!waiting.is_finished());
     waiting.abort();
+}
+
+#[tokio::test]
+async fn a_newcomer_looks_by_itself_while_the_claimers_parked_before_it_wait() {
+    let db = TestDb::new().await;
+    let c = woken_only(&db).await;
+    let api = c.api.clone();
+    let first = tokio::spawn(async move { api.claim_wait("lost", "first", 1, 30_000).await });
+    c.api.until_claims_parked(1).await;
+    // A job made due behind the coordinator's back: no wake-up tells the
+    // parked claimer (its timer would).
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs",
+            &json!({"queue": "lost", "payload": {}, "delay_ms": 3_600_000}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let id = uuid::Uuid::parse_str(body["id"].as_str().unwrap()).unwrap();
+    db.client()
+        .await
+        .execute("UPDATE jobs SET run_at = now() WHERE id = $1", &[&id])
+        .await
+        .unwrap();
+
+    // The newcomer's own look finds it at once; the claimer parked before
+    // it is not taken off its shelf for that look.
+    let started = Instant::now();
+    let leases = c.api.claim_wait("lost", "second", 1, 30_000).await;
+    assert!(started.elapsed() < WOKEN_WITHIN);
+    assert_eq!(leases.len(), 1);
+    assert_eq!(leases[0].job_id.0, id);
+    assert_eq!(c.api.metric("runlease_claim_waiters").await, 1.0);
+    assert!(!first.is_finished());
+    first.abort();
 }
