@@ -6,8 +6,8 @@
 //! claim runs its own statements (the per-request mode).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use runlease_protocol::{QueueName, WorkerId};
@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::batch::plan::{ClaimPlan, GroupKey, Placement};
+pub use crate::batch::shelf::TakenClaimer;
+use crate::batch::shelf::{Group, SharedShelf, lock};
 use crate::batch::{BatchSettings, Parts};
 use crate::flow::FlowControl;
 use crate::metrics::{LimitLabels, Metrics};
@@ -40,96 +42,10 @@ pub struct ClaimAsk {
     pub wait: Duration,
 }
 
-struct Parked {
-    ask: ClaimAsk,
-    deadline: Instant,
-    reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
-}
-
-struct Group {
-    /// Claimers that looked and wait, in arrival order.
-    parked: VecDeque<Parked>,
-    /// Claimers that joined the group while it rested and have not looked
-    /// yet: served by a statement of their own, so that those parked stay
-    /// on the shelf meanwhile (an enqueue may serve them).
-    fresh: VecDeque<Parked>,
-    /// Every claimer must look again (a wake-up, the timer, a new group).
-    dirty: bool,
-    next_check: Instant,
-}
-
-impl Group {
-    fn new(dirty: bool, next_check: Instant) -> Self {
-        Self {
-            parked: VecDeque::new(),
-            fresh: VecDeque::new(),
-            dirty,
-            next_check,
-        }
-    }
-
-    fn len(&self) -> usize {
-        self.parked.len() + self.fresh.len()
-    }
-
-    fn is_empty(&self) -> bool {
-        self.parked.is_empty() && self.fresh.is_empty()
-    }
-}
-
-/// The claimers parked in one shard, by group: its loop's, shared with
-/// the enqueuer, which may take some to serve in its own transaction
-/// ([`ClaimBatcher::take_parked`]). A group being served is out of it
-/// while its statement runs, so nobody else can take its claimers then.
-#[derive(Default)]
-struct Shelf {
-    groups: HashMap<GroupKey, Group>,
-    /// Parked claimers last added to the waiters' gauge.
-    counted: i64,
-}
-
-impl Shelf {
-    /// Brings the waiters' gauge to what is parked here now (shards
-    /// share the gauge: each adds what changed on its side).
-    fn recount(&mut self, gauge: &prometheus_client::metrics::gauge::Gauge) {
-        let parked: i64 = self.groups.values().map(|g| g.len() as i64).sum();
-        gauge.inc_by(parked - self.counted);
-        self.counted = parked;
-    }
-
-    /// The earliest deadline or re-check of any group.
-    fn next_timer(&self) -> Option<Instant> {
-        self.groups
-            .values()
-            .flat_map(|g| {
-                g.parked
-                    .iter()
-                    .map(|p| p.deadline)
-                    .chain(std::iter::once(g.next_check))
-            })
-            .min()
-    }
-}
-
-type SharedShelf = Arc<Mutex<Shelf>>;
-
-fn lock(shelf: &SharedShelf) -> std::sync::MutexGuard<'_, Shelf> {
-    // A shelf holds no invariant a panic could break halfway.
-    shelf.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A parked claimer an enqueue took from its shard to serve it in the
-/// enqueue's own transaction ([`ClaimBatcher::take_parked`]).
-pub struct TakenClaimer {
-    parked: Parked,
-    shard: usize,
-}
-
-impl TakenClaimer {
-    /// What it asked for.
-    pub fn ask(&self) -> &ClaimAsk {
-        &self.parked.ask
-    }
+pub(super) struct Parked {
+    pub(super) ask: ClaimAsk,
+    pub(super) deadline: Instant,
+    pub(super) reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
 }
 
 /// Serves claims. With batching on, claims are spread over a few shards
@@ -137,13 +53,13 @@ impl TakenClaimer {
 /// flight, so a busy queue's claims use more than one connection.
 #[derive(Clone)]
 pub struct ClaimBatcher {
-    shards: Arc<Vec<mpsc::UnboundedSender<Parked>>>,
-    shelves: Arc<Vec<SharedShelf>>,
-    next_shard: Arc<AtomicUsize>,
+    pub(super) shards: Arc<Vec<mpsc::UnboundedSender<Parked>>>,
+    pub(super) shelves: Arc<Vec<SharedShelf>>,
+    pub(super) next_shard: Arc<AtomicUsize>,
     store: Store,
     flow: Arc<FlowControl>,
     wake: Wake,
-    metrics: Arc<Metrics>,
+    pub(super) metrics: Arc<Metrics>,
     recheck: Duration,
     max_slots: usize,
     shutdown: CancellationToken,
@@ -296,12 +212,25 @@ impl ClaimBatcher {
     /// statement runs, and the fresh claimers of the others (their group
     /// stays on the shelf); a group left with nobody parked goes.
     async fn serve_dirty(&self, shelf: &SharedShelf) {
-        let due: Vec<(GroupKey, bool)> = lock(shelf)
-            .groups
-            .iter()
-            .filter(|(_, g)| g.dirty || !g.fresh.is_empty())
-            .map(|(k, g)| (k.clone(), g.dirty))
-            .collect();
+        // Twice at most: newcomers that found jobs make their group dirty,
+        // and a group served whole rests or goes.
+        loop {
+            let due: Vec<(GroupKey, bool)> = lock(shelf)
+                .groups
+                .iter()
+                .filter(|(_, g)| g.dirty || !g.fresh.is_empty())
+                .map(|(k, g)| (k.clone(), g.dirty))
+                .collect();
+            if due.is_empty() {
+                return;
+            }
+            self.serve_due(shelf, due).await;
+        }
+    }
+
+    /// Serves each of `due`: a whole group out of the shelf, or the fresh
+    /// claimers of one (`false`).
+    async fn serve_due(&self, shelf: &SharedShelf, due: Vec<(GroupKey, bool)>) {
         for (key, whole) in due {
             let taken = {
                 let mut shelf = lock(shelf);
@@ -320,79 +249,24 @@ impl ClaimBatcher {
             };
             // Gone when an enqueue took its every claimer meanwhile.
             let Some(mut served) = taken else { continue };
-            self.serve(&key, &mut served).await;
-            if served.is_empty() {
+            let found = self.serve(&key, &mut served).await;
+            // Newcomers that found jobs without a wake-up (a delayed job
+            // come due, a wake-up lost) show that the group's parked
+            // claimers may find some too: they look next.
+            let stale = found && !whole;
+            if served.is_empty() && !stale {
                 continue;
             }
-            // Only this loop adds claimers, and only it makes a group dirty:
-            // those left wait with the group's.
+            // Only this loop adds claimers: those left wait with the
+            // group's.
             let mut shelf = lock(shelf);
             let group = shelf
                 .groups
                 .entry(key)
                 .or_insert_with(|| Group::new(served.dirty, served.next_check));
             group.next_check = group.next_check.min(served.next_check);
+            group.dirty |= stale;
             group.parked.extend(served.parked);
-        }
-    }
-
-    /// Takes claimers parked for `queue` alone, without a time limit (a
-    /// claim an enqueue's statement can serve as it is), in arrival order,
-    /// until they ask for at least `jobs` leases (so that each has a job
-    /// of the `jobs` the enqueue makes claimable). The enqueue serves them
-    /// in its transaction; those it cannot serve go back
-    /// ([`ClaimBatcher::put_back`]).
-    pub fn take_parked(&self, queue: &QueueName, jobs: usize) -> Vec<TakenClaimer> {
-        let key = GroupKey {
-            queues: vec![queue.clone()],
-            time_left_band: None,
-        };
-        let mut taken = Vec::new();
-        let mut slots = 0;
-        for (shard, shelf) in self.shelves.iter().enumerate() {
-            if slots >= jobs {
-                break;
-            }
-            let mut shelf = lock(shelf);
-            let Some(group) = shelf.groups.get_mut(&key) else {
-                continue;
-            };
-            // Those parked longest first.
-            while slots < jobs
-                && let Some(parked) = group.parked.pop_front().or_else(|| group.fresh.pop_front())
-            {
-                // One that left needs nothing; its shard would drop it.
-                if parked.reply.is_closed() {
-                    continue;
-                }
-                slots += parked.ask.max_jobs as usize;
-                taken.push(TakenClaimer { parked, shard });
-            }
-            if group.is_empty() {
-                shelf.groups.remove(&key);
-            }
-            shelf.recount(&self.metrics.claim_waiters);
-        }
-        taken
-    }
-
-    /// Hands a taken claimer what the enqueue claimed for it: its leases,
-    /// or, when it got none, back to its shard to park again (a claimer
-    /// that left has its leases given back).
-    pub async fn hand_taken(&self, taken: TakenClaimer, leases: Vec<ClaimedJob>) {
-        if leases.is_empty() {
-            self.put_back(taken);
-        } else if let Err(Ok(leases)) = taken.parked.reply.send(Ok(leases)) {
-            self.release_unwanted(&taken.parked.ask.worker, leases).await;
-        }
-    }
-
-    /// A taken claimer back to its shard, as a new claim (it looks at
-    /// once).
-    pub fn put_back(&self, taken: TakenClaimer) {
-        if let Some(tx) = self.shards.get(taken.shard) {
-            // A shard gone (shutting down) drops the reply: answered empty.
-            let _ = tx.send(taken.parked);
         }
     }
 
@@ -439,11 +313,13 @@ impl ClaimBatcher {
 
     /// Runs claim statements for a group until it is served or nothing more
     /// is claimable; parked claimers whose wait ran out are then answered.
-    async fn serve(&self, key: &GroupKey, group: &mut Group) {
+    /// Answers whether its statements claimed anything.
+    async fn serve(&self, key: &GroupKey, group: &mut Group) -> bool {
+        let mut found = false;
         loop {
             group.parked.retain(|p| !p.reply.is_closed());
             if group.parked.is_empty() {
-                return;
+                return found;
             }
             let mut plan = ClaimPlan::new(self.max_slots);
             // In arrival order, as far as the statement has room.
@@ -455,10 +331,11 @@ impl ClaimBatcher {
                     for parked in group.parked.drain(..) {
                         let _ = parked.reply.send(Err(e.clone()));
                     }
-                    return;
+                    return found;
                 }
             };
             let (retry_in, got) = (claimed.retry_in, claimed.rows.len());
+            found |= got > 0;
             let mut dealt = plan.deal(vec![claimed.rows]);
             // Served claimers leave; the others keep their place, in
             // arrival order.
@@ -476,7 +353,7 @@ impl ClaimBatcher {
             group.parked = waiting;
             if got < wanted {
                 self.rest(group, retry_in);
-                return;
+                return found;
             }
         }
     }
@@ -526,7 +403,7 @@ impl ClaimBatcher {
 
     /// Leases claimed for a claimer that left before its answer: see
     /// [`release_unwanted`].
-    async fn release_unwanted(&self, worker: &WorkerId, records: Vec<ClaimedJob>) {
+    pub(super) async fn release_unwanted(&self, worker: &WorkerId, records: Vec<ClaimedJob>) {
         release_unwanted(&self.store, &self.wake, worker, records).await;
     }
 }

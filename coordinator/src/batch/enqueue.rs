@@ -192,16 +192,21 @@ async fn write_claiming(
 ) -> Result<WrittenClaiming, StoreError> {
     let mut plan = ClaimPlan::new(max_slots);
     let placements: Vec<Option<Placement>> = taken.iter().map(|t| plan.place(t.ask())).collect();
+    // No leases for anybody: the claimers look again, woken by the batch.
+    let no_leases = || taken.iter().map(|_| Vec::new()).collect();
     if plan.is_empty() {
-        let written = write(&parts.store, jobs).await?;
-        return Ok((written, taken.iter().map(|_| Vec::new()).collect(), Vec::new()));
+        return Ok((write(&parts.store, jobs).await?, no_leases(), Vec::new()));
     }
     let claims = plan.claims();
     let (enqueued, claimed) = match parts.store.enqueue_then_claim(jobs, &claims).await {
-        Ok(done) => done,
+        Ok((enqueued, Some(claimed))) => (enqueued, claimed),
+        // The leases were given back.
+        Ok((enqueued, None)) => {
+            let written = enqueued.into_iter().map(|e| Pass::Answer(Ok(e))).collect();
+            return Ok((written, no_leases(), Vec::new()));
+        }
         Err(StoreError::Rejected(_)) => {
-            let written = write(&parts.store, jobs).await?;
-            return Ok((written, taken.iter().map(|_| Vec::new()).collect(), Vec::new()));
+            return Ok((write(&parts.store, jobs).await?, no_leases(), Vec::new()));
         }
         Err(e) => return Err(e),
     };

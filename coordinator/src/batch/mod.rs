@@ -10,11 +10,13 @@
 //! - [`enqueue`]: the batcher of single-job enqueues.
 //! - [`finish`]: the batchers of finishing outcomes (with the claims riding them) and of heartbeats.
 //! - [`plan`]: [`plan::ClaimPlan`], where the slots of claims go, for every way a claim is made.
+//! - `shelf`: the claimers parked in the claim batcher's loops, which the enqueuer may take.
 
 pub mod claims;
 pub mod enqueue;
 pub mod finish;
 pub mod plan;
+mod shelf;
 
 pub use enqueue::Enqueuer;
 pub use finish::{FinishDone, FinishWork, Finisher, Renewer};

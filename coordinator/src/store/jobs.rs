@@ -261,6 +261,10 @@ impl Written {
     }
 }
 
+/// What [`Store::enqueue_then_claim`] answers: the jobs, and each claim's
+/// leases with the slot each filled (`None`: claimed, then given back).
+pub type EnqueuedAndClaimed = (Vec<Enqueued>, Option<Vec<Vec<(usize, ClaimedJob)>>>);
+
 impl Store {
     /// Enqueues jobs in one transaction, answering them in request order.
     /// Jobs whose idempotency key exists answer the original. A job with
@@ -303,12 +307,12 @@ impl Store {
     /// order and each claim's leases (with the slot, 0-based, each filled),
     /// or an error for all: nothing of a failed transaction stands. Should
     /// the leases' dependencies not be read after the commit, the leases
-    /// are given back and answered as none (the jobs stand).
+    /// are given back and answered as `None` (the jobs stand).
     pub async fn enqueue_then_claim(
         &self,
         jobs: &[NewJob],
         claims: &[ClaimGroup<'_>],
-    ) -> Result<(Vec<Enqueued>, Vec<Vec<(usize, ClaimedJob)>>), StoreError> {
+    ) -> Result<EnqueuedAndClaimed, StoreError> {
         self.timed("enqueue", || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
@@ -349,9 +353,9 @@ impl Store {
             if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
                 tracing::warn!(error = %e, "the leases of an enqueue's claims lost their dependencies: releasing them");
                 self.release_claimed(claims, &claimed).await;
-                claimed.iter_mut().for_each(Vec::clear);
+                return Ok((answers, None));
             }
-            Ok((answers, claimed))
+            Ok((answers, Some(claimed)))
         })
         .await
     }
