@@ -1,9 +1,12 @@
 //! The claim batcher: parked claimers of the same queues are served by one
 //! claim statement whose slots are the sum of what they asked for, and the
-//! rows are handed out in arrival order. A new claim, a wake-up for one of the
-//! queues, or the re-check timer makes the batcher look again; a claimer
-//! whose wait ran out is answered with an empty list. With batching off, each
-//! claim runs its own statements (the per-request mode).
+//! rows are handed out in arrival order. A wake-up for one of the queues or
+//! the re-check timer makes a group look again; a claim that joins a
+//! resting group looks by itself first. A claimer whose wait ran out is
+//! answered with an empty list. Parked claimers wait on shelves
+//! (`batch/shelf.rs`), where an enqueue may take them to serve them in its
+//! own transaction. With batching off, each claim runs its own statements
+//! (the per-request mode).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
