@@ -227,29 +227,41 @@ async fn claims_with_a_time_limit_or_jobs_not_due_are_left_to_the_claim_loop() {
     waiting.abort();
 }
 
+/// One claimer ("first") parked on `queue`, then `n` jobs made due behind
+/// the coordinator's back: no wake-up tells the parked claimer (its timer
+/// would, a minute later).
+async fn parked_then_due(
+    c: &TestCoordinator,
+    db: &TestDb,
+    queue: &'static str,
+    n: usize,
+) -> (
+    tokio::task::JoinHandle<Vec<runlease_protocol::worker::Lease>>,
+    Vec<uuid::Uuid>,
+) {
+    let api = c.api.clone();
+    let first = tokio::spawn(async move { api.claim_wait(queue, "first", 1, 30_000).await });
+    c.api.until_claims_parked(1).await;
+    let mut ids = Vec::new();
+    for _ in 0..n {
+        let job = json!({"queue": queue, "payload": {}, "delay_ms": 3_600_000});
+        let (status, body) = c.api.post("/v1/jobs", &job).await;
+        assert_eq!(status, 201, "{body}");
+        ids.push(uuid::Uuid::parse_str(body["id"].as_str().unwrap()).unwrap());
+    }
+    db.client()
+        .await
+        .execute("UPDATE jobs SET run_at = now() WHERE id = ANY($1)", &[&ids])
+        .await
+        .unwrap();
+    (first, ids)
+}
+
 #[tokio::test]
 async fn a_newcomer_looks_by_itself_while_the_claimers_parked_before_it_wait() {
     let db = TestDb::new().await;
     let c = woken_only(&db).await;
-    let api = c.api.clone();
-    let first = tokio::spawn(async move { api.claim_wait("lost", "first", 1, 30_000).await });
-    c.api.until_claims_parked(1).await;
-    // A job made due behind the coordinator's back: no wake-up tells the
-    // parked claimer (its timer would).
-    let (status, body) = c
-        .api
-        .post(
-            "/v1/jobs",
-            &json!({"queue": "lost", "payload": {}, "delay_ms": 3_600_000}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let id = uuid::Uuid::parse_str(body["id"].as_str().unwrap()).unwrap();
-    db.client()
-        .await
-        .execute("UPDATE jobs SET run_at = now() WHERE id = $1", &[&id])
-        .await
-        .unwrap();
+    let (first, ids) = parked_then_due(&c, &db, "lost", 1).await;
 
     // The newcomer's own look finds it at once; the claimer parked before
     // it is not taken off its shelf for that look.
@@ -257,7 +269,7 @@ async fn a_newcomer_looks_by_itself_while_the_claimers_parked_before_it_wait() {
     let leases = c.api.claim_wait("lost", "second", 1, 30_000).await;
     assert!(started.elapsed() < WOKEN_WITHIN);
     assert_eq!(leases.len(), 1);
-    assert_eq!(leases[0].job_id.0, id);
+    assert_eq!(leases[0].job_id.0, ids[0]);
     assert_eq!(c.api.metric("runlease_claim_waiters").await, 1.0);
     assert!(!first.is_finished());
     first.abort();
@@ -267,27 +279,7 @@ async fn a_newcomer_looks_by_itself_while_the_claimers_parked_before_it_wait() {
 async fn a_newcomer_that_finds_jobs_sends_the_parked_claimers_to_look_too() {
     let db = TestDb::new().await;
     let c = woken_only(&db).await;
-    let api = c.api.clone();
-    let first = tokio::spawn(async move { api.claim_wait("due", "first", 1, 30_000).await });
-    c.api.until_claims_parked(1).await;
-    // Two jobs made due without a wake-up.
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let (status, body) = c
-            .api
-            .post(
-                "/v1/jobs",
-                &json!({"queue": "due", "payload": {}, "delay_ms": 3_600_000}),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
-        ids.push(uuid::Uuid::parse_str(body["id"].as_str().unwrap()).unwrap());
-    }
-    db.client()
-        .await
-        .execute("UPDATE jobs SET run_at = now() WHERE id = ANY($1)", &[&ids])
-        .await
-        .unwrap();
+    let (first, ids) = parked_then_due(&c, &db, "due", 2).await;
     // The newcomer takes one; the claimer parked before it takes the
     // other at once, not at its timer.
     let started = Instant::now();
