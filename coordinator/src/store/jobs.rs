@@ -345,17 +345,18 @@ impl Store {
                 Ok::<_, StoreError>((answers, claimed, floors_read))
             }
             .await;
-            let (answers, mut claimed, (taken, found)) = tx.end(sent).await?;
-            if let Some(floors) = self.claim_floors() {
-                floors.found(&taken, &found);
+            let (answers, mut claimed, floors_read) = tx.end(sent).await?;
+            // The jobs stand whatever follows.
+            match self
+                .claims_committed(&client, claims, &mut claimed, floors_read)
+                .await
+            {
+                Ok(()) => Ok((answers, Some(claimed))),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the leases of an enqueue's claims were given back");
+                    Ok((answers, None))
+                }
             }
-            let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
-            if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
-                tracing::warn!(error = %e, "the leases of an enqueue's claims lost their dependencies: releasing them");
-                self.release_claimed(claims, &claimed).await;
-                return Ok((answers, None));
-            }
-            Ok((answers, Some(claimed)))
         })
         .await
     }

@@ -16,6 +16,7 @@ use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
 
+use crate::store::claims::FloorsRead;
 pub use crate::store::claims::{Claimed, LimitKind, Requeued};
 use crate::store::floors::ClaimKey;
 
@@ -504,16 +505,10 @@ impl Store {
             }
             .await;
             // Any part refused rolls the whole transaction back.
-            let (finished, mut claimed, held_back, settled, (taken, found)) = tx.end(sent).await?;
-            if let Some(floors) = self.claim_floors() {
-                floors.found(&taken, &found);
-            }
+            let (finished, mut claimed, held_back, settled, floors_read) = tx.end(sent).await?;
             self.report_settled(settled);
-            let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
-            if let Err(e) = dependencies::attach_to_leases(&client, &mut leased).await {
-                self.release_claimed(claims, &claimed).await;
-                return Err(e);
-            }
+            self.claims_committed(&client, claims, &mut claimed, floors_read)
+                .await?;
             let answered = async {
                 let applied = applied_rows(&finished)?;
                 endings(&client, items, applied).await
@@ -563,13 +558,32 @@ impl Store {
         Ok((finished, settled))
     }
 
+    /// What follows the commit of claims, whichever transaction carried
+    /// them: the claim floors learn what the reads after the claims found
+    /// ([`crate::store::floors::ClaimFloors::found`]), and the leased jobs
+    /// get their dependencies. Should those not be read, the leases, never
+    /// handed out, are given back and the error answered.
+    pub(super) async fn claims_committed(
+        &self,
+        client: &deadpool_postgres::ClientWrapper,
+        claims: &[ClaimGroup<'_>],
+        claimed: &mut [Vec<(usize, ClaimedJob)>],
+        (taken, found): FloorsRead,
+    ) -> Result<(), StoreError> {
+        if let Some(floors) = self.claim_floors() {
+            floors.found(&taken, &found);
+        }
+        let mut leased: Vec<&mut ClaimedJob> = claimed.iter_mut().flatten().map(|(_, j)| j).collect();
+        if let Err(e) = dependencies::attach_to_leases(client, &mut leased).await {
+            self.release_claimed(claims, claimed).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Gives back leases of [`Store::finish_then_claim`] that committed but
     /// are not answered.
-    pub(super) async fn release_claimed(
-        &self,
-        claims: &[ClaimGroup<'_>],
-        claimed: &[Vec<(usize, ClaimedJob)>],
-    ) {
+    async fn release_claimed(&self, claims: &[ClaimGroup<'_>], claimed: &[Vec<(usize, ClaimedJob)>]) {
         let leases: Vec<LeaseRef> = claims
             .iter()
             .zip(claimed)
