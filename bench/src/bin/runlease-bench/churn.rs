@@ -28,16 +28,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use runlease_client::Client;
 use runlease_client::protocol::limits::MAX_BATCH_JOBS;
-use runlease_client::protocol::worker::{
-    ClaimRequest, FinishAction, FinishItem, FinishRequest, FinishStatus,
-};
-use runlease_client::protocol::{QueueName, WorkerId};
 use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::h1::Conn;
 use crate::history::enqueue;
 use crate::stats::percentile;
 
@@ -68,60 +64,72 @@ pub struct Options {
 }
 
 /// A worker until `stop`: claim, finish with the next claim riding on the
-/// finish, counting the completions answered ok into `done`.
-async fn worker(client: Client, id: usize, done: Arc<AtomicUsize>, stop: CancellationToken) {
-    let claim = ClaimRequest {
-        queues: vec![QueueName::new(QUEUE).unwrap()],
-        worker_id: WorkerId::new(format!("churn-{id}")).unwrap(),
-        max_jobs: CLAIM,
-        wait_ms: 500,
-        time_left_ms: None,
-    };
-    let ride = ClaimRequest {
-        wait_ms: 0,
-        ..claim.clone()
-    };
-    let mut held = Vec::new();
+/// finish, counting the completions answered ok into `done`; over a
+/// connection of its own (the bench's lean client, [`Conn`]).
+async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: CancellationToken) {
+    let claim =
+        json!({"queues": [QUEUE], "worker_id": format!("churn-{id}"), "max_jobs": CLAIM, "wait_ms": 500});
+    let mut ride = claim.clone();
+    ride["wait_ms"] = json!(0);
+    let claim = serde_json::to_vec(&claim).expect("a claim serializes");
+    let mut conn = Conn::new(&base);
+    let mut held: Vec<String> = Vec::new();
     while !stop.is_cancelled() {
         if held.is_empty() {
             let answer = tokio::select! {
                 () = stop.cancelled() => return,
-                a = client.claim(&claim) => a,
+                a = conn.post("/v1/claim", &claim) => a,
             };
-            match answer {
-                Ok(a) => held = a.leases,
-                Err(_) => continue,
+            if let Ok(a) = answer
+                && let Ok(a) = serde_json::from_slice::<ClaimAnswer>(a.body)
+            {
+                held = a.leases.into_iter().map(|l| l.lease_token).collect();
             }
             continue;
         }
-        let items = held
+        let items: Vec<Value> = held
             .iter()
-            .map(|l| FinishItem {
-                lease_token: l.lease_token.clone(),
-                action: FinishAction::Complete,
-                result: Some(Value::Null),
-                error: None,
-                retryable: None,
-                retry_after_ms: None,
-                progress: None,
-            })
+            .map(|t| json!({"lease_token": t, "action": "complete", "result": null}))
             .collect();
-        let req = FinishRequest {
-            items,
-            claim: Some(ride.clone()),
-        };
+        let body = serde_json::to_vec(&json!({"items": items, "claim": ride})).expect("a finish serializes");
         // A finish is safe to repeat with the same tokens.
-        let Ok(answer) = client.finish(&req).await else {
+        let Ok(answer) = conn.post("/v1/finish", &body).await else {
             continue;
         };
-        let ok = answer
-            .items
-            .iter()
-            .filter(|i| i.status == FinishStatus::Ok)
-            .count();
+        let Ok(answer) = serde_json::from_slice::<FinishAnswer>(answer.body) else {
+            continue;
+        };
+        let ok = answer.items.iter().filter(|i| i.status == "ok").count();
         done.fetch_add(ok, Ordering::Relaxed);
-        held = answer.leases.unwrap_or_default();
+        held = answer
+            .leases
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| l.lease_token)
+            .collect();
     }
+}
+
+#[derive(serde::Deserialize)]
+struct Lease {
+    lease_token: String,
+}
+
+#[derive(serde::Deserialize)]
+struct ClaimAnswer {
+    leases: Vec<Lease>,
+}
+
+#[derive(serde::Deserialize)]
+struct FinishedItem {
+    status: String,
+}
+
+#[derive(serde::Deserialize)]
+struct FinishAnswer {
+    items: Vec<FinishedItem>,
+    #[serde(default)]
+    leases: Option<Vec<Lease>>,
 }
 
 /// The outside workers, and the completions they have seen.
@@ -133,14 +141,11 @@ struct Fleet {
 
 impl Fleet {
     fn start(base: &str, workers: usize) -> Self {
-        let client = Client::builder(base)
-            .timeout(Duration::from_secs(60))
-            .build()
-            .unwrap();
+        let base: Arc<str> = base.into();
         let done = Arc::new(AtomicUsize::new(0));
         let stop = CancellationToken::new();
         let handles = (0..workers)
-            .map(|w| tokio::spawn(worker(client.clone(), w, done.clone(), stop.clone())))
+            .map(|w| tokio::spawn(worker(base.clone(), w, done.clone(), stop.clone())))
             .collect();
         Self { done, stop, handles }
     }

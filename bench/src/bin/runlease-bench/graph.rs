@@ -148,14 +148,7 @@ async fn drain(
         enqueue(&http, &base, QUEUE, jobs).await;
         jobs
     };
-    let fleet = Fleet::start(
-        &http,
-        std::slice::from_ref(&base),
-        workers,
-        concurrency,
-        ride,
-        target,
-    );
+    let fleet = Fleet::start(std::slice::from_ref(&base), workers, concurrency, ride, target);
     let done_at = fleet.finished(&build.name).await;
     let started = fleet.started;
     fleet.stop().await?;

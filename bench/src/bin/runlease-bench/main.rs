@@ -115,6 +115,7 @@ mod enqueue;
 mod flow;
 mod graph;
 mod graphile;
+mod h1;
 mod history;
 mod openloop;
 mod parked;

@@ -4,10 +4,13 @@
 //! at the same rates.
 //!
 //! runlease: one `POST /v1/jobs` per job, sent when it is due (`rate` a
-//! second for `seconds`), over a keep-alive pool of `connections` HTTP/1.1
+//! second for `seconds`), over `connections` keep-alive HTTP/1.1
 //! connections (at most that many enqueues in flight; one due while all are
 //! busy waits for one, so the bench never opens a storm of connections of
-//! its own). `workers` outside HTTP workers (the drain's: claim up to
+//! its own). The enqueues and the workers use the bench's lean client
+//! ([`Conn`]), so the load generator takes as little as it can of the cores
+//! it shares with the coordinator and PostgreSQL. `workers` outside HTTP
+//! workers (the drain's: claim up to
 //! `concurrency`, finish them in one `/v1/finish`, the next claim riding on
 //! it where the build answers that) run the jobs. Every time is taken in
 //! this process from the moment the enqueue was due (not when it was sent,
@@ -40,11 +43,12 @@ use std::time::{Duration, Instant};
 
 use runlease_tests::{CoordinatorProcess, TestDb};
 use serde::Deserialize;
-use serde_json::{Value, json};
-use tokio::sync::{Notify, Semaphore};
+use serde_json::json;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::drain::{Build, CLAIM_WAIT_MS, QUEUE, rides};
+use crate::h1::Conn;
 use crate::stats::{BackendCpu, Cpu, ns_us, percentile, process_ticks, ticks_us};
 
 /// Latencies of one kind, ms from when the enqueue was due.
@@ -163,10 +167,16 @@ fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1e3
 }
 
+/// A job's payload: when its enqueue was due (ms since `t0`).
+#[derive(Deserialize)]
+struct Due {
+    t: f64,
+}
+
 #[derive(Deserialize)]
 struct Leased {
     lease_token: String,
-    payload: Value,
+    payload: Due,
 }
 
 #[derive(Deserialize)]
@@ -186,11 +196,10 @@ struct Tally {
     changed: Notify,
 }
 
-/// An open-loop worker: the drain's loop, timing each job from the due time
-/// its payload carries (`t`, ms since `t0`). Answers (start, done) ms.
-#[allow(clippy::too_many_arguments)]
+/// An open-loop worker: the drain's loop over a connection of its own
+/// ([`Conn`]), timing each job from the due time its payload carries.
+/// Answers (start, done) ms.
 async fn worker(
-    http: reqwest::Client,
     base: Arc<str>,
     id: String,
     max_jobs: u32,
@@ -202,29 +211,30 @@ async fn worker(
     let claim = json!({"queues": [QUEUE], "worker_id": id, "max_jobs": max_jobs, "wait_ms": CLAIM_WAIT_MS});
     let mut ride_claim = claim.clone();
     ride_claim["wait_ms"] = json!(0);
-    let (claim_url, finish_url) = (format!("{base}/v1/claim"), format!("{base}/v1/finish"));
+    let claim = serde_json::to_vec(&claim).expect("a claim serializes");
+    let ride_claim = ride.then(|| ride_claim.to_string());
+    let mut conn = Conn::new(&base);
     let (mut starts, mut dones) = (Vec::new(), Vec::new());
     let mut held: Vec<(String, f64)> = Vec::new();
+    let mut body = Vec::new();
     let take = |leases: Vec<Leased>, starts: &mut Vec<f64>| -> Vec<(String, f64)> {
         let now = ms_since(t0);
         leases
             .into_iter()
             .map(|l| {
-                let due = l.payload["t"].as_f64().unwrap_or(f64::NAN);
-                starts.push(now - due);
-                (l.lease_token, due)
+                starts.push(now - l.payload.t);
+                (l.lease_token, l.payload.t)
             })
             .collect()
     };
     loop {
         if held.is_empty() {
-            let sent = http.post(&claim_url).json(&claim).send();
             let answer = tokio::select! {
                 () = stop.cancelled() => return (starts, dones),
-                r = sent => r,
+                r = conn.post("/v1/claim", &claim) => r,
             };
             let Ok(answer) = answer else { continue };
-            let Ok(answer) = answer.json::<Claimed>().await else {
+            let Ok(answer) = serde_json::from_slice::<Claimed>(answer.body) else {
                 continue;
             };
             held = take(answer.leases, &mut starts);
@@ -232,25 +242,17 @@ async fn worker(
                 continue;
             }
         }
-        let items: Vec<Value> = held
-            .iter()
-            .map(|(t, _)| json!({"lease_token": t, "action": "complete"}))
-            .collect();
-        let mut body = json!({ "items": items });
-        if ride {
-            body["claim"] = ride_claim.clone();
-        }
-        let sent = http.post(&finish_url).json(&body).send();
+        finish_body(&mut body, &held, ride_claim.as_deref());
         let answer = tokio::select! {
             () = stop.cancelled() => return (starts, dones),
-            r = sent => r,
+            r = conn.post("/v1/finish", &body) => r,
         };
         // A finish is safe to repeat with the same tokens: go round again.
         let Ok(answer) = answer else { continue };
-        if !answer.status().is_success() {
+        if !answer.is_success() {
             continue;
         }
-        let Ok(answer) = answer.json::<Finished>().await else {
+        let Ok(answer) = serde_json::from_slice::<Finished>(answer.body) else {
             continue;
         };
         let now = ms_since(t0);
@@ -261,6 +263,65 @@ async fn worker(
     }
 }
 
+/// A finish completing every lease `held`, with `ride` (a claim's JSON) on it.
+fn finish_body(body: &mut Vec<u8>, held: &[(String, f64)], ride: Option<&str>) {
+    body.clear();
+    body.extend_from_slice(b"{\"items\":[");
+    for (i, (token, _)) in held.iter().enumerate() {
+        if i > 0 {
+            body.push(b',');
+        }
+        serde_json::to_writer(&mut *body, &json!({"lease_token": token, "action": "complete"}))
+            .expect("an item serializes");
+    }
+    body.push(b']');
+    if let Some(ride) = ride {
+        body.extend_from_slice(b",\"claim\":");
+        body.extend_from_slice(ride.as_bytes());
+    }
+    body.push(b'}');
+}
+
+/// What the enqueue connections saw: the ack times (ms from due) of the
+/// enqueues answered 2xx by the deadline, and the errors before it.
+#[derive(Default)]
+struct Acks {
+    ms: Vec<f64>,
+    failed: usize,
+}
+
+/// One enqueue connection: sends the enqueues due (their due times, ms
+/// since `t0`) as they come from `due`, one at a time, until `due` closes.
+/// An answer after `deadline` counts as none.
+async fn enqueuer(
+    base: Arc<str>,
+    due: Arc<tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<f64>>>,
+    t0: Instant,
+    deadline: Instant,
+    acks: Arc<std::sync::Mutex<Acks>>,
+) {
+    let mut conn = Conn::new(&base);
+    let mut body = Vec::new();
+    loop {
+        let Some(due_ms) = due.lock().await.recv().await else {
+            return;
+        };
+        body.clear();
+        serde_json::to_writer(&mut body, &json!({"queue": QUEUE, "payload": {"t": due_ms}}))
+            .expect("an enqueue serializes");
+        let ok = conn.post("/v1/jobs", &body).await.is_ok_and(|a| a.is_success());
+        if Instant::now() > deadline {
+            continue;
+        }
+        let mut acks = acks.lock().expect("not poisoned");
+        if ok {
+            acks.ms.push(ms_since(t0) - due_ms);
+        } else {
+            acks.failed += 1;
+        }
+    }
+}
+
 /// One open-loop run of `build` at `offer.rate` on a fresh database.
 pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     let db = TestDb::empty().await;
@@ -268,18 +329,8 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     let env = [("RUNLEASE_DATABASE_URL", format!("{}{sep}sslmode=disable", db.url))];
     let mut process = CoordinatorProcess::start_binary(&build.binary, &db, &env).await;
     let base: Arc<str> = process.api.base().into();
-    let workers_http = reqwest::Client::builder()
-        .http1_only()
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let ride = rides(&workers_http, &base).await?;
-    let enqueue_http = reqwest::Client::builder()
-        .http1_only()
-        .pool_max_idle_per_host(offer.connections)
-        .pool_idle_timeout(None)
-        .timeout(Duration::from_secs(30))
-        .build()?;
-    let slots = Arc::new(Semaphore::new(offer.connections));
+    let http = reqwest::Client::builder().http1_only().build()?;
+    let ride = rides(&http, &base).await?;
     let tally = Arc::new(Tally {
         done: AtomicUsize::new(0),
         changed: Notify::new(),
@@ -291,7 +342,6 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     let workers: Vec<_> = (0..offer.workers)
         .map(|w| {
             tokio::spawn(worker(
-                workers_http.clone(),
                 base.clone(),
                 format!("open-loop-{w}"),
                 offer.concurrency,
@@ -304,34 +354,31 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
         .collect();
     let total = offer.rate * offer.seconds as usize;
     let start = t0 + Duration::from_millis(50);
-    let url: Arc<str> = format!("{base}/v1/jobs").into();
-    let mut sends = Vec::with_capacity(total);
-    for i in 0..total {
-        let due = start + Duration::from_secs_f64(i as f64 / offer.rate as f64);
-        tokio::time::sleep_until(due.into()).await;
-        let due_ms = (due - t0).as_secs_f64() * 1e3;
-        let (http, url, slots) = (enqueue_http.clone(), url.clone(), slots.clone());
-        sends.push(tokio::spawn(async move {
-            let _slot = slots.acquire_owned().await.expect("never closed");
-            let body = json!({"queue": QUEUE, "payload": {"t": due_ms}});
-            let answer = http.post(&*url).json(&body).send().await;
-            let ok = answer.is_ok_and(|a| a.status().is_success());
-            if ok { Ok(ms_since(t0) - due_ms) } else { Err(()) }
-        }));
-    }
     // An enqueue still unanswered at the deadline counts as not acknowledged.
     let deadline = start + Duration::from_secs(offer.seconds) + offer.grace;
-    let mut acks = Vec::with_capacity(total);
-    let mut failed = 0;
-    for mut s in sends {
-        match tokio::time::timeout_at(deadline.into(), &mut s).await {
-            Ok(answer) => match answer? {
-                Ok(ms) => acks.push(ms),
-                Err(()) => failed += 1,
-            },
-            Err(_) => s.abort(),
+    let (due, queued) = tokio::sync::mpsc::unbounded_channel();
+    let queued = Arc::new(tokio::sync::Mutex::new(queued));
+    let acks = Arc::new(std::sync::Mutex::new(Acks::default()));
+    let mut enqueuers: Vec<_> = (0..offer.connections)
+        .map(|_| tokio::spawn(enqueuer(base.clone(), queued.clone(), t0, deadline, acks.clone())))
+        .collect();
+    for i in 0..total {
+        let at = start + Duration::from_secs_f64(i as f64 / offer.rate as f64);
+        tokio::time::sleep_until(at.into()).await;
+        due.send((at - t0).as_secs_f64() * 1e3)
+            .expect("the enqueuers wait");
+    }
+    drop(due);
+    for e in &mut enqueuers {
+        if tokio::time::timeout_at(deadline.into(), e).await.is_err() {
+            break;
         }
     }
+    enqueuers.iter().for_each(tokio::task::JoinHandle::abort);
+    let (acks, failed) = {
+        let mut acks = acks.lock().expect("not poisoned");
+        (std::mem::take(&mut acks.ms), acks.failed)
+    };
     let acked = acks.len();
     while tally.done.load(Ordering::Relaxed) < acked {
         let wait = tally.changed.notified();

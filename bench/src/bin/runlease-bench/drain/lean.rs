@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::{CLAIM_WAIT_MS, QUEUE};
+use crate::h1::Conn;
 
 #[derive(Serialize)]
 struct ClaimBody<'a> {
@@ -21,14 +22,14 @@ struct ClaimBody<'a> {
 }
 
 #[derive(Serialize)]
-struct FinishItemBody {
-    lease_token: String,
+struct FinishItemBody<'a> {
+    lease_token: &'a str,
     action: &'static str,
 }
 
 #[derive(Serialize)]
 struct FinishBody<'a> {
-    items: Vec<FinishItemBody>,
+    items: Vec<FinishItemBody<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     claim: Option<&'a ClaimBody<'a>>,
 }
@@ -82,7 +83,6 @@ impl Fleet {
     /// up to `concurrency` (riding finishes when `ride`), until `target`
     /// jobs are done.
     pub(crate) fn start(
-        http: &reqwest::Client,
         bases: &[Arc<str>],
         workers: usize,
         concurrency: u32,
@@ -102,7 +102,6 @@ impl Fleet {
         let handles = (0..workers)
             .map(|w| {
                 tokio::spawn(worker(
-                    http.clone(),
                     bases[w % bases.len()].clone(),
                     format!("bench-{w}"),
                     concurrency,
@@ -203,10 +202,9 @@ pub(crate) async fn rides(http: &reqwest::Client, base: &str) -> anyhow::Result<
 }
 
 /// A bare worker until `stop`: claim up to `max_jobs`, complete them in one
-/// finish (with the next claim on it when `ride`). Answers its
-/// claim→complete latencies (ms).
+/// finish (with the next claim on it when `ride`), over a connection of its
+/// own ([`Conn`]). Answers its claim→complete latencies (ms).
 pub(crate) async fn worker(
-    http: reqwest::Client,
     base: Arc<str>,
     id: String,
     max_jobs: u32,
@@ -221,20 +219,21 @@ pub(crate) async fn worker(
         wait_ms: CLAIM_WAIT_MS,
     };
     let ride_claim = ClaimBody { wait_ms: 0, ..claim };
-    let (claim_url, finish_url) = (format!("{base}/v1/claim"), format!("{base}/v1/finish"));
+    let claim_body = serde_json::to_vec(&claim).expect("a claim serializes");
+    let mut conn = Conn::new(&base);
+    let mut body = Vec::new();
     let mut held: Vec<String> = Vec::new();
     let mut claimed_at = Instant::now();
     let mut latencies = Vec::new();
     loop {
         if held.is_empty() {
             progress.requests.fetch_add(1, Ordering::Relaxed);
-            let sent = http.post(&claim_url).json(&claim).send();
             let answer = tokio::select! {
                 () = stop.cancelled() => return latencies,
-                r = sent => r,
+                r = conn.post("/v1/claim", &claim_body) => r,
             };
             let Ok(answer) = answer else { continue };
-            let Ok(answer) = answer.json::<ClaimAnswer>().await else {
+            let Ok(answer) = serde_json::from_slice::<ClaimAnswer>(answer.body) else {
                 continue;
             };
             claimed_at = Instant::now();
@@ -243,37 +242,37 @@ pub(crate) async fn worker(
                 continue;
             }
         }
-        let body = FinishBody {
+        let finish = FinishBody {
             items: held
                 .iter()
                 .map(|t| FinishItemBody {
-                    lease_token: t.clone(),
+                    lease_token: t,
                     action: "complete",
                 })
                 .collect(),
             claim: ride.then_some(&ride_claim),
         };
+        body.clear();
+        serde_json::to_writer(&mut body, &finish).expect("a finish serializes");
         progress.requests.fetch_add(1, Ordering::Relaxed);
-        let sent = http.post(&finish_url).json(&body).send();
         let answer = tokio::select! {
             () = stop.cancelled() => return latencies,
-            r = sent => r,
+            r = conn.post("/v1/finish", &body) => r,
         };
         // A finish is safe to repeat with the same tokens: go round again.
         let Ok(answer) = answer else { continue };
-        let status = answer.status();
-        if status.is_client_error() {
-            let body = answer.text().await.unwrap_or_default();
+        if (400..500).contains(&answer.status) {
+            let text = String::from_utf8_lossy(answer.body);
             let _ = progress
                 .refused
-                .set(format!("a finish answered {status}: {body}"));
+                .set(format!("a finish answered {}: {text}", answer.status));
             progress.done.notify_one();
             return latencies;
         }
-        if !status.is_success() {
+        if !answer.is_success() {
             continue;
         }
-        let Ok(answer) = answer.json::<FinishAnswer>().await else {
+        let Ok(answer) = serde_json::from_slice::<FinishAnswer>(answer.body) else {
             continue;
         };
         let now = Instant::now();

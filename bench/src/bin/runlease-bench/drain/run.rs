@@ -59,7 +59,7 @@ pub(crate) async fn drain(
     let pg_own = BackendCpu::start(&db.name).await;
     let coordinator = ticks(&pids);
     let bench = Cpu::now();
-    let fleet = Fleet::start(&http, &bases, workers, concurrency, ride, jobs);
+    let fleet = Fleet::start(&bases, workers, concurrency, ride, jobs);
     let done_at = fleet.finished(&build.name).await?;
     let progress = fleet.progress.clone();
     let requests = progress.requests.load(Ordering::Relaxed);
