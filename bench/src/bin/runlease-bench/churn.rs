@@ -33,6 +33,7 @@ use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::drain::{ClaimAnswer, FinishAnswer};
 use crate::h1::Conn;
 use crate::history::enqueue;
 use crate::stats::percentile;
@@ -46,6 +47,8 @@ const TARGET_MS: f64 = 5.0;
 const WINDOW_S: usize = 10;
 /// Between two samples.
 const TICK: Duration = Duration::from_millis(100);
+/// Before a worker sends a finish again that failed or was refused.
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 /// What a churn run is told.
 pub struct Options {
@@ -80,10 +83,13 @@ async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: Cancell
                 () = stop.cancelled() => return,
                 a = conn.post("/v1/claim", &claim) => a,
             };
-            if let Ok(a) = answer
-                && let Ok(a) = serde_json::from_slice::<ClaimAnswer>(a.body)
-            {
-                held = a.leases.into_iter().map(|l| l.lease_token).collect();
+            match answer.as_ref().map(|a| (a.is_success(), a.body)) {
+                Ok((true, body)) => {
+                    if let Ok(a) = serde_json::from_slice::<ClaimAnswer>(body) {
+                        held = a.leases.into_iter().map(|l| l.lease_token).collect();
+                    }
+                }
+                _ => tokio::time::sleep(RETRY_PAUSE).await,
             }
             continue;
         }
@@ -92,44 +98,19 @@ async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: Cancell
             .map(|t| json!({"lease_token": t, "action": "complete", "result": null}))
             .collect();
         let body = serde_json::to_vec(&json!({"items": items, "claim": ride})).expect("a finish serializes");
-        // A finish is safe to repeat with the same tokens.
-        let Ok(answer) = conn.post("/v1/finish", &body).await else {
+        // A finish is safe to repeat with the same tokens, after a pause
+        // (the coordinator may be shedding load: a 429 or 503).
+        let answer = match conn.post("/v1/finish", &body).await {
+            Ok(a) if a.is_success() => serde_json::from_slice::<FinishAnswer>(a.body).ok(),
+            _ => None,
+        };
+        let Some(answer) = answer else {
+            tokio::time::sleep(RETRY_PAUSE).await;
             continue;
         };
-        let Ok(answer) = serde_json::from_slice::<FinishAnswer>(answer.body) else {
-            continue;
-        };
-        let ok = answer.items.iter().filter(|i| i.status == "ok").count();
-        done.fetch_add(ok, Ordering::Relaxed);
-        held = answer
-            .leases
-            .unwrap_or_default()
-            .into_iter()
-            .map(|l| l.lease_token)
-            .collect();
+        done.fetch_add(answer.ok(), Ordering::Relaxed);
+        held = answer.next_tokens();
     }
-}
-
-#[derive(serde::Deserialize)]
-struct Lease {
-    lease_token: String,
-}
-
-#[derive(serde::Deserialize)]
-struct ClaimAnswer {
-    leases: Vec<Lease>,
-}
-
-#[derive(serde::Deserialize)]
-struct FinishedItem {
-    status: String,
-}
-
-#[derive(serde::Deserialize)]
-struct FinishAnswer {
-    items: Vec<FinishedItem>,
-    #[serde(default)]
-    leases: Option<Vec<Lease>>,
 }
 
 /// The outside workers, and the completions they have seen.

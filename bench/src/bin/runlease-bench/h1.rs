@@ -12,8 +12,11 @@
 //!
 //! Answers must carry a `content-length` (or have no body): the
 //! coordinator's JSON answers always do. A connection the server closed
-//! while idle is found when a request on it gets no byte back, and the
-//! request is sent again once on a new connection (it was never read).
+//! while idle is found when a request on it fails before any byte of an
+//! answer (end of stream, reset, broken pipe), and the request is sent
+//! again once on a new connection; a timeout is not (the server may still
+//! be at it). A request dropped midway (a worker stopping) closes its
+//! connection, so no late answer is read as the next one's.
 
 use std::io::{self, Write};
 use std::time::Duration;
@@ -50,11 +53,28 @@ impl Answer<'_> {
     }
 }
 
-/// Where an exchange failed: before any byte of the answer came back (a
-/// reused connection the server had closed: safe to send again) or after.
+/// Why an exchange failed, and whether the request may be sent again: only
+/// when a reused connection was found closed before any byte of an answer
+/// came back (the server closed it while idle, so it never read the
+/// request). A timeout is never sent again: the server may still be at it.
 struct Failed {
     error: io::Error,
-    answered: bool,
+    resend: bool,
+}
+
+impl Failed {
+    fn no(error: io::Error) -> Self {
+        Self { error, resend: false }
+    }
+}
+
+/// Whether `error`, before any byte of an answer, says the peer had closed
+/// the connection.
+fn closed_by_peer(error: &io::Error) -> bool {
+    matches!(
+        error.kind(),
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+    )
 }
 
 impl Conn {
@@ -83,11 +103,8 @@ impl Conn {
         )?;
         self.out.extend_from_slice(b"\r\n");
         self.out.extend_from_slice(body);
-        let reused = self.stream.is_some();
         let mut result = self.exchange().await;
-        if let Err(Failed { answered: false, .. }) = &result
-            && reused
-        {
+        if matches!(&result, Err(Failed { resend: true, .. })) {
             result = self.exchange().await;
         }
         match result {
@@ -100,68 +117,69 @@ impl Conn {
     }
 
     /// Sends `out` and reads one answer; answers its status and where its
-    /// body lies in `answer`. Any failure drops the connection.
+    /// body lies in `answer`. The connection is held by the exchange and
+    /// given back only after a whole answer that keeps it open: an exchange
+    /// that fails, times out or is dropped midway closes it.
     async fn exchange(&mut self) -> Result<(u16, usize, usize), Failed> {
-        let result = match tokio::time::timeout(EXCHANGE_TIMEOUT, self.send_and_read()).await {
-            Ok(r) => r,
-            Err(_) => Err(Failed {
-                error: io::Error::new(io::ErrorKind::TimedOut, "no answer in time"),
-                answered: !self.answer.is_empty(),
-            }),
-        };
-        match &result {
-            Ok((_, _, _, keep)) if *keep => {}
-            _ => self.stream = None,
-        }
-        result.map(|(status, start, end, _)| (status, start, end))
+        tokio::time::timeout(EXCHANGE_TIMEOUT, self.send_and_read())
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failed::no(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "no answer in time",
+                )))
+            })
     }
 
-    async fn send_and_read(&mut self) -> Result<(u16, usize, usize, bool), Failed> {
+    async fn send_and_read(&mut self) -> Result<(u16, usize, usize), Failed> {
         self.answer.clear();
-        let unanswered = |error| Failed {
-            error,
-            answered: false,
+        let reused = self.stream.is_some();
+        let mut stream = match self.stream.take() {
+            Some(stream) => stream,
+            None => {
+                let stream = TcpStream::connect(&self.addr).await.map_err(Failed::no)?;
+                stream.set_nodelay(true).map_err(Failed::no)?;
+                stream
+            }
         };
-        if self.stream.is_none() {
-            let stream = TcpStream::connect(&self.addr).await.map_err(unanswered)?;
-            stream.set_nodelay(true).map_err(unanswered)?;
-            self.stream = Some(stream);
+        // Before any byte of an answer, a connection the server had closed.
+        let unanswered = |error: io::Error, answer: &[u8]| Failed {
+            resend: reused && answer.is_empty() && closed_by_peer(&error),
+            error,
+        };
+        if let Err(e) = stream.write_all(&self.out).await {
+            return Err(unanswered(e, &self.answer));
         }
-        let stream = self.stream.as_mut().expect("connected above");
-        stream.write_all(&self.out).await.map_err(unanswered)?;
         let (status, head, length, keep) = loop {
             self.answer.reserve(8 * 1024);
-            let n = stream.read_buf(&mut self.answer).await.map_err(|error| Failed {
-                error,
-                answered: !self.answer.is_empty(),
-            })?;
-            if n == 0 {
-                return Err(Failed {
-                    error: io::ErrorKind::UnexpectedEof.into(),
-                    answered: !self.answer.is_empty(),
-                });
+            let read = stream.read_buf(&mut self.answer).await;
+            match read {
+                Ok(0) => return Err(unanswered(io::ErrorKind::UnexpectedEof.into(), &self.answer)),
+                Ok(_) => {}
+                Err(e) => return Err(unanswered(e, &self.answer)),
             }
-            if let Some(parsed) = parse_head(&self.answer).map_err(|error| Failed {
-                error,
-                answered: true,
-            })? {
+            if let Some(parsed) = parse_head(&self.answer).map_err(Failed::no)? {
                 break parsed;
             }
         };
-        while self.answer.len() < head + length {
-            self.answer.reserve(head + length - self.answer.len());
-            let n = stream.read_buf(&mut self.answer).await.map_err(|error| Failed {
-                error,
-                answered: true,
-            })?;
-            if n == 0 {
-                return Err(Failed {
-                    error: io::ErrorKind::UnexpectedEof.into(),
-                    answered: true,
-                });
+        let end = head + length;
+        while self.answer.len() < end {
+            self.answer.reserve(end - self.answer.len());
+            match stream.read_buf(&mut self.answer).await {
+                Ok(0) => return Err(Failed::no(io::ErrorKind::UnexpectedEof.into())),
+                Ok(_) => {}
+                Err(e) => return Err(Failed::no(e)),
             }
         }
-        Ok((status, head, head + length, keep))
+        if self.answer.len() > end {
+            // Nothing was asked for beyond this answer.
+            let what = "bytes past the end of an answer";
+            return Err(Failed::no(io::Error::new(io::ErrorKind::InvalidData, what)));
+        }
+        if keep {
+            self.stream = Some(stream);
+        }
+        Ok((status, head, end))
     }
 }
 
@@ -177,6 +195,10 @@ fn parse_head(buf: &[u8]) -> io::Result<Option<(u16, usize, usize, bool)>> {
         Err(e) => return Err(invalid(format!("an answer's head: {e}"))),
     };
     let status = answer.code.unwrap_or_default();
+    if status < 200 {
+        // No request of this client asks for an interim answer.
+        return Err(invalid(format!("an interim answer ({status})")));
+    }
     let (mut length, mut keep) = (0, answer.version == Some(1));
     for h in answer.headers.iter() {
         if h.name.eq_ignore_ascii_case("content-length") {

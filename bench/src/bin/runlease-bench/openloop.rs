@@ -329,7 +329,10 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     let env = [("RUNLEASE_DATABASE_URL", format!("{}{sep}sslmode=disable", db.url))];
     let mut process = CoordinatorProcess::start_binary(&build.binary, &db, &env).await;
     let base: Arc<str> = process.api.base().into();
-    let http = reqwest::Client::builder().http1_only().build()?;
+    let http = reqwest::Client::builder()
+        .http1_only()
+        .timeout(Duration::from_secs(30))
+        .build()?;
     let ride = rides(&http, &base).await?;
     let tally = Arc::new(Tally {
         done: AtomicUsize::new(0),
@@ -370,8 +373,9 @@ pub async fn runlease(build: &Build, offer: Offer) -> anyhow::Result<OpenLoop> {
     }
     drop(due);
     for e in &mut enqueuers {
-        if tokio::time::timeout_at(deadline.into(), e).await.is_err() {
-            break;
+        match tokio::time::timeout_at(deadline.into(), e).await {
+            Ok(ended) => ended?,
+            Err(_) => break,
         }
     }
     enqueuers.iter().for_each(tokio::task::JoinHandle::abort);

@@ -35,25 +35,43 @@ struct FinishBody<'a> {
 }
 
 #[derive(Deserialize)]
-struct LeaseAnswer {
-    lease_token: String,
+pub(crate) struct LeaseAnswer {
+    pub(crate) lease_token: String,
+}
+
+/// What a claim answers, as far as a bare worker reads it.
+#[derive(Deserialize)]
+pub(crate) struct ClaimAnswer {
+    pub(crate) leases: Vec<LeaseAnswer>,
 }
 
 #[derive(Deserialize)]
-struct ClaimAnswer {
-    leases: Vec<LeaseAnswer>,
-}
-
-#[derive(Deserialize)]
-struct FinishItemAnswer {
+pub(crate) struct FinishItemAnswer {
     status: String,
 }
 
+/// What a finish answers, as far as a bare worker reads it.
 #[derive(Deserialize)]
-struct FinishAnswer {
+pub(crate) struct FinishAnswer {
     items: Vec<FinishItemAnswer>,
     #[serde(default)]
     leases: Option<Vec<LeaseAnswer>>,
+}
+
+impl FinishAnswer {
+    /// Items answered ok.
+    pub(crate) fn ok(&self) -> usize {
+        self.items.iter().filter(|i| i.status == "ok").count()
+    }
+
+    /// The tokens of the leases its claim got.
+    pub(crate) fn next_tokens(self) -> Vec<String> {
+        self.leases
+            .unwrap_or_default()
+            .into_iter()
+            .map(|l| l.lease_token)
+            .collect()
+    }
 }
 
 /// What the workers share: completions seen, requests sent, and when the
@@ -276,19 +294,14 @@ pub(crate) async fn worker(
             continue;
         };
         let now = Instant::now();
-        let ok = answer.items.iter().filter(|i| i.status == "ok").count();
+        let ok = answer.ok();
         let ms = (now - claimed_at).as_secs_f64() * 1e3;
         latencies.extend(std::iter::repeat_n(ms, ok));
         if progress.ok.fetch_add(ok, Ordering::Relaxed) + ok >= progress.target {
             let _ = progress.done_at.set(now);
             progress.done.notify_one();
         }
-        held = answer
-            .leases
-            .unwrap_or_default()
-            .into_iter()
-            .map(|l| l.lease_token)
-            .collect();
+        held = answer.next_tokens();
         claimed_at = now;
     }
 }
