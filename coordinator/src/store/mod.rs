@@ -21,6 +21,7 @@ pub mod claims;
 pub mod connect;
 pub mod dependencies;
 pub mod floors;
+pub mod heartbeat;
 pub mod jobs;
 pub mod leases;
 pub mod listing;
