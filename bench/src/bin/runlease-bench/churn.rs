@@ -33,7 +33,7 @@ use runlease_tests::{CoordinatorProcess, TestDb};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::drain::{ClaimAnswer, FinishAnswer};
+use crate::drain::{ClaimAnswer, ClaimBody, FinishAnswer, FinishBody};
 use crate::h1::Conn;
 use crate::history::enqueue;
 use crate::stats::percentile;
@@ -70,10 +70,14 @@ pub struct Options {
 /// finish, counting the completions answered ok into `done`; over a
 /// connection of its own (the bench's lean client, [`Conn`]).
 async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: CancellationToken) {
-    let claim =
-        json!({"queues": [QUEUE], "worker_id": format!("churn-{id}"), "max_jobs": CLAIM, "wait_ms": 500});
-    let mut ride = claim.clone();
-    ride["wait_ms"] = json!(0);
+    let worker_id = format!("churn-{id}");
+    let claim = ClaimBody {
+        queues: [QUEUE],
+        worker_id: &worker_id,
+        max_jobs: CLAIM,
+        wait_ms: 500,
+    };
+    let ride = ClaimBody { wait_ms: 0, ..claim };
     let claim = serde_json::to_vec(&claim).expect("a claim serializes");
     let mut conn = Conn::new(&base);
     let mut held: Vec<String> = Vec::new();
@@ -93,11 +97,8 @@ async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: Cancell
             }
             continue;
         }
-        let items: Vec<Value> = held
-            .iter()
-            .map(|t| json!({"lease_token": t, "action": "complete", "result": null}))
-            .collect();
-        let body = serde_json::to_vec(&json!({"items": items, "claim": ride})).expect("a finish serializes");
+        let finish = FinishBody::completing(held.iter().map(String::as_str), Some(&ride));
+        let body = serde_json::to_vec(&finish).expect("a finish serializes");
         // A finish is safe to repeat with the same tokens, after a pause
         // (the coordinator may be shedding load: a 429 or 503).
         let answer = match conn.post("/v1/finish", &body).await {

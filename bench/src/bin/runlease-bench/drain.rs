@@ -51,7 +51,7 @@ use std::time::Duration;
 use crate::roofline::{self, Roofline};
 use crate::stats::{med, median};
 
-pub(crate) use lean::{ClaimAnswer, FinishAnswer, Fleet, rides};
+pub(crate) use lean::{ClaimAnswer, ClaimBody, FinishAnswer, FinishBody, Fleet, rides};
 pub(crate) use run::drain;
 
 /// Which build (its index) ran with how many workers.

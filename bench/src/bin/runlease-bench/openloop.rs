@@ -47,7 +47,7 @@ use serde_json::json;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::drain::{Build, CLAIM_WAIT_MS, QUEUE, rides};
+use crate::drain::{Build, CLAIM_WAIT_MS, ClaimBody, FinishBody, QUEUE, rides};
 use crate::h1::Conn;
 use crate::stats::{BackendCpu, Cpu, ns_us, percentile, process_ticks, ticks_us};
 
@@ -208,11 +208,14 @@ async fn worker(
     tally: Arc<Tally>,
     stop: CancellationToken,
 ) -> (Vec<f64>, Vec<f64>) {
-    let claim = json!({"queues": [QUEUE], "worker_id": id, "max_jobs": max_jobs, "wait_ms": CLAIM_WAIT_MS});
-    let mut ride_claim = claim.clone();
-    ride_claim["wait_ms"] = json!(0);
+    let claim = ClaimBody {
+        queues: [QUEUE],
+        worker_id: &id,
+        max_jobs,
+        wait_ms: CLAIM_WAIT_MS,
+    };
+    let ride_claim = ClaimBody { wait_ms: 0, ..claim };
     let claim = serde_json::to_vec(&claim).expect("a claim serializes");
-    let ride_claim = ride.then(|| ride_claim.to_string());
     let mut conn = Conn::new(&base);
     let (mut starts, mut dones) = (Vec::new(), Vec::new());
     let mut held: Vec<(String, f64)> = Vec::new();
@@ -242,7 +245,10 @@ async fn worker(
                 continue;
             }
         }
-        finish_body(&mut body, &held, ride_claim.as_deref());
+        let finish =
+            FinishBody::completing(held.iter().map(|(t, _)| t.as_str()), ride.then_some(&ride_claim));
+        body.clear();
+        serde_json::to_writer(&mut body, &finish).expect("a finish serializes");
         let answer = tokio::select! {
             () = stop.cancelled() => return (starts, dones),
             r = conn.post("/v1/finish", &body) => r,
@@ -261,25 +267,6 @@ async fn worker(
         tally.changed.notify_one();
         held = take(answer.leases.unwrap_or_default(), &mut starts);
     }
-}
-
-/// A finish completing every lease `held`, with `ride` (a claim's JSON) on it.
-fn finish_body(body: &mut Vec<u8>, held: &[(String, f64)], ride: Option<&str>) {
-    body.clear();
-    body.extend_from_slice(b"{\"items\":[");
-    for (i, (token, _)) in held.iter().enumerate() {
-        if i > 0 {
-            body.push(b',');
-        }
-        serde_json::to_writer(&mut *body, &json!({"lease_token": token, "action": "complete"}))
-            .expect("an item serializes");
-    }
-    body.push(b']');
-    if let Some(ride) = ride {
-        body.extend_from_slice(b",\"claim\":");
-        body.extend_from_slice(ride.as_bytes());
-    }
-    body.push(b'}');
 }
 
 /// What the enqueue connections saw: the ack times (ms from due) of the

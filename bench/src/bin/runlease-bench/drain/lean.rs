@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 use super::{CLAIM_WAIT_MS, QUEUE};
 use crate::h1::Conn;
 
+/// A bare worker's claim of one queue.
 #[derive(Serialize)]
-struct ClaimBody<'a> {
-    queues: [&'a str; 1],
-    worker_id: &'a str,
-    max_jobs: u32,
-    wait_ms: u64,
+pub(crate) struct ClaimBody<'a> {
+    pub(crate) queues: [&'a str; 1],
+    pub(crate) worker_id: &'a str,
+    pub(crate) max_jobs: u32,
+    pub(crate) wait_ms: u64,
 }
 
 #[derive(Serialize)]
@@ -27,11 +28,28 @@ struct FinishItemBody<'a> {
     action: &'static str,
 }
 
+/// A finish completing leases, with the next claim on it or not.
 #[derive(Serialize)]
-struct FinishBody<'a> {
+pub(crate) struct FinishBody<'a> {
     items: Vec<FinishItemBody<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     claim: Option<&'a ClaimBody<'a>>,
+}
+
+impl<'a> FinishBody<'a> {
+    /// Completes every lease of `tokens`, with `claim` riding on it.
+    pub(crate) fn completing(
+        tokens: impl Iterator<Item = &'a str>,
+        claim: Option<&'a ClaimBody<'a>>,
+    ) -> Self {
+        let items = tokens
+            .map(|lease_token| FinishItemBody {
+                lease_token,
+                action: "complete",
+            })
+            .collect();
+        Self { items, claim }
+    }
 }
 
 #[derive(Deserialize)]
@@ -260,16 +278,7 @@ pub(crate) async fn worker(
                 continue;
             }
         }
-        let finish = FinishBody {
-            items: held
-                .iter()
-                .map(|t| FinishItemBody {
-                    lease_token: t,
-                    action: "complete",
-                })
-                .collect(),
-            claim: ride.then_some(&ride_claim),
-        };
+        let finish = FinishBody::completing(held.iter().map(String::as_str), ride.then_some(&ride_claim));
         body.clear();
         serde_json::to_writer(&mut body, &finish).expect("a finish serializes");
         progress.requests.fetch_add(1, Ordering::Relaxed);
