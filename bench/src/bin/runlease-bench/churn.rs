@@ -71,13 +71,8 @@ pub struct Options {
 /// connection of its own (the bench's lean client, [`Conn`]).
 async fn worker(base: Arc<str>, id: usize, done: Arc<AtomicUsize>, stop: CancellationToken) {
     let worker_id = format!("churn-{id}");
-    let claim = ClaimBody {
-        queues: [QUEUE],
-        worker_id: &worker_id,
-        max_jobs: CLAIM,
-        wait_ms: 500,
-    };
-    let ride = ClaimBody { wait_ms: 0, ..claim };
+    let claim = ClaimBody::new(QUEUE, &worker_id, CLAIM, 500);
+    let ride = claim.riding();
     let claim = serde_json::to_vec(&claim).expect("a claim serializes");
     let mut conn = Conn::new(&base);
     let mut held: Vec<String> = Vec::new();

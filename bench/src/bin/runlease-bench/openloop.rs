@@ -208,13 +208,8 @@ async fn worker(
     tally: Arc<Tally>,
     stop: CancellationToken,
 ) -> (Vec<f64>, Vec<f64>) {
-    let claim = ClaimBody {
-        queues: [QUEUE],
-        worker_id: &id,
-        max_jobs,
-        wait_ms: CLAIM_WAIT_MS,
-    };
-    let ride_claim = ClaimBody { wait_ms: 0, ..claim };
+    let claim = ClaimBody::new(QUEUE, &id, max_jobs, CLAIM_WAIT_MS);
+    let ride_claim = claim.riding();
     let claim = serde_json::to_vec(&claim).expect("a claim serializes");
     let mut conn = Conn::new(&base);
     let (mut starts, mut dones) = (Vec::new(), Vec::new());

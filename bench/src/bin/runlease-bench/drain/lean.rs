@@ -14,12 +14,29 @@ use super::{CLAIM_WAIT_MS, QUEUE};
 use crate::h1::Conn;
 
 /// A bare worker's claim of one queue.
-#[derive(Serialize)]
+#[derive(Clone, Copy, Serialize)]
 pub(crate) struct ClaimBody<'a> {
-    pub(crate) queues: [&'a str; 1],
-    pub(crate) worker_id: &'a str,
-    pub(crate) max_jobs: u32,
-    pub(crate) wait_ms: u64,
+    queues: [&'a str; 1],
+    worker_id: &'a str,
+    max_jobs: u32,
+    wait_ms: u64,
+}
+
+impl<'a> ClaimBody<'a> {
+    /// A claim of up to `max_jobs` on `queue`, parking up to `wait_ms`.
+    pub(crate) fn new(queue: &'a str, worker_id: &'a str, max_jobs: u32, wait_ms: u64) -> Self {
+        Self {
+            queues: [queue],
+            worker_id,
+            max_jobs,
+            wait_ms,
+        }
+    }
+
+    /// The same claim riding a finish: it does not wait.
+    pub(crate) fn riding(&self) -> Self {
+        Self { wait_ms: 0, ..*self }
+    }
 }
 
 #[derive(Serialize)]
@@ -248,13 +265,8 @@ pub(crate) async fn worker(
     progress: Arc<Progress>,
     stop: CancellationToken,
 ) -> Vec<f64> {
-    let claim = ClaimBody {
-        queues: [QUEUE],
-        worker_id: &id,
-        max_jobs,
-        wait_ms: CLAIM_WAIT_MS,
-    };
-    let ride_claim = ClaimBody { wait_ms: 0, ..claim };
+    let claim = ClaimBody::new(QUEUE, &id, max_jobs, CLAIM_WAIT_MS);
+    let ride_claim = claim.riding();
     let claim_body = serde_json::to_vec(&claim).expect("a claim serializes");
     let mut conn = Conn::new(&base);
     let mut body = Vec::new();
