@@ -187,6 +187,16 @@ async fn insert_jobs(
 
 /// One optional field of every job, as an array parameter: `None` (SQL
 /// NULL) when no job sets it.
+/// How an enqueue's transaction opens: [`Open::Inserts`] unless the
+/// dependencies' statements, planned by what they are given, run in it.
+fn opening(jobs: &[NewJob]) -> Open {
+    if jobs.iter().any(|j| j.dependencies.is_some()) {
+        Open::States
+    } else {
+        Open::Inserts
+    }
+}
+
 fn column<'a, T>(jobs: &'a [NewJob], field: impl Fn(&'a NewJob) -> Option<T>) -> Option<Vec<Option<T>>> {
     let values: Vec<Option<T>> = jobs.iter().map(field).collect();
     values.iter().any(Option::is_some).then_some(values)
@@ -288,7 +298,7 @@ impl Store {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
             // BEGIN and the enqueue's first statement in one round trip.
-            let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
+            let (begun, written) = tokio::join!(tx.begin(opening(jobs)), self.enqueue_in(&tx, jobs));
             // The rows are read as jobs before the COMMIT (as they arrive): a
             // row that cannot be read rolls the enqueue back rather than
             // answer an error for jobs that were written.
@@ -316,7 +326,7 @@ impl Store {
         self.timed("enqueue", || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
-            let (begun, written) = tokio::join!(tx.begin(Open::States), self.enqueue_in(&tx, jobs));
+            let (begun, written) = tokio::join!(tx.begin(opening(jobs)), self.enqueue_in(&tx, jobs));
             let sent = async {
                 let answers = begun.and(written).and_then(|w| w.answers(jobs))?;
                 // The new jobs were written after the floors were read, and

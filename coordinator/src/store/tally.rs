@@ -214,6 +214,14 @@ pub fn reaped(row: &Row, delta: &mut Delta) -> Result<(), StoreError> {
 pub enum Open {
     /// Statements that change states.
     States,
+    /// Inserts of jobs without dependencies (`job_enqueue.sql`): a generic
+    /// plan, made once per connection. The insert reads no table by its
+    /// parameters (its one lookup, of the queue's settings, is per row
+    /// whatever the batch), so its generic plan is the one a custom plan
+    /// would make; left to choose, PostgreSQL plans a batch of a few jobs
+    /// again for every execution, since the generic plan's guess of ten
+    /// rows from each array costs more than the few it is given.
+    Inserts,
     /// Claims too: their generic plan, nested loops only (`lease_claim.sql`).
     Claims,
     /// Deletes of jobs too (`job_prune.sql`, `job_delete.sql`), which take
@@ -235,6 +243,7 @@ impl Open {
     pub fn sql(self) -> &'static str {
         match self {
             Open::States => marks!(),
+            Open::Inserts => concat!(marks!(), "; SET LOCAL plan_cache_mode = force_generic_plan"),
             Open::Claims => concat!(marks!(), "; ", claim_planning!()),
             // Deletes have marks of their own: a coordinator of schema
             // version 7 deleted in marked transactions without writing

@@ -805,3 +805,56 @@ async fn a_limited_claim_riding_a_finish_takes_only_what_the_limits_allow() {
         .get(0);
     assert_eq!(running, 2);
 }
+
+/// Enqueues of a few jobs run their insert under the generic plan their
+/// connection made at its first: left to choose, PostgreSQL plans a batch
+/// of a few jobs again at every execution (its generic plan's guess of ten
+/// rows from each array costs more than the few a small batch holds). The
+/// plan reaches the queue's settings through their primary key, made as
+/// it is here on an empty table.
+#[tokio::test]
+async fn enqueues_insert_under_one_generic_plan() {
+    use runlease_coordinator::store::jobs::NewJob;
+    use runlease_protocol::{JobId, QueueName};
+
+    let db = TestDb::new().await;
+    let mut config = test_config(&db.url);
+    config.database.pool_size = 1;
+    let store = runlease_coordinator::connect_and_migrate(&config).await.unwrap();
+    let job = || NewJob {
+        id: JobId::new(),
+        queue: QueueName::new("q").unwrap(),
+        payload: serde_json::json!({"n": 1}),
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        max_attempts: None,
+        backoff: Default::default(),
+        retry_window_ms: None,
+        timeout_ms: None,
+        idempotency_key: None,
+        concurrency_key: None,
+        traceparent: None,
+        dependencies: None,
+    };
+    for size in [1, 3, 2, 1, 4, 1, 2, 3] {
+        let jobs: Vec<NewJob> = (0..size).map(|_| job()).collect();
+        assert_eq!(store.enqueue(&jobs).await.unwrap().len(), size);
+    }
+    // The pool's one connection, the one every enqueue above ran on.
+    let conn = store.pool().get().await.unwrap();
+    let row = conn
+        .query_one(
+            "SELECT count(*), coalesce(sum(generic_plans), 0)::bigint, coalesce(sum(custom_plans), 0)::bigint
+             FROM pg_prepared_statements WHERE statement = $1",
+            &[&sql::JOB_ENQUEUE.sql()],
+        )
+        .await
+        .unwrap();
+    let (statements, generic, custom): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(statements, 1, "one insert statement prepared");
+    assert_eq!(custom, 0, "no execution planned for its own parameters");
+    assert_eq!(generic, 8, "every execution ran the generic plan");
+    let plan = generic_plan(&conn, sql::JOB_ENQUEUE.sql(), &["NULL"; 23].join(", ")).await;
+    assert!(plan.contains("queue_settings_pkey"), "{plan}");
+}
