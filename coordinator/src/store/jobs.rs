@@ -185,8 +185,6 @@ async fn insert_jobs(
     .await
 }
 
-/// One optional field of every job, as an array parameter: `None` (SQL
-/// NULL) when no job sets it.
 /// How an enqueue's transaction opens: [`Open::Inserts`] unless the
 /// dependencies' statements, planned by what they are given, run in it.
 fn opening(jobs: &[NewJob]) -> Open {
@@ -197,6 +195,8 @@ fn opening(jobs: &[NewJob]) -> Open {
     }
 }
 
+/// One optional field of every job, as an array parameter: `None` (SQL
+/// NULL) when no job sets it.
 fn column<'a, T>(jobs: &'a [NewJob], field: impl Fn(&'a NewJob) -> Option<T>) -> Option<Vec<Option<T>>> {
     let values: Vec<Option<T>> = jobs.iter().map(field).collect();
     values.iter().any(Option::is_some).then_some(values)
