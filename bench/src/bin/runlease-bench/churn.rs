@@ -10,7 +10,10 @@
 //!    `GET /v1/queues` and `GET /v1/queues/churn` are timed one after the
 //!    other every 100 ms (from a thread of their own) for `--sample-s` (60)
 //!    seconds: p50/p99/max per 10 s window, and from when on every 10 s
-//!    window's p99 is within 5 ms.
+//!    window's p99 is within 5 ms. Beside them, what that latency is made
+//!    of: the coordinator's own time per route over the same seconds, and
+//!    how late a plain thread of the bench woke from its 10 ms naps
+//!    meanwhile (the machine's floor; see `churn/floor.rs`).
 //! 2. A steady stream at half the drain rate (one `/v1/jobs/batch` every
 //!    100 ms) for `--sample-s` seconds, the workers draining it, the
 //!    endpoints timed the same way.
@@ -37,6 +40,8 @@ use crate::drain::{ClaimAnswer, ClaimBody, FinishAnswer, FinishBody};
 use crate::h1::Conn;
 use crate::history::enqueue;
 use crate::stats::percentile;
+
+mod floor;
 
 const QUEUE: &str = "churn";
 /// Leases a worker claims and finishes at once.
@@ -155,6 +160,10 @@ struct Samples {
     /// `/v1/queues/{queue}`: one queue's page, its settings read for each
     /// request.
     queue: Vec<(f64, f64)>,
+    /// The machine's floor in the same seconds: a sleeper's lateness (ms).
+    late: Vec<(f64, f64)>,
+    /// The coordinator's own time for each route over the sampling.
+    served: Vec<String>,
 }
 
 async fn timed_get(http: &reqwest::Client, url: &str) -> f64 {
@@ -167,21 +176,34 @@ async fn timed_get(http: &reqwest::Client, url: &str) -> f64 {
 
 /// Times `/metrics` and `/v1/queues` every [`TICK`] for `seconds`, from a
 /// thread of its own (its own runtime and connections): the workers' tasks
-/// do not delay the timing.
+/// do not delay the timing. Meanwhile another thread measures the machine's
+/// floor ([`floor::sleeper`]); the coordinator's own durations are read
+/// before and after.
 async fn sample(base: &str, seconds: u64) -> Samples {
     let base = base.to_owned();
-    tokio::task::spawn_blocking(move || {
+    let sleeper = tokio::task::spawn_blocking(move || floor::sleeper(seconds));
+    let mut samples = tokio::task::spawn_blocking(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         rt.block_on(async {
             let http = reqwest::Client::builder().http1_only().build().unwrap();
-            sample_here(&http, &base, seconds).await
+            let metrics = format!("{base}/metrics");
+            let before = floor::durations(&http.get(&metrics).send().await.unwrap().text().await.unwrap());
+            let mut s = sample_here(&http, &base, seconds).await;
+            let after = floor::durations(&http.get(&metrics).send().await.unwrap().text().await.unwrap());
+            s.served = floor::ROUTES
+                .iter()
+                .map(|route| floor::served(&before, &after, route))
+                .collect();
+            s
         })
     })
     .await
-    .unwrap()
+    .unwrap();
+    samples.late = sleeper.await.unwrap();
+    samples
 }
 
 async fn sample_here(http: &reqwest::Client, base: &str, seconds: u64) -> Samples {
@@ -258,6 +280,11 @@ fn print_samples(what: &str, samples: &Samples, seconds: u64) {
             settled_at(s, seconds).map_or("never".to_owned(), |s| format!("{s} s on"))
         );
     }
+    println!("    the coordinator's own time (its request_duration_seconds over these seconds):");
+    for line in &samples.served {
+        println!("      {line}");
+    }
+    println!("    the machine meanwhile: {}", floor::lateness(&samples.late));
 }
 
 /// Autovacuum's runs over the jobs table so far, and its dead rows now.
