@@ -246,6 +246,9 @@ pub struct Metrics {
     pub redis_publish_failures: Counter,
     /// Claim floors the floor check found above a claimable job.
     pub claim_floor_misses: Counter,
+    /// Claims that parked without a statement: their queues were known to
+    /// hold no claimable job.
+    pub claims_parked_unlooked: Counter,
     /// SQS wake-up messages sent.
     pub sqs_wakeups_sent: Capped<QueueLabels, Counter>,
     /// SQS sends that failed (their jobs are signalled again next pass).
@@ -326,6 +329,7 @@ impl Metrics {
             dead_letters: Capped::new(cap.clone()),
             redis_publish_failures: Counter::default(),
             claim_floor_misses: Counter::default(),
+            claims_parked_unlooked: Counter::default(),
             sqs_wakeups_sent: Capped::new(cap.clone()),
             sqs_send_failures: Capped::new(cap.clone()),
             sqs_send_retries: Capped::new(cap.clone()),

@@ -156,7 +156,8 @@ impl Api {
     }
 
     /// Waits until `n` claims are parked on this coordinator (each has
-    /// looked at PostgreSQL once, found nothing, and waits for a wake-up).
+    /// looked at PostgreSQL once and found nothing, or found its queues
+    /// known empty, and waits for a wake-up).
     pub async fn until_claims_parked(&self, n: u32) {
         self.until_metric("runlease_claim_waiters", "claims parked", |v| v >= f64::from(n))
             .await;

@@ -2,7 +2,9 @@
 //! claim statement whose slots are the sum of what they asked for, and the
 //! rows are handed out in arrival order. A wake-up for one of the queues or
 //! the re-check timer makes a group look again; a claim that joins a
-//! resting group looks by itself first. A claimer whose wait ran out is
+//! resting group (or makes a new one) looks by itself first, unless its
+//! queues are known to hold no claimable job and it may wait: then it
+//! parks at once. A claimer whose wait ran out is
 //! answered with an empty list. Parked claimers wait on shelves
 //! (`batch/shelf.rs`), where an enqueue may take them to serve them in its
 //! own transaction. With batching off, each claim runs its own statements
@@ -252,7 +254,12 @@ impl ClaimBatcher {
             };
             // Gone when an enqueue took its every claimer meanwhile.
             let Some(mut served) = taken else { continue };
-            let found = self.serve(&key, &mut served).await;
+            let found = if !whole && self.known_empty(&key, &served) {
+                self.rest(&mut served, None);
+                false
+            } else {
+                self.serve(&key, &mut served).await
+            };
             // Newcomers that found jobs without a wake-up (a delayed job
             // come due, a wake-up lost) show that the group's parked
             // claimers may find some too: they look next.
@@ -279,9 +286,11 @@ impl ClaimBatcher {
             return;
         }
         let key = GroupKey::of(&parked.ask);
+        // A new group rests from the start: its first claimers look as
+        // newcomers (or park at once when their queues are known empty).
         let group = groups
             .entry(key)
-            .or_insert_with(|| Group::new(true, Instant::now()));
+            .or_insert_with(|| Group::new(false, Instant::now() + jittered(self.recheck)));
         if group.dirty {
             group.parked.push_back(parked);
         } else {
@@ -359,6 +368,22 @@ impl ClaimBatcher {
                 return found;
             }
         }
+    }
+
+    /// Whether newcomers may park without looking: their queues are all
+    /// known to hold no claimable job (see [`crate::store::floors`]) and
+    /// each is willing to wait. A claimer that may not wait looks, so that
+    /// its answer reads the database (an enqueue acknowledged by another
+    /// coordinator may not have reached this one yet). Counted.
+    fn known_empty(&self, key: &GroupKey, newcomers: &Group) -> bool {
+        let willing = newcomers.parked.iter().all(|p| !p.ask.wait.is_zero());
+        let empty = willing && self.store.claim_floors().is_some_and(|f| f.empty(&key.queues));
+        if empty {
+            self.metrics
+                .claims_parked_unlooked
+                .inc_by(newcomers.parked.len() as u64);
+        }
+        empty
     }
 
     /// Nothing more is claimable for `group` now: it waits for a wake-up or

@@ -6,6 +6,7 @@
 //! repeated idempotency key answers the original, even when the original
 //! came in the same batch.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
@@ -36,9 +37,21 @@ pub type Enqueuer = Batcher<NewJob, Result<Enqueued, StoreError>>;
 pub struct NewJobs {
     queues: Vec<(QueueName, ClaimKey)>,
     ids: Vec<JobId>,
-    /// Queues whose claimers parked here need no wake-up: the enqueue's
-    /// own claims took every job of theirs they could.
-    served: Vec<QueueName>,
+    /// What the enqueue's own claims took.
+    served: Served,
+}
+
+/// The queues an enqueue's own claims served, as its announce needs them.
+#[derive(Debug, Default)]
+pub struct Served {
+    /// Queues whose every claimable job the claims took: the claimers
+    /// parked here need no wake-up.
+    pub queues: Vec<QueueName>,
+    /// Queues where the claims took every job the batch created: nothing
+    /// there became claimable, so no claimer parked here needs a wake-up
+    /// and this coordinator's floor and empty mark of the queue stay as
+    /// the claims' own read left them.
+    pub whole: Vec<QueueName>,
 }
 
 impl NewJobs {
@@ -77,7 +90,8 @@ impl NewJobs {
         if self.queues.is_empty() {
             return Vec::new();
         }
-        let Err(e) = wake.enqueued_at_served(&self.queues, &self.served).await else {
+        let (served, whole) = (&self.served.queues, &self.served.whole);
+        let Err(e) = wake.enqueued_at_served(&self.queues, served, whole).await else {
             return Vec::new();
         };
         let marked = match store.mark_enqueue_failed(&self.ids).await {
@@ -172,13 +186,12 @@ fn take_claimers(claims: &ClaimBatcher, flow: &FlowControl, jobs: &[NewJob]) -> 
 }
 
 /// What a batch's transaction answered: each request's pass, the leases
-/// of each taken claimer (in the order taken), and the queues whose every
-/// claimable job its claims took (their parked claimers here need no
-/// wake-up).
+/// of each taken claimer (in the order taken), and the queues its claims
+/// served.
 type WrittenClaiming = (
     Vec<Pass<NewJob, Result<Enqueued, StoreError>>>,
     Vec<Vec<ClaimedJob>>,
-    Vec<QueueName>,
+    Served,
 );
 
 /// Writes a batch and, in its transaction, claims for `taken`. A batch
@@ -195,7 +208,7 @@ async fn write_claiming(
     // No leases for anybody: the claimers look again, woken by the batch.
     let no_leases = || taken.iter().map(|_| Vec::new()).collect();
     if plan.is_empty() {
-        return Ok((write(&parts.store, jobs).await?, no_leases(), Vec::new()));
+        return Ok((write(&parts.store, jobs).await?, no_leases(), Served::default()));
     }
     let claims = plan.claims();
     let (enqueued, claimed) = match parts.store.enqueue_then_claim(jobs, &claims).await {
@@ -203,22 +216,35 @@ async fn write_claiming(
         // The leases were given back.
         Ok((enqueued, None)) => {
             let written = enqueued.into_iter().map(|e| Pass::Answer(Ok(e))).collect();
-            return Ok((written, no_leases(), Vec::new()));
+            return Ok((written, no_leases(), Served::default()));
         }
         Err(StoreError::Rejected(_)) => {
-            return Ok((write(&parts.store, jobs).await?, no_leases(), Vec::new()));
+            return Ok((write(&parts.store, jobs).await?, no_leases(), Served::default()));
         }
         Err(e) => return Err(e),
     };
     parts.metrics.batch("enqueue_claim", plan.slots());
     // A statement that filled fewer slots than it had took every job of
     // its queue it could.
-    let served = claims
+    let queues: Vec<QueueName> = claims
         .iter()
         .zip(&claimed)
         .filter(|(claim, rows)| rows.len() < claim.slots.len())
         .flat_map(|(claim, _)| claim.queues.iter().cloned())
         .collect();
+    let leased: HashSet<JobId> = claimed.iter().flatten().map(|(_, c)| c.id).collect();
+    let whole = claims
+        .iter()
+        .flat_map(|claim| claim.queues.iter())
+        .filter(|&q| {
+            enqueued
+                .iter()
+                .filter(|e| e.created && e.job.state != JobState::Cancelled && &e.job.queue == q)
+                .all(|e| leased.contains(&e.job.id))
+        })
+        .cloned()
+        .collect();
+    let served = Served { queues, whole };
     let mut dealt = plan.deal(claimed);
     let leases = placements
         .into_iter()
@@ -257,11 +283,7 @@ async fn write(
 /// queue instead of one per request (on this coordinator, none for the
 /// queues its claims served, `served`). A job marked `enqueue_failed` is
 /// answered as marked.
-async fn announce(
-    parts: &Parts,
-    written: &mut [Pass<NewJob, Result<Enqueued, StoreError>>],
-    served: Vec<QueueName>,
-) {
+async fn announce(parts: &Parts, written: &mut [Pass<NewJob, Result<Enqueued, StoreError>>], served: Served) {
     let mut new = NewJobs {
         served,
         ..NewJobs::default()

@@ -240,8 +240,13 @@ impl Metrics {
     pub(super) fn register_3(&self, registry: &mut Registry) {
         registry.register(
             "claim_floor_misses",
-            "Claim floors found above a claimable job (written without a wake-up reaching this coordinator) and lowered",
+            "Claim floors found above a claimable job, or queues marked empty found holding one (written without a wake-up reaching this coordinator), and corrected",
             self.claim_floor_misses.clone(),
+        );
+        registry.register(
+            "claims_parked_unlooked",
+            "Claims that parked without a statement: their queues were known to hold no claimable job",
+            self.claims_parked_unlooked.clone(),
         );
         registry.register(
             "bulk_changed",

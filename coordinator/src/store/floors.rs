@@ -36,6 +36,15 @@
 //! Without a pinned horizon vacuum keeps the walk short and floors change
 //! nothing measurable; under one, a claim walks what was claimed since its
 //! queue's last read instead of since the snapshot began.
+//!
+//! The same reads tell when a queue holds no claimable job at all (due or
+//! not): a read after a claim that found none, with no wake-up of the
+//! queue since its claim took the floor, marks the queue *empty*, and the
+//! next wake-up of the queue (or any floor being dropped) clears the mark.
+//! While a claim's queues are all marked, a claimer that arrives to wait
+//! parks without a statement ([`ClaimFloors::empty`]): the statement would
+//! find nothing, and the wake-up that clears the mark is the one that would
+//! have woken it. The floor check scans marked queues too.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -43,6 +52,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
+use runlease_protocol::QueueName;
 use uuid::Uuid;
 
 use crate::store::rows::col;
@@ -76,6 +86,16 @@ pub struct ClaimKey {
     pub id: Uuid,
 }
 
+impl ClaimKey {
+    /// Past every job's key: where a queue marked empty has its floor, as
+    /// the floor check compares it.
+    pub const PAST_ALL: Self = Self {
+        priority: i32::MAX,
+        run_at: DateTime::<Utc>::MAX_UTC,
+        id: Uuid::max(),
+    };
+}
+
 /// One queue's floor and the wake-ups reads under way must account for.
 #[derive(Debug)]
 struct QueueFloor {
@@ -91,6 +111,8 @@ struct QueueFloor {
     dropped: u64,
     /// When a claim last asked for this floor.
     used: Instant,
+    /// The last read found no claimable job, and no wake-up came since.
+    empty: bool,
 }
 
 #[derive(Debug, Default)]
@@ -183,6 +205,7 @@ impl ClaimFloors {
                     recent: VecDeque::new(),
                     dropped: 0,
                     used: now,
+                    empty: false,
                 });
                 entry.used = now;
                 Taken {
@@ -214,20 +237,25 @@ impl ClaimFloors {
             if entry.since > seq || entry.unkeyed > seq || entry.dropped > seq {
                 continue;
             }
+            let since: Vec<ClaimKey> = entry
+                .recent
+                .iter()
+                .filter(|(s, _)| *s > seq)
+                .map(|(_, k)| *k)
+                .collect();
             let Some(first) = read.first else {
-                // Nothing claimable at or above the start: it stays.
+                // Nothing claimable at or above the start: the floor stays,
+                // and the queue is empty unless a job was written since.
+                entry.empty = since.is_empty();
                 continue;
             };
+            entry.empty = false;
             let cap = ClaimKey {
                 priority: first.priority,
                 run_at: read.at - MARGIN,
                 id: Uuid::nil(),
             };
-            let mut floor = first.min(cap);
-            for (_, key) in entry.recent.iter().filter(|(s, _)| *s > seq) {
-                floor = floor.min(*key);
-            }
-            entry.floor = Some(floor);
+            entry.floor = Some(since.into_iter().fold(first.min(cap), ClaimKey::min));
         }
     }
 
@@ -241,6 +269,7 @@ impl ClaimFloors {
         let Some(entry) = f.queues.get_mut(queue) else {
             return;
         };
+        entry.empty = false;
         match key {
             Some(key) => {
                 if entry.floor.is_some_and(|floor| key < floor) {
@@ -269,15 +298,29 @@ impl ClaimFloors {
         for entry in f.queues.values_mut() {
             entry.floor = None;
             entry.unkeyed = seq;
+            entry.empty = false;
         }
     }
 
-    /// The queues with a floor and their floors, for the floor check.
+    /// Whether every one of `queues` is marked empty: a claim of them would
+    /// find nothing until a wake-up of one of them passes here.
+    pub fn empty(&self, queues: &[QueueName]) -> bool {
+        if !self.hearing.load(Ordering::Relaxed) || queues.is_empty() {
+            return false;
+        }
+        let f = self.lock();
+        queues
+            .iter()
+            .all(|q| f.queues.get(q.as_str()).is_some_and(|e| e.empty))
+    }
+
+    /// The queues with a floor and their floors, for the floor check; a
+    /// queue marked empty as [`ClaimKey::PAST_ALL`] (no job may sort below).
     pub fn floored(&self) -> Vec<(String, ClaimKey)> {
         let f = self.lock();
         f.queues
             .iter()
-            .filter_map(|(q, e)| Some((q.clone(), e.floor?)))
+            .filter_map(|(q, e)| Some((q.clone(), if e.empty { ClaimKey::PAST_ALL } else { e.floor? })))
             .collect()
     }
 
@@ -287,7 +330,9 @@ impl ClaimFloors {
     /// it without a wake-up reaching this coordinator). A job below the
     /// floor a queue had before the scan was below it when the scan read
     /// it; one only below a floor raised since (by a claim that took it)
-    /// is no miss. Answers how many floors were lowered.
+    /// is no miss. A queue marked empty before the scan and still marked,
+    /// in which the scan found a job, loses its mark, and counts the same.
+    /// Answers how many floors were lowered or marks cleared.
     pub fn lower(&self, before: &[(String, ClaimKey)], found: &[Found]) -> usize {
         let mut f = self.lock();
         let mut lowered = 0;
@@ -299,8 +344,12 @@ impl ClaimFloors {
             let Some(entry) = f.queues.get_mut(&read.queue) else {
                 continue;
             };
-            if first < *floor_before && entry.floor.is_some_and(|floor| first < floor) {
-                entry.floor = Some(first);
+            let below = entry.floor.is_some_and(|floor| first < floor);
+            if first < *floor_before && (below || entry.empty) {
+                if below {
+                    entry.floor = Some(first);
+                }
+                entry.empty = false;
                 lowered += 1;
             }
         }
@@ -426,138 +475,4 @@ impl Store {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(priority: i32, secs: i64, id: u128) -> ClaimKey {
-        ClaimKey {
-            priority,
-            run_at: DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap(),
-            id: Uuid::from_u128(id),
-        }
-    }
-
-    fn read(queue: &str, first: Option<ClaimKey>, at_secs: i64) -> Found {
-        Found {
-            queue: queue.into(),
-            first,
-            at: DateTime::from_timestamp(1_800_000_000 + at_secs, 0).unwrap(),
-        }
-    }
-
-    #[test]
-    fn a_read_moves_the_floor_no_later_than_the_margin_before_it() {
-        let floors = ClaimFloors::new();
-        let taken = floors.take(&["q"]);
-        assert_eq!(taken[0].floor, None);
-        // A backlog: the first claimable job is older than the margin.
-        floors.found(&taken, &[read("q", Some(key(0, 10, 7)), 100)]);
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(0, 10, 7)));
-        // A fresh job: the floor stops a margin before the read.
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", Some(key(0, 100, 9)), 100)]);
-        let floor = floors.take(&["q"])[0].floor.unwrap();
-        assert_eq!(floor, key(0, 99, 0));
-        // Nothing claimable: the floor stays where it was.
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", None, 200)]);
-        assert_eq!(floors.take(&["q"])[0].floor, Some(floor));
-    }
-
-    #[test]
-    fn a_keyed_wake_up_lowers_the_floor_and_the_reads_under_way() {
-        let floors = ClaimFloors::new();
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", Some(key(5, 10, 1)), 100)]);
-        // An urgent job sorts below the floor: the floor follows it.
-        floors.wrote("q", Some(key(0, 50, 2)));
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(0, 50, 2)));
-        // A read that began before another urgent write and did not see it
-        // moves the floor no higher than that write.
-        let taken = floors.take(&["q"]);
-        floors.wrote("q", Some(key(1, 60, 3)));
-        floors.found(&taken, &[read("q", Some(key(5, 20, 4)), 100)]);
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(1, 60, 3)));
-        // A later job does not move the floor.
-        floors.wrote("q", Some(key(5, 99, 5)));
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(1, 60, 3)));
-    }
-
-    #[test]
-    fn a_wake_up_without_a_key_drops_the_floor_and_the_reads_under_way() {
-        let floors = ClaimFloors::new();
-        let taken = floors.take(&["q", "r"]);
-        floors.found(
-            &taken,
-            &[
-                read("q", Some(key(0, 10, 1)), 100),
-                read("r", Some(key(0, 10, 1)), 100),
-            ],
-        );
-        let taken = floors.take(&["q", "r"]);
-        floors.wrote("q", None);
-        assert_eq!(floors.take(&["q"])[0].floor, None);
-        floors.found(
-            &taken,
-            &[
-                read("q", Some(key(0, 20, 2)), 100),
-                read("r", Some(key(0, 20, 2)), 100),
-            ],
-        );
-        assert_eq!(floors.take(&["q"])[0].floor, None, "the read missed the write");
-        assert_eq!(
-            floors.take(&["r"])[0].floor,
-            Some(key(0, 20, 2)),
-            "another queue's write"
-        );
-        // More keyed wake-ups than are kept: the read cannot know them all.
-        let taken = floors.take(&["r"]);
-        for i in 0..=RECENT_WRITES as u128 {
-            floors.wrote("r", Some(key(0, 30, i)));
-        }
-        floors.found(&taken, &[read("r", Some(key(0, 40, 2)), 100)]);
-        assert_eq!(floors.take(&["r"])[0].floor, Some(key(0, 20, 2)));
-        floors.forget_all();
-        assert_eq!(floors.take(&["r"])[0].floor, None);
-    }
-
-    #[test]
-    fn not_hearing_every_coordinator_means_no_floors() {
-        let floors = ClaimFloors::new();
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", Some(key(0, 10, 1)), 100)]);
-        floors.hearing(false);
-        let taken = floors.take(&["q"]);
-        assert_eq!(taken[0].floor, None);
-        assert!(!taken[0].reads_after());
-        floors.hearing(true);
-        assert!(floors.take(&["q"])[0].reads_after());
-    }
-
-    #[test]
-    fn a_full_scan_lowers_a_floor_a_job_sorts_below_and_counts_it() {
-        let floors = ClaimFloors::new();
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", Some(key(0, 10, 1)), 100)]);
-        let before = floors.floored();
-        assert_eq!(floors.lower(&before, &[read("q", Some(key(0, 20, 1)), 100)]), 0);
-        assert_eq!(floors.lower(&before, &[read("q", Some(key(-1, 20, 1)), 100)]), 1);
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(-1, 20, 1)));
-        // A job below a floor raised during the scan, not below the one
-        // before it, was claimable when the scan read it: no miss.
-        let before = floors.floored();
-        let taken = floors.take(&["q"]);
-        floors.found(&taken, &[read("q", Some(key(0, 50, 1)), 100)]);
-        assert_eq!(floors.lower(&before, &[read("q", Some(key(0, 30, 1)), 100)]), 0);
-        assert_eq!(floors.take(&["q"])[0].floor, Some(key(0, 50, 1)));
-    }
-
-    #[test]
-    fn queues_beyond_the_cap_have_no_floor() {
-        let floors = ClaimFloors::new();
-        let names: Vec<String> = (0..MAX_QUEUES).map(|i| format!("q{i}")).collect();
-        let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-        assert!(floors.take(&refs).iter().all(Taken::reads_after));
-        assert!(!floors.take(&["one-more"])[0].reads_after());
-    }
-}
+mod tests;

@@ -198,19 +198,27 @@ impl Wake {
     /// job in claim order (an enqueue answers it): the queue's claim floor
     /// is lowered to it instead of dropped.
     pub async fn enqueued_at(&self, queues: &[(QueueName, ClaimKey)]) -> Result<(), PublishError> {
-        self.enqueued_at_served(queues, &[]).await
+        self.enqueued_at_served(queues, &[], &[]).await
     }
 
     /// [`Wake::enqueued_at`] where the claims parked here on `served`
     /// need no wake-up (the enqueue's own claims took every job of those
     /// queues they could): their floors are lowered, and other
-    /// coordinators told, all the same.
+    /// coordinators told, all the same. On `whole` the claims took every
+    /// job the enqueue created: nothing there became claimable, and the
+    /// read after those claims, in the same transaction, left the queue's
+    /// floor and empty mark where they belong; only other coordinators are
+    /// told.
     pub async fn enqueued_at_served(
         &self,
         queues: &[(QueueName, ClaimKey)],
         served: &[QueueName],
+        whole: &[QueueName],
     ) -> Result<(), PublishError> {
         for (queue, key) in queues {
+            if whole.contains(queue) {
+                continue;
+            }
             if served.contains(queue) {
                 self.local.queue_written_at(queue, *key);
             } else {

@@ -287,3 +287,116 @@ async fn a_job_enqueued_ahead_through_another_coordinator_is_claimed_next_here()
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Claims parked without a statement so far.
+async fn unlooked(c: &TestCoordinator) -> f64 {
+    c.api.metric("runlease_claims_parked_unlooked_total").await
+}
+
+#[tokio::test]
+async fn a_claim_of_a_queue_known_empty_parks_without_a_statement_and_is_woken() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start(&db).await;
+    let parked_unlooked = |n: f64| {
+        let api = c.api.clone();
+        async move {
+            api.until_metric(
+                "runlease_claims_parked_unlooked_total",
+                "claims parked unlooked",
+                |v| v >= n,
+            )
+            .await;
+        }
+    };
+    // A look that finds nothing marks the queue empty.
+    assert!(c.api.claim("idle", "w", 1).await.is_empty());
+    assert_eq!(unlooked(&c).await, 0.0, "a claim that may not wait looks");
+
+    let wait = || {
+        let api = c.api.clone();
+        tokio::spawn(async move { api.claim_wait("idle", "w", 1, 20_000).await })
+    };
+    let first = wait();
+    parked_unlooked(1.0).await;
+    // The enqueue's wake-up serves it, as it would have after a look (here
+    // the enqueue claims it in its own transaction).
+    let job = c.api.enqueue("idle", json!("first")).await;
+    let got = first.await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].job_id, job.id);
+
+    // That enqueue's claim took every job it made: the queue is still
+    // known empty.
+    let second = wait();
+    parked_unlooked(2.0).await;
+    // Two jobs at once (a batch, announced by a wake-up): the mark goes.
+    let (status, body) = c
+        .api
+        .post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [{"queue": "idle", "payload": 1}, {"queue": "idle", "payload": 2}]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(second.await.unwrap().len(), 1);
+    // The next claim looks, and finds the other job at once.
+    let third = tokio::time::timeout(Duration::from_secs(5), wait())
+        .await
+        .expect("answered at once")
+        .unwrap();
+    assert_eq!(third.len(), 1);
+    assert_eq!(unlooked(&c).await, 2.0);
+}
+
+#[tokio::test]
+async fn a_claim_that_may_not_wait_reads_a_queue_known_empty() {
+    let db = TestDb::new().await;
+    let c = TestCoordinator::start_with(&db, |config| {
+        config.leases.claim_recheck = Duration::from_secs(60);
+    })
+    .await;
+    assert!(c.api.claim("quiet", "w", 1).await.is_empty());
+    // Written with no wake-up reaching the coordinator (as by another
+    // coordinator whose publish was lost): the queue is still marked.
+    let id: uuid::Uuid = db
+        .client()
+        .await
+        .query_one(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             VALUES (gen_random_uuid(), 'quiet', '\"unannounced\"', 3)
+             RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let got = c.api.claim("quiet", "w", 1).await;
+    assert_eq!(got.len(), 1, "a claim with wait_ms 0 reads the table");
+    assert_eq!(got[0].job_id.0, id);
+    assert_eq!(unlooked(&c).await, 0.0);
+}
+
+#[tokio::test]
+async fn a_job_enqueued_through_another_coordinator_wakes_a_claim_parked_unlooked() {
+    let db = TestDb::new().await;
+    let here = TestCoordinator::start_with(&db, |config| {
+        config.leases.claim_recheck = Duration::from_secs(60);
+    })
+    .await;
+    let there = TestCoordinator::start(&db).await;
+    assert!(here.api.claim("shared", "w", 1).await.is_empty());
+    let waiting = {
+        let api = here.api.clone();
+        tokio::spawn(async move { api.claim_wait("shared", "w", 1, 20_000).await })
+    };
+    here.api.until_claims_parked(1).await;
+    assert_eq!(unlooked(&here).await, 1.0);
+    // Only the wake-up through Redis can reach it within the re-check's
+    // minute.
+    let job = there.api.enqueue("shared", json!("from there")).await;
+    let got = tokio::time::timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("woken within seconds")
+        .unwrap();
+    assert_eq!(got[0].job_id, job.id);
+}
