@@ -51,6 +51,9 @@ pub(super) struct Parked {
     pub(super) ask: ClaimAsk,
     pub(super) deadline: Instant,
     pub(super) reply: oneshot::Sender<Result<Vec<ClaimedJob>, StoreError>>,
+    /// Parked without a look (its queues were known empty): at its
+    /// deadline its group looks before it is answered.
+    pub(super) unlooked: bool,
 }
 
 /// Serves claims. With batching on, claims are spread over a few shards
@@ -122,8 +125,13 @@ impl ClaimBatcher {
         let shard = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
         let tx = &self.shards[shard];
         let (reply, answer) = oneshot::channel();
-        tx.send(Parked { ask, deadline, reply })
-            .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
+        tx.send(Parked {
+            ask,
+            deadline,
+            reply,
+            unlooked: false,
+        })
+        .map_err(|_| StoreError::Unavailable("the coordinator is shutting down".into()))?;
         answer.await.unwrap_or_else(|_| Ok(Vec::new()))
     }
 
@@ -243,19 +251,24 @@ impl ClaimBatcher {
                     shelf.groups.remove(&key).map(|mut group| {
                         let fresh = std::mem::take(&mut group.fresh);
                         group.parked.extend(fresh);
-                        group
+                        (group, false)
                     })
                 } else {
-                    shelf.groups.get_mut(&key).map(|group| Group {
-                        parked: std::mem::take(&mut group.fresh),
-                        ..Group::new(true, group.next_check)
+                    shelf.groups.get_mut(&key).map(|group| {
+                        let newcomers = Group {
+                            parked: std::mem::take(&mut group.fresh),
+                            ..Group::new(true, group.next_check)
+                        };
+                        (newcomers, !group.parked.is_empty())
                     })
                 }
             };
             // Gone when an enqueue took its every claimer meanwhile.
-            let Some(mut served) = taken else { continue };
+            let Some((mut served, others_parked)) = taken else {
+                continue;
+            };
             let found = if !whole && self.known_empty(&key, &served) {
-                self.rest(&mut served, None);
+                self.park_unlooked(&mut served);
                 false
             } else {
                 self.serve(&key, &mut served).await
@@ -263,7 +276,7 @@ impl ClaimBatcher {
             // Newcomers that found jobs without a wake-up (a delayed job
             // come due, a wake-up lost) show that the group's parked
             // claimers may find some too: they look next.
-            let stale = found && !whole;
+            let stale = found && others_parked;
             if served.is_empty() && !stale {
                 continue;
             }
@@ -302,7 +315,8 @@ impl ClaimBatcher {
     }
 
     /// Answers claimers whose wait ran out, and forgets those who left
-    /// (fresh claimers look once first, whatever their wait).
+    /// (fresh claimers look once first, whatever their wait; one parked
+    /// without a look makes its group look first).
     fn expire(&self, groups: &mut HashMap<GroupKey, Group>) {
         let now = Instant::now();
         for group in groups.values_mut() {
@@ -313,8 +327,12 @@ impl ClaimBatcher {
                     continue;
                 }
                 if parked.deadline <= now && !group.dirty {
-                    let _ = parked.reply.send(Ok(Vec::new()));
-                    continue;
+                    if parked.unlooked {
+                        group.dirty = true;
+                    } else {
+                        let _ = parked.reply.send(Ok(Vec::new()));
+                        continue;
+                    }
                 }
                 kept.push_back(parked);
             }
@@ -333,6 +351,8 @@ impl ClaimBatcher {
             if group.parked.is_empty() {
                 return found;
             }
+            // This statement is their look.
+            group.parked.iter_mut().for_each(|p| p.unlooked = false);
             let mut plan = ClaimPlan::new(self.max_slots);
             // In arrival order, as far as the statement has room.
             let placements: Vec<Placement> = group.parked.iter().map_while(|p| plan.place(&p.ask)).collect();
@@ -374,16 +394,23 @@ impl ClaimBatcher {
     /// known to hold no claimable job (see [`crate::store::floors`]) and
     /// each is willing to wait. A claimer that may not wait looks, so that
     /// its answer reads the database (an enqueue acknowledged by another
-    /// coordinator may not have reached this one yet). Counted.
+    /// coordinator may not have reached this one yet).
     fn known_empty(&self, key: &GroupKey, newcomers: &Group) -> bool {
         let willing = newcomers.parked.iter().all(|p| !p.ask.wait.is_zero());
-        let empty = willing && self.store.claim_floors().is_some_and(|f| f.empty(&key.queues));
-        if empty {
-            self.metrics
-                .claims_parked_unlooked
-                .inc_by(newcomers.parked.len() as u64);
-        }
-        empty
+        willing && self.store.claim_floors().is_some_and(|f| f.empty(&key.queues))
+    }
+
+    /// Parks newcomers that skipped their look as if they had found
+    /// nothing, except that none is answered before its group has looked
+    /// ([`Parked::unlooked`]). Counted.
+    fn park_unlooked(&self, newcomers: &mut Group) {
+        newcomers.parked.retain(|p| !p.reply.is_closed());
+        newcomers.parked.iter_mut().for_each(|p| p.unlooked = true);
+        self.metrics
+            .claims_parked_unlooked
+            .inc_by(newcomers.parked.len() as u64);
+        newcomers.dirty = false;
+        newcomers.next_check = Instant::now() + jittered(self.recheck);
     }
 
     /// Nothing more is claimable for `group` now: it waits for a wake-up or

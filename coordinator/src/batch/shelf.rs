@@ -21,7 +21,8 @@ pub(super) struct Group {
     /// yet: served by a statement of their own, so that those parked stay
     /// on the shelf meanwhile (an enqueue may serve them).
     pub(super) fresh: VecDeque<Parked>,
-    /// Every claimer must look again (a wake-up, the timer, a new group).
+    /// Every claimer must look again (a wake-up, the timer, the deadline of
+    /// one parked without a look).
     pub(super) dirty: bool,
     pub(super) next_check: Instant,
 }
@@ -161,7 +162,7 @@ impl ClaimBatcher {
     }
 
     /// A taken claimer back to its shard, as a new claim (it looks at
-    /// once).
+    /// once, or parks unlooked while its queue is known empty).
     pub fn put_back(&self, taken: TakenClaimer) {
         if let Some(tx) = self.shards.get(taken.shard) {
             // A shard gone (shutting down) drops the reply: answered empty.

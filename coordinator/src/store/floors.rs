@@ -44,7 +44,8 @@
 //! While a claim's queues are all marked, a claimer that arrives to wait
 //! parks without a statement ([`ClaimFloors::empty`]): the statement would
 //! find nothing, and the wake-up that clears the mark is the one that would
-//! have woken it. The floor check scans marked queues too.
+//! have woken it. The floor check scans marked queues too (a job it finds
+//! there clears the mark).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -86,16 +87,6 @@ pub struct ClaimKey {
     pub id: Uuid,
 }
 
-impl ClaimKey {
-    /// Past every job's key: where a queue marked empty has its floor, as
-    /// the floor check compares it.
-    pub const PAST_ALL: Self = Self {
-        priority: i32::MAX,
-        run_at: DateTime::<Utc>::MAX_UTC,
-        id: Uuid::max(),
-    };
-}
-
 /// One queue's floor and the wake-ups reads under way must account for.
 #[derive(Debug)]
 struct QueueFloor {
@@ -111,8 +102,9 @@ struct QueueFloor {
     dropped: u64,
     /// When a claim last asked for this floor.
     used: Instant,
-    /// The last read found no claimable job, and no wake-up came since.
-    empty: bool,
+    /// The last read found no claimable job, and no wake-up came since:
+    /// [`Floors::seq`] when it was marked.
+    empty: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -205,7 +197,7 @@ impl ClaimFloors {
                     recent: VecDeque::new(),
                     dropped: 0,
                     used: now,
-                    empty: false,
+                    empty: None,
                 });
                 entry.used = now;
                 Taken {
@@ -224,6 +216,7 @@ impl ClaimFloors {
     /// dropped.
     pub fn found(&self, taken: &[Taken], found: &[Found]) {
         let mut f = self.lock();
+        let now = f.seq;
         for t in taken {
             let Some(seq) = t.seq else { continue };
             let Some(read) = found.iter().find(|r| r.queue == t.queue) else {
@@ -246,10 +239,10 @@ impl ClaimFloors {
             let Some(first) = read.first else {
                 // Nothing claimable at or above the start: the floor stays,
                 // and the queue is empty unless a job was written since.
-                entry.empty = since.is_empty();
+                entry.empty = since.is_empty().then_some(now);
                 continue;
             };
-            entry.empty = false;
+            entry.empty = None;
             let cap = ClaimKey {
                 priority: first.priority,
                 run_at: read.at - MARGIN,
@@ -269,7 +262,7 @@ impl ClaimFloors {
         let Some(entry) = f.queues.get_mut(queue) else {
             return;
         };
-        entry.empty = false;
+        entry.empty = None;
         match key {
             Some(key) => {
                 if entry.floor.is_some_and(|floor| key < floor) {
@@ -298,7 +291,7 @@ impl ClaimFloors {
         for entry in f.queues.values_mut() {
             entry.floor = None;
             entry.unkeyed = seq;
-            entry.empty = false;
+            entry.empty = None;
         }
     }
 
@@ -311,16 +304,23 @@ impl ClaimFloors {
         let f = self.lock();
         queues
             .iter()
-            .all(|q| f.queues.get(q.as_str()).is_some_and(|e| e.empty))
+            .all(|q| f.queues.get(q.as_str()).is_some_and(|e| e.empty.is_some()))
     }
 
-    /// The queues with a floor and their floors, for the floor check; a
-    /// queue marked empty as [`ClaimKey::PAST_ALL`] (no job may sort below).
-    pub fn floored(&self) -> Vec<(String, ClaimKey)> {
+    /// The queues with a floor or an empty mark, as they stand, for the
+    /// floor check (marks of queues no claim asked for in [`IDLE`] are left
+    /// out: their scans would be for nobody).
+    pub fn floored(&self) -> Vec<Floored> {
         let f = self.lock();
+        let now = Instant::now();
         f.queues
             .iter()
-            .filter_map(|(q, e)| Some((q.clone(), if e.empty { ClaimKey::PAST_ALL } else { e.floor? })))
+            .filter(|(_, e)| e.floor.is_some() || (e.empty.is_some() && now.duration_since(e.used) < IDLE))
+            .map(|(q, e)| Floored {
+                queue: q.clone(),
+                floor: e.floor,
+                empty: e.empty,
+            })
             .collect()
     }
 
@@ -330,31 +330,45 @@ impl ClaimFloors {
     /// it without a wake-up reaching this coordinator). A job below the
     /// floor a queue had before the scan was below it when the scan read
     /// it; one only below a floor raised since (by a claim that took it)
-    /// is no miss. A queue marked empty before the scan and still marked,
-    /// in which the scan found a job, loses its mark, and counts the same.
-    /// Answers how many floors were lowered or marks cleared.
-    pub fn lower(&self, before: &[(String, ClaimKey)], found: &[Found]) -> usize {
+    /// is no miss. An empty mark a job found contradicts goes, and is a
+    /// miss when it is the mark that stood before the scan and the job was
+    /// due a [`MARGIN`] before the scan's read (a wake-up on its way is
+    /// not lost). Answers the misses.
+    pub fn lower(&self, before: &[Floored], found: &[Found]) -> usize {
         let mut f = self.lock();
-        let mut lowered = 0;
+        let mut missed = 0;
         for read in found {
             let Some(first) = read.first else { continue };
-            let Some((_, floor_before)) = before.iter().find(|(q, _)| *q == read.queue) else {
+            let Some(was) = before.iter().find(|b| b.queue == read.queue) else {
                 continue;
             };
             let Some(entry) = f.queues.get_mut(&read.queue) else {
                 continue;
             };
-            let below = entry.floor.is_some_and(|floor| first < floor);
-            if first < *floor_before && (below || entry.empty) {
-                if below {
-                    entry.floor = Some(first);
-                }
-                entry.empty = false;
-                lowered += 1;
+            let mut miss = false;
+            if entry.empty.is_some() {
+                miss = entry.empty == was.empty && first.run_at < read.at - MARGIN;
+                entry.empty = None;
             }
+            let below = |floor: Option<ClaimKey>| floor.is_some_and(|floor| first < floor);
+            if below(was.floor) && below(entry.floor) {
+                entry.floor = Some(first);
+                miss = true;
+            }
+            missed += usize::from(miss);
         }
-        lowered
+        missed
     }
+}
+
+/// A queue's floor and empty mark as the floor check found them before
+/// its scan.
+#[derive(Debug, Clone)]
+pub struct Floored {
+    /// The queue.
+    pub queue: String,
+    floor: Option<ClaimKey>,
+    empty: Option<u64>,
 }
 
 impl Floors {
@@ -449,7 +463,7 @@ impl Store {
         if before.is_empty() {
             return Ok(0);
         }
-        let queues: Vec<&str> = before.iter().map(|(q, _)| q.as_str()).collect();
+        let queues: Vec<&str> = before.iter().map(|b| b.queue.as_str()).collect();
         let starts = FloorParams::none(queues.len());
         let rows = self
             .timed("claim_floor_check", || async {

@@ -546,5 +546,13 @@ impl Store {
             );
             self.give_back(leases).await;
         }
+        // Claimable again, below what the reads after the claims saw: no
+        // floor or empty mark of this coordinator may stand over them
+        // (the claim loops find them on their re-check).
+        if let Some(floors) = self.claim_floors() {
+            for (_, row) in claimed.iter().flatten() {
+                floors.wrote(row.queue.as_str(), None);
+            }
+        }
     }
 }

@@ -400,3 +400,40 @@ async fn a_job_enqueued_through_another_coordinator_wakes_a_claim_parked_unlooke
         .unwrap();
     assert_eq!(got[0].job_id, job.id);
 }
+
+#[tokio::test]
+async fn a_claim_parked_without_a_look_looks_before_its_wait_runs_out() {
+    let db = TestDb::new().await;
+    // No re-check within the test: only the claim's own deadline can make
+    // it look.
+    let c = TestCoordinator::start_with(&db, |config| {
+        config.leases.claim_recheck = Duration::from_secs(60);
+    })
+    .await;
+    assert!(c.api.claim("lost", "w", 1).await.is_empty());
+    let waiting = {
+        let api = c.api.clone();
+        tokio::spawn(async move { api.claim_wait("lost", "w", 1, 1_500).await })
+    };
+    c.api
+        .until_metric("runlease_claims_parked_unlooked_total", "parked unlooked", |v| {
+            v >= 1.0
+        })
+        .await;
+    // Its wake-up lost: only a look finds it.
+    let id: uuid::Uuid = db
+        .client()
+        .await
+        .query_one(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             VALUES (gen_random_uuid(), 'lost', '\"unannounced\"', 3)
+             RETURNING id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let got = waiting.await.unwrap();
+    assert_eq!(got.len(), 1, "the claim looked at the end of its wait");
+    assert_eq!(got[0].job_id.0, id);
+}
