@@ -288,6 +288,23 @@ async fn a_job_enqueued_ahead_through_another_coordinator_is_claimed_next_here()
     }
 }
 
+/// Writes a job due now on `queue` straight into the table, with no
+/// wake-up reaching any coordinator (as one whose publish was lost would
+/// leave it); answers its id.
+async fn unannounced(db: &TestDb, queue: &str) -> uuid::Uuid {
+    db.client()
+        .await
+        .query_one(
+            "INSERT INTO jobs (id, queue, payload, max_attempts)
+             VALUES (gen_random_uuid(), $1, '\"unannounced\"', 3)
+             RETURNING id",
+            &[&queue],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Claims parked without a statement so far.
 async fn unlooked(c: &TestCoordinator) -> f64 {
     c.api.metric("runlease_claims_parked_unlooked_total").await
@@ -358,18 +375,7 @@ async fn a_claim_that_may_not_wait_reads_a_queue_known_empty() {
     assert!(c.api.claim("quiet", "w", 1).await.is_empty());
     // Written with no wake-up reaching the coordinator (as by another
     // coordinator whose publish was lost): the queue is still marked.
-    let id: uuid::Uuid = db
-        .client()
-        .await
-        .query_one(
-            "INSERT INTO jobs (id, queue, payload, max_attempts)
-             VALUES (gen_random_uuid(), 'quiet', '\"unannounced\"', 3)
-             RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id = unannounced(&db, "quiet").await;
     let got = c.api.claim("quiet", "w", 1).await;
     assert_eq!(got.len(), 1, "a claim with wait_ms 0 reads the table");
     assert_eq!(got[0].job_id.0, id);
@@ -421,18 +427,7 @@ async fn a_claim_parked_without_a_look_looks_before_its_wait_runs_out() {
         })
         .await;
     // Its wake-up lost: only a look finds it.
-    let id: uuid::Uuid = db
-        .client()
-        .await
-        .query_one(
-            "INSERT INTO jobs (id, queue, payload, max_attempts)
-             VALUES (gen_random_uuid(), 'lost', '\"unannounced\"', 3)
-             RETURNING id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let id = unannounced(&db, "lost").await;
     let got = waiting.await.unwrap();
     assert_eq!(got.len(), 1, "the claim looked at the end of its wait");
     assert_eq!(got[0].job_id.0, id);
