@@ -305,6 +305,18 @@ async fn unannounced(db: &TestDb, queue: &str) -> uuid::Uuid {
         .get(0)
 }
 
+/// A coordinator that re-checks parked claims only once a minute (none
+/// within a test), and knows `queue` empty: a claim looked and found
+/// nothing.
+async fn marked_empty(db: &TestDb, queue: &str) -> TestCoordinator {
+    let c = TestCoordinator::start_with(db, |config| {
+        config.leases.claim_recheck = Duration::from_secs(60);
+    })
+    .await;
+    assert!(c.api.claim(queue, "w", 1).await.is_empty());
+    c
+}
+
 /// Claims parked without a statement so far.
 async fn unlooked(c: &TestCoordinator) -> f64 {
     c.api.metric("runlease_claims_parked_unlooked_total").await
@@ -368,11 +380,7 @@ async fn a_claim_of_a_queue_known_empty_parks_without_a_statement_and_is_woken()
 #[tokio::test]
 async fn a_claim_that_may_not_wait_reads_a_queue_known_empty() {
     let db = TestDb::new().await;
-    let c = TestCoordinator::start_with(&db, |config| {
-        config.leases.claim_recheck = Duration::from_secs(60);
-    })
-    .await;
-    assert!(c.api.claim("quiet", "w", 1).await.is_empty());
+    let c = marked_empty(&db, "quiet").await;
     // Written with no wake-up reaching the coordinator (as by another
     // coordinator whose publish was lost): the queue is still marked.
     let id = unannounced(&db, "quiet").await;
@@ -385,12 +393,8 @@ async fn a_claim_that_may_not_wait_reads_a_queue_known_empty() {
 #[tokio::test]
 async fn a_job_enqueued_through_another_coordinator_wakes_a_claim_parked_unlooked() {
     let db = TestDb::new().await;
-    let here = TestCoordinator::start_with(&db, |config| {
-        config.leases.claim_recheck = Duration::from_secs(60);
-    })
-    .await;
+    let here = marked_empty(&db, "shared").await;
     let there = TestCoordinator::start(&db).await;
-    assert!(here.api.claim("shared", "w", 1).await.is_empty());
     let waiting = {
         let api = here.api.clone();
         tokio::spawn(async move { api.claim_wait("shared", "w", 1, 20_000).await })
@@ -412,11 +416,7 @@ async fn a_claim_parked_without_a_look_looks_before_its_wait_runs_out() {
     let db = TestDb::new().await;
     // No re-check within the test: only the claim's own deadline can make
     // it look.
-    let c = TestCoordinator::start_with(&db, |config| {
-        config.leases.claim_recheck = Duration::from_secs(60);
-    })
-    .await;
-    assert!(c.api.claim("lost", "w", 1).await.is_empty());
+    let c = marked_empty(&db, "lost").await;
     let waiting = {
         let api = c.api.clone();
         tokio::spawn(async move { api.claim_wait("lost", "w", 1, 1_500).await })
