@@ -230,16 +230,17 @@ impl ClaimFloors {
             if entry.since > seq || entry.unkeyed > seq || entry.dropped > seq {
                 continue;
             }
-            let since: Vec<ClaimKey> = entry
+            // The keys written since the read began.
+            let mut since = entry
                 .recent
                 .iter()
                 .filter(|(s, _)| *s > seq)
                 .map(|(_, k)| *k)
-                .collect();
+                .peekable();
             let Some(first) = read.first else {
                 // Nothing claimable at or above the start: the floor stays,
                 // and the queue is empty unless a job was written since.
-                entry.empty = since.is_empty().then_some(now);
+                entry.empty = since.peek().is_none().then_some(now);
                 continue;
             };
             entry.empty = None;
@@ -248,7 +249,7 @@ impl ClaimFloors {
                 run_at: read.at - MARGIN,
                 id: Uuid::nil(),
             };
-            entry.floor = Some(since.into_iter().fold(first.min(cap), ClaimKey::min));
+            entry.floor = Some(since.fold(first.min(cap), ClaimKey::min));
         }
     }
 
