@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use runlease_protocol::{QueueName, WorkerId};
+use runlease_protocol::{JobState, QueueName, WorkerId};
 
 use crate::flow;
 use crate::store::floors::{ClaimKey, FloorParams, Found, Taken, found_rows};
+use crate::store::jobs::Enqueued;
 use crate::store::leases::{ClaimGroup, LeaseRef, Outcome};
 use crate::store::queues::RateLimit;
 use crate::store::rows::{ClaimedJob, col};
@@ -137,66 +138,70 @@ pub(super) type FloorsRead = (Vec<Taken>, Vec<Found>);
 /// in the claim order.
 pub type Requeued = Vec<(String, ClaimKey)>;
 
-impl Store {
-    /// The claims of [`Store::write_leases`], one statement per group,
-    /// sent together (with BEGIN in front when `begin`). With `floored`
-    /// (the jobs the transaction queued again before them), each queue's
-    /// scan starts at its claim floor, or at the first of those jobs below
-    /// it, and the first claimable job of each queue is read after the
-    /// claims: answered with the floors taken, for
-    /// [`crate::store::floors::ClaimFloors::found`] once the transaction
-    /// has committed.
-    pub(super) async fn send_claims(
+/// The jobs an enqueue created `queued`, by queue and place in the claim
+/// order.
+pub(super) fn queued_by(answers: &[Enqueued]) -> Requeued {
+    answers
+        .iter()
+        .filter(|e| e.created && e.job.state == JobState::Queued)
+        .map(|e| {
+            let key = ClaimKey {
+                priority: e.job.priority,
+                run_at: e.job.run_at,
+                id: e.job.id.0,
+            };
+            (e.job.queue.to_string(), key)
+        })
+        .collect()
+}
+
+/// The claims of a transaction, prepared ([`Store::prepare_claims`]).
+pub(super) struct ClaimSend<'a> {
+    claims: &'a [ClaimGroup<'a>],
+    claim: Option<Prepared>,
+    read: Option<tokio_postgres::Statement>,
+    names: Vec<Vec<&'a str>>,
+    taken: Vec<Vec<Taken>>,
+    terms: &'a crate::store::LeaseSettings,
+}
+
+impl ClaimSend<'_> {
+    /// Sends the claims (after BEGIN with the claims' settings when
+    /// `begin`, else after the settings of their scans), one statement per
+    /// group, and the read of the floors after them: all at its first poll,
+    /// in that order, so that a statement the caller polls after it (the
+    /// COMMIT: [`Tallied::commit_behind`]) goes behind them in the same
+    /// round trip. Answers each group's leases and what the read found.
+    pub(super) async fn send(
         &self,
         tx: &Tallied<'_>,
-        claims: &[ClaimGroup<'_>],
         begin: bool,
-        floored: Option<&[(String, ClaimKey)]>,
-    ) -> Result<(Vec<Vec<(usize, ClaimedJob)>>, FloorsRead), StoreError> {
-        if claims.is_empty() {
-            return Ok((Vec::new(), (Vec::new(), Vec::new())));
-        }
-        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
-        let names: Vec<Vec<&str>> = claims
-            .iter()
-            .map(|c| c.queues.iter().map(QueueName::as_str).collect())
-            .collect();
-        let mut taken: Vec<Vec<Taken>> = match (self.claim_floors(), floored) {
-            (Some(floors), Some(_)) => names.iter().map(|n| floors.take(n)).collect(),
-            _ => vec![Vec::new(); claims.len()],
+    ) -> Result<(Vec<Vec<(usize, ClaimedJob)>>, Vec<Found>), StoreError> {
+        let Some(claim) = &self.claim else {
+            return Ok((Vec::new(), Vec::new()));
         };
-        for (queue, key) in floored.unwrap_or_default() {
-            for t in taken.iter_mut().flatten().filter(|t| t.queue == *queue) {
-                t.floor = t.floor.map(|floor| floor.min(*key));
-            }
-        }
-        let floors_of: Vec<Vec<&Taken>> = taken.iter().map(|t| t.iter().collect()).collect();
+        let floors_of: Vec<Vec<&Taken>> = self.taken.iter().map(|t| t.iter().collect()).collect();
         // The queues read after the claims, each once.
         let mut reads: Vec<&Taken> = Vec::new();
-        for t in taken.iter().flatten().filter(|t| t.reads_after()) {
+        for t in self.taken.iter().flatten().filter(|t| t.reads_after()) {
             if !reads.iter().any(|r| r.queue == t.queue) {
                 reads.push(t);
             }
         }
-        let read_stmt = if reads.is_empty() {
-            None
-        } else {
-            Some(tx.client().prepare_cached(sql::LEASE_CLAIM_FLOOR).await?)
-        };
-        let terms = self.lease_settings();
-        let claiming = futures_util::future::join_all(claims.iter().zip(&names).zip(&floors_of).map(
-            |((c, names), floors)| {
-                let scan = Scan {
-                    queues: names,
-                    floors,
-                };
-                claim_rows(tx, &claim, scan, &c.slots, c.time_left_ms, terms, None)
-            },
-        ));
+        let claiming =
+            futures_util::future::join_all(self.claims.iter().zip(&self.names).zip(&floors_of).map(
+                |((c, names), floors)| {
+                    let scan = Scan {
+                        queues: names,
+                        floors,
+                    };
+                    claim_rows(tx, claim, scan, &c.slots, c.time_left_ms, self.terms, None)
+                },
+            ));
         // Sent after the claims (statements sent together run in the order
         // they were first polled), so the jobs they claimed are not read.
         let reading = async {
-            let Some(stmt) = &read_stmt else {
+            let Some(stmt) = &self.read else {
                 return Ok(Vec::new());
             };
             let queues: Vec<&str> = reads.iter().map(|t| t.queue.as_str()).collect();
@@ -220,7 +225,67 @@ impl Store {
         begun?;
         planned?;
         let claimed = claimed.into_iter().collect::<Result<_, _>>()?;
-        Ok((claimed, (taken.into_iter().flatten().collect(), found?)))
+        Ok((claimed, found?))
+    }
+
+    /// The floors the claims took.
+    pub(super) fn into_taken(self) -> Vec<Taken> {
+        self.taken.into_iter().flatten().collect()
+    }
+}
+
+impl Store {
+    /// Everything the claims of a transaction need before they are sent:
+    /// their statements prepared, and with `floored` (the jobs the
+    /// transaction queued again before them) the floors taken, each
+    /// queue's scan starting at its claim floor or at the first of those
+    /// jobs below it; the first claimable job of each queue is then read
+    /// after the claims, answered with the floors taken for
+    /// [`crate::store::floors::ClaimFloors::found`] once the transaction
+    /// has committed.
+    pub(super) async fn prepare_claims<'a>(
+        &'a self,
+        tx: &Tallied<'_>,
+        claims: &'a [ClaimGroup<'a>],
+        floored: Option<&[(String, ClaimKey)]>,
+    ) -> Result<ClaimSend<'a>, StoreError> {
+        if claims.is_empty() {
+            return Ok(ClaimSend {
+                claims,
+                claim: None,
+                read: None,
+                names: Vec::new(),
+                taken: Vec::new(),
+                terms: self.lease_settings(),
+            });
+        }
+        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
+        let names: Vec<Vec<&str>> = claims
+            .iter()
+            .map(|c| c.queues.iter().map(QueueName::as_str).collect())
+            .collect();
+        let mut taken: Vec<Vec<Taken>> = match (self.claim_floors(), floored) {
+            (Some(floors), Some(_)) => names.iter().map(|n| floors.take(n)).collect(),
+            _ => vec![Vec::new(); claims.len()],
+        };
+        for (queue, key) in floored.unwrap_or_default() {
+            for t in taken.iter_mut().flatten().filter(|t| t.queue == *queue) {
+                t.floor = t.floor.map(|floor| floor.min(*key));
+            }
+        }
+        let read = if taken.iter().flatten().any(Taken::reads_after) {
+            Some(tx.client().prepare_cached(sql::LEASE_CLAIM_FLOOR).await?)
+        } else {
+            None
+        };
+        Ok(ClaimSend {
+            claims,
+            claim: Some(claim),
+            read,
+            names,
+            taken,
+            terms: self.lease_settings(),
+        })
     }
 
     /// Claims up to one lease per slot (each slot names its worker) from

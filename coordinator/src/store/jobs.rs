@@ -8,9 +8,8 @@ use runlease_protocol::{JobId, JobState, QueueName, RunLease, TraceParent};
 use serde_json::Value;
 use uuid::Uuid;
 
-use crate::store::claims::Requeued;
+use crate::store::claims::queued_by;
 use crate::store::dependencies::{self, Dependencies, EnqueueColumns};
-use crate::store::floors::ClaimKey;
 use crate::store::leases::ClaimGroup;
 use crate::store::listing::BulkAction;
 use crate::store::rows::ClaimedJob;
@@ -327,35 +326,28 @@ impl Store {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
             let (begun, written) = tokio::join!(tx.begin(opening(jobs)), self.enqueue_in(&tx, jobs));
-            let sent = async {
+            let head = async {
                 let answers = begun.and(written).and_then(|w| w.answers(jobs))?;
                 // The new jobs were written after the floors were read, and
                 // their wake-up comes after the commit: the claims' floors
                 // must not pass them.
-                let new: Requeued = answers
-                    .iter()
-                    .filter(|e| e.created && e.job.state == JobState::Queued)
-                    .map(|e| {
-                        let key = ClaimKey {
-                            priority: e.job.priority,
-                            run_at: e.job.run_at,
-                            id: e.job.id.0,
-                        };
-                        (e.job.queue.to_string(), key)
-                    })
-                    .collect();
-                // The claims' settings, sent before them in the same
-                // round trip (each future sends at its first poll).
+                let new = queued_by(&answers);
+                let send = self.prepare_claims(&tx, claims, Some(&new)).await?;
+                Ok::<_, StoreError>((answers, send))
+            };
+            let (answers, send) = tx.or_roll_back(head.await).await?;
+            // The claims' settings, the claims, the tallies and the COMMIT
+            // in one round trip (each future sends at its first poll).
+            let sent = async {
                 let (planned, claimed) = tokio::join!(
                     tx.client().batch_execute(sql::CLAIM_PLANNING),
-                    self.send_claims(&tx, claims, false, Some(&new))
+                    send.send(&tx, false)
                 );
                 planned?;
-                let (claimed, floors_read) = claimed?;
-                Ok::<_, StoreError>((answers, claimed, floors_read))
-            }
-            .await;
-            let (answers, mut claimed, floors_read) = tx.end(sent).await?;
+                claimed
+            };
+            let (mut claimed, found) = tx.commit_behind(sent).await?;
+            let floors_read = (send.into_taken(), found);
             // The jobs stand whatever follows.
             match self
                 .claims_committed(&client, claims, &mut claimed, floors_read)

@@ -431,23 +431,33 @@ impl Store {
         self.timed(operation, || async move {
             let client = self.conn().await?;
             let tx = Tallied::new(&client);
-            let sent = async {
+            let head = async {
                 let (finished, settled) = self.begin_and_finish(&tx, items, !claims.is_empty()).await?;
                 // A job the items made claimable was written after the
                 // floors were read, and its wake-up comes after the commit:
                 // the claims' floors must not pass it.
                 let requeued = requeued(&finished, &settled)?;
-                let (mut claimed, floors_read) = self
-                    .send_claims(&tx, claims, items.is_empty(), requeued.as_deref())
-                    .await?;
-                let held_back = self
-                    .claim_limited_groups(&tx, claims, limited, &mut claimed)
-                    .await?;
-                Ok::<_, StoreError>((finished, claimed, held_back, settled, floors_read))
-            }
-            .await;
-            // Any part refused rolls the whole transaction back.
-            let (finished, mut claimed, held_back, settled, floors_read) = tx.end(sent).await?;
+                let send = self.prepare_claims(&tx, claims, requeued.as_deref()).await?;
+                Ok::<_, StoreError>((finished, settled, send))
+            };
+            let (finished, settled, send) = tx.or_roll_back(head.await).await?;
+            let (mut claimed, held_back, found) = if limited.iter().all(Vec::is_empty) {
+                // The claims, the tallies and the COMMIT in one round trip.
+                let (claimed, found) = tx.commit_behind(send.send(&tx, items.is_empty())).await?;
+                (claimed, Vec::new(), found)
+            } else {
+                let sent = async {
+                    let (mut claimed, found) = send.send(&tx, items.is_empty()).await?;
+                    let held_back = self
+                        .claim_limited_groups(&tx, claims, limited, &mut claimed)
+                        .await?;
+                    Ok::<_, StoreError>((claimed, held_back, found))
+                };
+                // Any part refused rolls the whole transaction back.
+                let sent = sent.await;
+                tx.end(sent).await?
+            };
+            let floors_read = (send.into_taken(), found);
             self.report_settled(settled);
             self.claims_committed(&client, claims, &mut claimed, floors_read)
                 .await?;

@@ -38,7 +38,7 @@ pub const JOB_DEPENDENTS_OF: &str = include_str!("sql/job_dependents_of.sql");
 pub const JOB_DEPENDENTS_SETTLED: Changes =
     Changes::new(include_str!("sql/job_dependents_settled.sql"), tally::entered);
 /// Enqueue the dead-letter follow-ups of jobs a finish failed for good.
-pub const JOB_DEAD_LETTER: Changes = Changes::new(include_str!("sql/job_dead_letter.sql"), tally::no_tally);
+pub const JOB_DEAD_LETTER: Changes = Changes::untallied(include_str!("sql/job_dead_letter.sql"));
 /// Read jobs by (queue, idempotency key).
 pub const JOB_GET_BY_IDEMPOTENCY_KEY: &str = include_str!("sql/job_get_by_idempotency_key.sql");
 /// Read jobs by id.
@@ -55,12 +55,11 @@ pub const JOB_CANCEL: Changes = Changes::new(
 pub const JOB_RETRY: Changes = Changes::new(include_str!("sql/job_retry.sql"), tally::retried);
 /// Mark jobs whose wake-up was not delivered.
 pub const JOB_MARK_ENQUEUE_FAILED: Changes =
-    Changes::new(include_str!("sql/job_mark_enqueue_failed.sql"), tally::no_tally);
+    Changes::untallied(include_str!("sql/job_mark_enqueue_failed.sql"));
 /// Lock enqueue_failed jobs for a repair pass.
 pub const JOB_REPAIR_PICK: &str = include_str!("sql/job_repair_pick.sql");
 /// Move repaired jobs back to queued.
-pub const JOB_REPAIR_REQUEUE: Changes =
-    Changes::new(include_str!("sql/job_repair_requeue.sql"), tally::no_tally);
+pub const JOB_REPAIR_REQUEUE: Changes = Changes::untallied(include_str!("sql/job_repair_requeue.sql"));
 /// Take due, unsignalled jobs of an SQS-bound queue and mark them signalled.
 pub const JOB_DISPATCH_PICK: &str = include_str!("sql/job_dispatch_pick.sql");
 /// Give the due times of unsent wake-ups back.
@@ -70,7 +69,7 @@ pub const ATTEMPT_LIST: &str = include_str!("sql/attempt_list.sql");
 /// A page of one job's ended attempts.
 pub const ATTEMPT_PAGE: &str = include_str!("sql/attempt_page.sql");
 /// Claim leases.
-pub const LEASE_CLAIM: Changes = Changes::new(include_str!("sql/lease_claim.sql"), tally::no_tally);
+pub const LEASE_CLAIM: Changes = Changes::untallied(include_str!("sql/lease_claim.sql"));
 /// The first claimable job of queues from where a claim's scan starts
 /// (the claim floors, store/floors.rs).
 pub const LEASE_CLAIM_FLOOR: &str = include_str!("sql/lease_claim_floor.sql");
@@ -114,8 +113,7 @@ pub const CLAIM_SCAN_PLANNING_RESET: &str = "RESET enable_sort; RESET enable_bit
 pub const CLAIM_PLANNING_RESET: &str = "RESET plan_cache_mode; RESET enable_hashjoin; RESET enable_mergejoin; \
      RESET enable_seqscan; RESET enable_sort; RESET enable_bitmapscan; RESET jit";
 /// Claim leases of a queue limited per concurrency key.
-pub const LEASE_CLAIM_KEYED: Changes =
-    Changes::new(include_str!("sql/lease_claim_keyed.sql"), tally::no_tally);
+pub const LEASE_CLAIM_KEYED: Changes = Changes::untallied(include_str!("sql/lease_claim_keyed.sql"));
 /// Lock a queue's limits for a claim.
 pub const QUEUE_LIMITS_LOCK: &str = include_str!("sql/queue_limits_lock.sql");
 /// Running jobs of a queue.

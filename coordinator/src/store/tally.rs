@@ -16,6 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::ClientWrapper;
 use futures_util::TryStreamExt;
@@ -130,12 +131,29 @@ pub type RowDelta = fn(&Row, &mut Delta) -> Result<(), StoreError>;
 pub struct Changes {
     sql: &'static str,
     delta: RowDelta,
+    tallies: bool,
 }
 
 impl Changes {
     /// `sql` whose answered rows change the tallies as `delta` says.
     pub const fn new(sql: &'static str, delta: RowDelta) -> Self {
-        Self { sql, delta }
+        Self {
+            sql,
+            delta,
+            tallies: true,
+        }
+    }
+
+    /// `sql` that changes states but none in or out of a terminal state,
+    /// and writes no attempt (claims, the enqueue_failed mark and its
+    /// repair, a dead letter's follow-up): it changes no tally, so it may
+    /// be sent with the COMMIT ([`Tallied::commit_behind`]).
+    pub const fn untallied(sql: &'static str) -> Self {
+        Self {
+            sql,
+            delta: no_tally,
+            tallies: false,
+        }
     }
 
     /// The statement's text.
@@ -148,12 +166,11 @@ impl Changes {
 pub struct Prepared {
     statement: tokio_postgres::Statement,
     delta: RowDelta,
+    tallies: bool,
 }
 
-/// For a statement that changes states but none in or out of a terminal
-/// state, and writes no attempt (claims, the enqueue_failed mark and its
-/// repair).
-pub fn no_tally(_: &Row, _: &mut Delta) -> Result<(), StoreError> {
+/// The delta of an [`Changes::untallied`] statement.
+fn no_tally(_: &Row, _: &mut Delta) -> Result<(), StoreError> {
     Ok(())
 }
 
@@ -267,6 +284,10 @@ pub const JOB_TALLY_ADD: &str = include_str!("sql/job_tally_add.sql");
 pub struct Tallied<'c> {
     client: &'c ClientWrapper,
     delta: Mutex<Delta>,
+    /// The deltas went with the COMMIT ([`Tallied::commit_behind`]).
+    sealed: AtomicBool,
+    /// A statement was refused for it ([`Tallied::may_send`]).
+    refused: AtomicBool,
 }
 
 impl<'c> Tallied<'c> {
@@ -275,6 +296,8 @@ impl<'c> Tallied<'c> {
         Self {
             client,
             delta: Mutex::default(),
+            sealed: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
         }
     }
 
@@ -302,11 +325,13 @@ impl<'c> Tallied<'c> {
         Ok(Prepared {
             statement: self.client.prepare_cached(stmt.sql).await?,
             delta: stmt.delta,
+            tallies: stmt.tallies,
         })
     }
 
     /// Runs `stmt`, counting what its rows change.
     pub async fn run(&self, stmt: &Prepared, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
+        self.may_send(stmt)?;
         let rows = self.client.query(&stmt.statement, params).await?;
         let mut delta = Delta::default();
         for row in &rows {
@@ -328,6 +353,7 @@ impl<'c> Tallied<'c> {
         mut each: impl FnMut(&[Column], &Row) -> Result<R, StoreError>,
     ) -> Result<Vec<R>, StoreError> {
         let prepared = self.prepare(stmt).await?;
+        self.may_send(&prepared)?;
         let rows = self
             .client
             .query_raw(&prepared.statement, params.iter().map(|p| *p as &dyn ToSql))
@@ -357,6 +383,19 @@ impl<'c> Tallied<'c> {
     /// The tallies it will write, so far.
     pub fn delta(&self) -> Delta {
         self.lock().clone()
+    }
+
+    /// Refuses a statement that changes tallies once the deltas went with
+    /// the COMMIT ([`Tallied::commit_behind`]), before it is sent; the
+    /// transaction then rolls back.
+    fn may_send(&self, stmt: &Prepared) -> Result<(), StoreError> {
+        if stmt.tallies && self.sealed.load(Ordering::Relaxed) {
+            self.refused.store(true, Ordering::Relaxed);
+            return Err(StoreError::Database(
+                "a statement that changes tallies was sent with the COMMIT".to_owned(),
+            ));
+        }
+        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Delta> {
@@ -395,7 +434,7 @@ impl<'c> Tallied<'c> {
 
     /// The value of `outcome`, or its error once the transaction is rolled
     /// back.
-    async fn or_roll_back<T>(&self, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
+    pub async fn or_roll_back<T>(&self, outcome: Result<T, StoreError>) -> Result<T, StoreError> {
         if outcome.is_err() {
             // A connection that cannot roll back is broken: the pool drops
             // it at its next check.
@@ -406,13 +445,49 @@ impl<'c> Tallied<'c> {
         outcome
     }
 
+    /// Ends the transaction with the statements `last` sends, in one
+    /// round trip: `last` is polled first, so what it sends at its first
+    /// poll (its statements prepared before) goes ahead of the deltas and
+    /// the COMMIT, and PostgreSQL runs them in that order. The deltas are
+    /// those of the statements run before: `last` may send only
+    /// [`Changes::untallied`] ones (another is refused and the transaction
+    /// rolled back). A statement of `last` that PostgreSQL refuses aborts
+    /// the transaction, so the COMMIT rolls it back, and that error is
+    /// answered. Answers what `last` made, or its error, or the commit's;
+    /// the transaction is over either way.
+    pub async fn commit_behind<T>(
+        &self,
+        last: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let delta = std::mem::take(&mut *self.lock());
+        self.sealed.store(true, Ordering::Relaxed);
+        let committing = async {
+            if self.refused.load(Ordering::Relaxed) {
+                return self
+                    .or_roll_back(Err(StoreError::Database("rolled back".to_owned())))
+                    .await;
+            }
+            self.write_and_commit(delta, std::future::ready(())).await
+        };
+        let (made, committed) = tokio::join!(last, committing);
+        let made = made?;
+        committed?;
+        Ok(made)
+    }
+
     /// Writes the deltas and commits, in one round trip, while `made` runs;
     /// answers what it made, or the commit's error.
     async fn commit<U>(self, made: impl Future<Output = U>) -> Result<U, StoreError> {
-        let delta = self
-            .delta
-            .into_inner()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let delta = std::mem::take(&mut *self.lock());
+        self.write_and_commit(delta, made).await
+    }
+
+    /// [`Tallied::commit`] of `delta`.
+    async fn write_and_commit<U>(
+        &self,
+        delta: Delta,
+        made: impl Future<Output = U>,
+    ) -> Result<U, StoreError> {
         if delta.is_empty() {
             let (committed, made) = tokio::join!(self.client.batch_execute("COMMIT"), made);
             committed?;

@@ -858,3 +858,210 @@ async fn enqueues_insert_under_one_generic_plan() {
     let plan = generic_plan(&conn, sql::JOB_ENQUEUE.sql(), &["NULL"; 23].join(", ")).await;
     assert!(plan.contains("queue_settings_pkey"), "{plan}");
 }
+
+/// A trigger that refuses to start the job whose payload is `"refused"`,
+/// so that a claim PostgreSQL refuses can be made on purpose.
+const REFUSE_TO_START: &str = "
+    CREATE FUNCTION refuse_to_start() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        IF NEW.state = 'running' AND NEW.payload = '\"refused\"' THEN
+            RAISE EXCEPTION 'this job may not start';
+        END IF;
+        RETURN NEW;
+    END $$;
+    CREATE TRIGGER refuse_to_start BEFORE UPDATE ON jobs
+        FOR EACH ROW EXECUTE FUNCTION refuse_to_start();";
+
+#[tokio::test]
+async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_with_it() {
+    use runlease_coordinator::store::leases::{ClaimGroup, LeaseRef, Outcome};
+    use runlease_protocol::{QueueName, WorkerId};
+
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
+        )
+        .await
+        .unwrap();
+    let queues = [QueueName::new("q").unwrap()];
+    let (a, b) = (WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap());
+    let held = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
+    let held = &held[0].1;
+    client.batch_execute(REFUSE_TO_START).await.unwrap();
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"refused\"', 4)",
+        )
+        .await
+        .unwrap();
+
+    // The complete, its tally and the claim go in one transaction whose
+    // claim, sent with the COMMIT, is refused: nothing of it stands.
+    let complete = [(
+        LeaseRef {
+            job_id: held.id,
+            run_lease: held.run_lease,
+            worker_id: a.clone(),
+        },
+        Outcome::Complete {
+            result: serde_json::json!(1),
+        },
+    )];
+    let items: Vec<_> = complete.iter().collect();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&b],
+        time_left_ms: None,
+    }];
+    let refused = store.finish_then_claim(&items, &claims).await.unwrap_err();
+    assert!(refused.to_string().contains("may not start"), "{refused}");
+    let states: Vec<(String, String, i64)> = client
+        .query(
+            "SELECT payload #>> '{}', state::text, run_lease FROM jobs ORDER BY payload #>> '{}'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    let expected = [("held", "running", held.run_lease.0), ("refused", "queued", 0)];
+    assert_eq!(
+        states,
+        expected.map(|(p, s, l)| (p.to_owned(), s.to_owned(), l)).to_vec()
+    );
+    let tallied: i64 = client
+        .query_one("SELECT count(*) FROM job_tallies", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(tallied, 0, "no tally of the complete that was rolled back");
+
+    // The same transaction without the refused job commits all of it,
+    // its tally with it.
+    client
+        .batch_execute("DELETE FROM jobs WHERE payload = '\"refused\"'")
+        .await
+        .unwrap();
+    let (endings, claimed) = store.finish_then_claim(&items, &claims).await.unwrap();
+    assert_eq!(endings.len(), 1);
+    assert!(claimed[0].is_empty(), "{claimed:?}");
+    let done: i64 = client
+        .query_one(
+            "SELECT coalesce(sum(n), 0)::bigint FROM job_tallies WHERE queue = 'q' AND tally = 'done'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(done, 1);
+}
+
+#[tokio::test]
+async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_writes_nothing() {
+    use runlease_coordinator::store::jobs::NewJob;
+    use runlease_coordinator::store::leases::ClaimGroup;
+    use runlease_protocol::{JobId, QueueName, WorkerId};
+
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client.batch_execute(REFUSE_TO_START).await.unwrap();
+    let job = |payload: &str| NewJob {
+        id: JobId::new(),
+        queue: QueueName::new("q").unwrap(),
+        payload: serde_json::json!(payload),
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        max_attempts: None,
+        backoff: Default::default(),
+        retry_window_ms: None,
+        timeout_ms: None,
+        idempotency_key: None,
+        concurrency_key: None,
+        traceparent: None,
+        dependencies: None,
+    };
+    let queues = [QueueName::new("q").unwrap()];
+    let worker = WorkerId::new("w").unwrap();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&worker],
+        time_left_ms: None,
+    }];
+
+    let refused = store
+        .enqueue_then_claim(&[job("refused")], &claims)
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("may not start"), "{refused}");
+    let rows: i64 = client
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "the enqueue rolled back with its claim");
+
+    let (answers, claimed) = store.enqueue_then_claim(&[job("fine")], &claims).await.unwrap();
+    assert_eq!(answers.len(), 1);
+    let claimed = claimed.expect("the leases were answered");
+    assert_eq!(claimed[0].len(), 1, "the parked claimer got the new job");
+    assert_eq!(claimed[0][0].1.id, answers[0].job.id);
+}
+
+#[tokio::test]
+async fn a_statement_that_changes_tallies_is_refused_after_the_commit_went_and_rolls_back() {
+    use runlease_coordinator::store::tally::{Changes, Tallied};
+
+    const DELETE: Changes = Changes::new("DELETE FROM jobs RETURNING queue, state", tally::deleted);
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '1', 4)",
+        )
+        .await
+        .unwrap();
+    let conn = store.pool().get().await.unwrap();
+    let tx = Tallied::new(&conn);
+    tx.begin(tally::Open::Deletes).await.unwrap();
+    tx.client()
+        .batch_execute("UPDATE jobs SET priority = 5")
+        .await
+        .unwrap();
+    let delete = tx.prepare(&DELETE).await.unwrap();
+    let refused = tx.commit_behind(tx.run(&delete, &[])).await.unwrap_err();
+    assert!(refused.to_string().contains("changes tallies"), "{refused}");
+    let row = client
+        .query_one("SELECT count(*), max(priority) FROM jobs", &[])
+        .await
+        .unwrap();
+    let (jobs, priority): (i64, i32) = (row.get(0), row.get(1));
+    assert_eq!(
+        (jobs, priority),
+        (1, 0),
+        "neither the delete nor the update stands"
+    );
+    let pid: i32 = conn
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let state: String = client
+        .query_one("SELECT state FROM pg_stat_activity WHERE pid = $1", &[&pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "idle", "the connection is left outside any transaction");
+}

@@ -13,7 +13,7 @@
 -- could end: no second follow-up, whatever else ends or repeats. (The key is
 -- reserved: a job enqueued by hand with it would stand in for the
 -- follow-up.)
--- Tallies: a follow-up is queued, which no tally counts (tally::no_tally).
+-- Tallies: a follow-up is queued, which no tally counts (`Changes::untallied`).
 -- Answers the follow-ups enqueued.
 -- Index: queue_settings_pkey, jobs_idempotency_key_uniq.
 -- Locking: the new rows only.
