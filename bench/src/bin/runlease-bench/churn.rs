@@ -1,7 +1,8 @@
 //! `churn`: what a burst and a steady stream of jobs leave behind, measured
 //! from outside. One coordinator process (this build's release binary, or
-//! `--binary`; Redis off) over a fresh database with autovacuum at the server's
-//! settings; outside HTTP workers (`--workers`, each claiming up to 8 and
+//! `--binary`; Redis off) over a fresh database with autovacuum on at
+//! PostgreSQL's defaults (turned on for the run if the server has it off:
+//! `churn/vacuum.rs`); outside HTTP workers (`--workers`, each claiming up to 8 and
 //! finishing them in one `/v1/finish` that carries its next claim).
 //!
 //! 1. A burst: `--jobs` (300,000) enqueued 1,000 per `POST /v1/jobs/batch`,
@@ -42,6 +43,9 @@ use crate::history::enqueue;
 use crate::stats::percentile;
 
 mod floor;
+mod vacuum;
+
+use vacuum::vacuum_note;
 
 const QUEUE: &str = "churn";
 /// Leases a worker claims and finishes at once.
@@ -287,26 +291,6 @@ fn print_samples(what: &str, samples: &Samples, seconds: u64) {
     println!("    the machine meanwhile: {}", floor::lateness(&samples.late));
 }
 
-/// Autovacuum's runs over the jobs table so far, and its dead rows now.
-async fn vacuum_note(db: &TestDb) -> String {
-    let row = db
-        .client()
-        .await
-        .query_one(
-            "SELECT autovacuum_count, n_dead_tup,
-                    extract(epoch FROM now() - last_autovacuum)::float8
-             FROM pg_stat_user_tables WHERE relname = 'jobs'",
-            &[],
-        )
-        .await
-        .unwrap();
-    let (runs, dead, ago): (i64, i64, Option<f64>) = (row.get(0), row.get(1), row.get(2));
-    format!(
-        "autovacuum of jobs: {runs} runs{}, {dead} dead rows now",
-        ago.map_or(String::new(), |a| format!(" (last {a:.0} s ago)"))
-    )
-}
-
 /// Enqueues `n` jobs, then drains them with `workers` fresh workers:
 /// seconds of the enqueue, and jobs/s of the drain alone.
 async fn drain(http: &reqwest::Client, base: &str, workers: usize, n: usize) -> (f64, f64) {
@@ -352,6 +336,7 @@ async fn stream(http: reqwest::Client, base: String, rate: f64, seconds: u64) ->
 }
 
 pub async fn report(o: Options) -> anyhow::Result<()> {
+    let autovacuum = vacuum::Autovacuum::on().await?;
     let db = TestDb::new().await;
     let sep = if db.url.contains('?') { '&' } else { '?' };
     let process = CoordinatorProcess::start_binary(
@@ -447,5 +432,6 @@ pub async fn report(o: Options) -> anyhow::Result<()> {
         list(&free),
         mean(&pinned) / mean(&free)
     );
+    autovacuum.restore();
     Ok(())
 }
