@@ -111,6 +111,19 @@ pub(super) async fn claim_rows(
     leases: &crate::store::LeaseSettings,
     limited: Option<DateTime<Utc>>,
 ) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
+    slotted(&claim_statement(tx, claim, scan, slots, time_left_ms, leases, limited).await?)
+}
+
+/// [`claim_rows`], its rows as PostgreSQL answered them.
+async fn claim_statement(
+    tx: &Tallied<'_>,
+    claim: &Prepared,
+    scan: Scan<'_>,
+    slots: &[&WorkerId],
+    time_left_ms: Option<u64>,
+    leases: &crate::store::LeaseSettings,
+    limited: Option<DateTime<Utc>>,
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
     let serve_limited = limited.is_some();
     let workers: Vec<&str> = slots.iter().map(|w| w.as_str()).collect();
     let time_left = time_left_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX));
@@ -127,7 +140,7 @@ pub(super) async fn claim_rows(
         &floors.run_at,
         &floors.id,
     ];
-    slotted(&tx.run(claim, &params).await?)
+    tx.run(claim, &params).await
 }
 
 /// The claim floors a transaction's claims took, and what it read after
@@ -155,6 +168,30 @@ pub(super) fn queued_by(answers: &[Enqueued]) -> Requeued {
         .collect()
 }
 
+/// Each claim group's leases, with the slot (0-based) each filled.
+pub(super) type GroupLeases = Vec<Vec<(usize, ClaimedJob)>>;
+
+/// What the claims of a transaction answered ([`ClaimSend::send`]): each
+/// group's rows, and the floor read's.
+#[derive(Default)]
+pub(super) struct ClaimRows {
+    claims: Vec<Vec<tokio_postgres::Row>>,
+    found: Vec<tokio_postgres::Row>,
+}
+
+impl ClaimRows {
+    /// Each group's leases (with the slot, 0-based, each filled) and what
+    /// the floor read found.
+    pub(super) fn read(&self) -> Result<(GroupLeases, Vec<Found>), StoreError> {
+        let claimed = self
+            .claims
+            .iter()
+            .map(|rows| slotted(rows))
+            .collect::<Result<_, _>>()?;
+        Ok((claimed, found_rows(&self.found)?))
+    }
+}
+
 /// The claims of a transaction, prepared ([`Store::prepare_claims`]).
 pub(super) struct ClaimSend<'a> {
     claims: &'a [ClaimGroup<'a>],
@@ -171,14 +208,11 @@ impl ClaimSend<'_> {
     /// group, and the read of the floors after them: all at its first poll,
     /// in that order, so that a statement the caller polls after it (the
     /// COMMIT: [`Tallied::commit_behind`]) goes behind them in the same
-    /// round trip. Answers each group's leases and what the read found.
-    pub(super) async fn send(
-        &self,
-        tx: &Tallied<'_>,
-        begin: bool,
-    ) -> Result<(Vec<Vec<(usize, ClaimedJob)>>, Vec<Found>), StoreError> {
+    /// round trip. Answers the rows of each group's statement and of the
+    /// read, as PostgreSQL sent them ([`ClaimRows::read`] reads them).
+    pub(super) async fn send(&self, tx: &Tallied<'_>, begin: bool) -> Result<ClaimRows, StoreError> {
         let Some(claim) = &self.claim else {
-            return Ok((Vec::new(), Vec::new()));
+            return Ok(ClaimRows::default());
         };
         let floors_of: Vec<Vec<&Taken>> = self.taken.iter().map(|t| t.iter().collect()).collect();
         // The queues read after the claims, each once.
@@ -195,7 +229,7 @@ impl ClaimSend<'_> {
                         queues: names,
                         floors,
                     };
-                    claim_rows(tx, claim, scan, &c.slots, c.time_left_ms, self.terms, None)
+                    claim_statement(tx, claim, scan, &c.slots, c.time_left_ms, self.terms, None)
                 },
             ));
         // Sent after the claims (statements sent together run in the order
@@ -208,8 +242,7 @@ impl ClaimSend<'_> {
             let floors = FloorParams::of(&reads);
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&queues, &floors.priority, &floors.run_at, &floors.id];
-            let rows = tx.client().query(stmt, &params).await?;
-            found_rows(&rows)
+            tx.read(stmt, &params).await
         };
         let begun = async {
             if begin {
@@ -220,12 +253,14 @@ impl ClaimSend<'_> {
         };
         // Sent after BEGIN and before the claims (each future sends at its
         // first poll, in this order).
-        let planned = tx.client().batch_execute(sql::CLAIM_SCAN_PLANNING);
+        let planned = tx.set(sql::CLAIM_SCAN_PLANNING);
         let (begun, planned, claimed, found) = tokio::join!(begun, planned, claiming, reading);
         begun?;
         planned?;
-        let claimed = claimed.into_iter().collect::<Result<_, _>>()?;
-        Ok((claimed, found?))
+        Ok(ClaimRows {
+            claims: claimed.into_iter().collect::<Result<_, _>>()?,
+            found: found?,
+        })
     }
 
     /// The floors the claims took.

@@ -339,23 +339,25 @@ impl Store {
             // The claims' settings, the claims, the tallies and the COMMIT
             // in one round trip (each future sends at its first poll).
             let sent = async {
-                let (planned, claimed) = tokio::join!(
-                    tx.client().batch_execute(sql::CLAIM_PLANNING),
-                    send.send(&tx, false)
-                );
+                let (planned, claimed) = tokio::join!(tx.set(sql::CLAIM_PLANNING), send.send(&tx, false));
                 planned?;
                 claimed
             };
-            let (mut claimed, found) = tx.commit_behind(sent).await?;
-            let floors_read = (send.into_taken(), found);
-            // The jobs stand whatever follows.
-            match self
-                .claims_committed(&client, claims, &mut claimed, floors_read)
-                .await
-            {
-                Ok(()) => Ok((answers, Some(claimed))),
+            let rows = tx.commit_behind(sent).await?;
+            // The jobs stand whatever follows: leases whose rows cannot be
+            // read run until they expire; those whose dependencies cannot
+            // be read are given back.
+            let committed = match rows.read() {
+                Ok((mut claimed, found)) => self
+                    .claims_committed(&client, claims, &mut claimed, (send.into_taken(), found))
+                    .await
+                    .map(|()| claimed),
+                Err(e) => Err(e),
+            };
+            match committed {
+                Ok(claimed) => Ok((answers, Some(claimed))),
                 Err(e) => {
-                    tracing::warn!(error = %e, "the leases of an enqueue's claims were given back");
+                    tracing::warn!(error = %e, "the leases of an enqueue's claims were not answered");
                     Ok((answers, None))
                 }
             }

@@ -16,9 +16,10 @@ use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
 
-use crate::store::claims::FloorsRead;
+use crate::store::claims::{ClaimSend, FloorsRead};
 pub use crate::store::claims::{Claimed, LimitKind, Requeued};
 use crate::store::floors::ClaimKey;
+use crate::store::floors::Found;
 pub use crate::store::heartbeat::Renewal;
 
 /// One way an attempt ends by its worker's hand: an item of `lease_finish.sql`.
@@ -80,6 +81,13 @@ pub type FinishedAndClaimed = (
     Vec<Ending>,
     Vec<Vec<(usize, ClaimedJob)>>,
     Vec<(QueueName, LimitKind, usize)>,
+);
+
+/// Each claim's leases, the slots limits held back, what the floor read found.
+type ClaimsEnded = (
+    Vec<Vec<(usize, ClaimedJob)>>,
+    Vec<(QueueName, LimitKind, usize)>,
+    Vec<Found>,
 );
 
 /// A lease's identity as read from a verified token.
@@ -383,9 +391,10 @@ impl Store {
     /// them, a claim for each of `claims` (shared queues only, as the first
     /// statement of [`Store::claim`]). Answers the items' endings and each
     /// claim's leases (with the slot, 0-based, each filled), or an error
-    /// for all: nothing of a failed transaction stands. The callers' rule
-    /// is that a claim rides only a transaction after the one that
-    /// committed its own request's items.
+    /// for all: nothing of a transaction that failed stands (an error in
+    /// reading the claims' rows, once it committed, excepted: see
+    /// [`Store::write_leases`]). A claim sees what the items before it
+    /// made claimable.
     pub async fn finish_then_claim(
         &self,
         items: &[&(LeaseRef, Outcome)],
@@ -420,7 +429,8 @@ impl Store {
     /// claim its generic plan, planned once per connection instead of at
     /// every claim (planning cost about a third of a small claim), with the
     /// join methods that plan may use pinned to nested loops
-    /// (lease_claim.sql says why).
+    /// (lease_claim.sql says why). The claims go with the tallies and the
+    /// COMMIT, in one round trip ([`Store::end_with_claims`]).
     pub(super) async fn write_leases(
         &self,
         operation: &'static str,
@@ -441,24 +451,11 @@ impl Store {
                 Ok::<_, StoreError>((finished, settled, send))
             };
             let (finished, settled, send) = tx.or_roll_back(head.await).await?;
-            let (mut claimed, held_back, found) = if limited.iter().all(Vec::is_empty) {
-                // The claims, the tallies and the COMMIT in one round trip.
-                let (claimed, found) = tx.commit_behind(send.send(&tx, items.is_empty())).await?;
-                (claimed, Vec::new(), found)
-            } else {
-                let sent = async {
-                    let (mut claimed, found) = send.send(&tx, items.is_empty()).await?;
-                    let held_back = self
-                        .claim_limited_groups(&tx, claims, limited, &mut claimed)
-                        .await?;
-                    Ok::<_, StoreError>((claimed, held_back, found))
-                };
-                // Any part refused rolls the whole transaction back.
-                let sent = sent.await;
-                tx.end(sent).await?
-            };
+            let (claimed, held_back, found) = self
+                .end_with_claims(tx, &send, items.is_empty(), claims, limited, settled)
+                .await?;
+            let mut claimed = claimed;
             let floors_read = (send.into_taken(), found);
-            self.report_settled(settled);
             self.claims_committed(&client, claims, &mut claimed, floors_read)
                 .await?;
             let answered = async {
@@ -477,6 +474,41 @@ impl Store {
             }
         })
         .await
+    }
+
+    /// The end of [`Store::write_leases`]: its claims (`send`; after BEGIN
+    /// when `begin`), then the commit, after which the jobs `settled` are
+    /// reported. Without limited queues the claims, the tallies and the
+    /// COMMIT go in one round trip, the claims' rows read once it went
+    /// through (one that cannot be read is answered as an error, its
+    /// transaction standing, its leases left to expire); with them, each
+    /// limited queue is claimed with the slots the shared statement left.
+    async fn end_with_claims(
+        &self,
+        tx: Tallied<'_>,
+        send: &ClaimSend<'_>,
+        begin: bool,
+        claims: &[ClaimGroup<'_>],
+        limited: &[Vec<QueueName>],
+        settled: Vec<dependencies::Settled>,
+    ) -> Result<ClaimsEnded, StoreError> {
+        if limited.iter().all(Vec::is_empty) {
+            let rows = tx.commit_behind(send.send(&tx, begin)).await?;
+            self.report_settled(settled);
+            let (claimed, found) = rows.read()?;
+            return Ok((claimed, Vec::new(), found));
+        }
+        let sent = async {
+            let (mut claimed, found) = send.send(&tx, begin).await?.read()?;
+            let held_back = self
+                .claim_limited_groups(&tx, claims, limited, &mut claimed)
+                .await?;
+            Ok::<_, StoreError>((claimed, held_back, found))
+        };
+        let sent = sent.await;
+        let (claimed, held_back, found) = tx.end(sent).await?;
+        self.report_settled(settled);
+        Ok((claimed, held_back, found))
     }
 
     /// The first part of [`Store::write_leases`]: BEGIN with the claims'

@@ -16,7 +16,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8};
 
 use deadpool_postgres::ClientWrapper;
 use futures_util::TryStreamExt;
@@ -26,6 +26,8 @@ use tokio_postgres::{Column, Row};
 
 use crate::store::StoreError;
 use crate::store::rows::{DbJobState, col};
+
+mod behind;
 
 /// One counter of `job_tallies`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -280,13 +282,17 @@ pub const JOB_TALLY_ADD: &str = include_str!("sql/job_tally_add.sql");
 /// A transaction on one pooled connection that writes the tallies of what
 /// it ran with its COMMIT. Its parts may be sent together (pipelined):
 /// [`Tallied::begin`] first, then statements; then [`Tallied::end`], which
-/// commits (the deltas and the COMMIT in one round trip) or rolls back.
+/// commits (the deltas and the COMMIT in one round trip) or rolls back, or
+/// [`Tallied::commit_behind`], which sends its last statements (ones that
+/// change no tally) in that same round trip.
 pub struct Tallied<'c> {
     client: &'c ClientWrapper,
     delta: Mutex<Delta>,
-    /// The deltas went with the COMMIT ([`Tallied::commit_behind`]).
-    sealed: AtomicBool,
-    /// A statement was refused for it ([`Tallied::may_send`]).
+    /// How far [`Tallied::commit_behind`] has gone: which statements may
+    /// still be sent.
+    stage: AtomicU8,
+    /// A statement failed or was refused while the last ones were being
+    /// sent: the transaction rolls back.
     refused: AtomicBool,
 }
 
@@ -296,7 +302,7 @@ impl<'c> Tallied<'c> {
         Self {
             client,
             delta: Mutex::default(),
-            sealed: AtomicBool::new(false),
+            stage: AtomicU8::new(behind::OPEN),
             refused: AtomicBool::new(false),
         }
     }
@@ -309,13 +315,30 @@ impl<'c> Tallied<'c> {
     /// Sends BEGIN with the marks of `open` (and prepares the tallies'
     /// statement, so that [`Tallied::end`] takes one round trip).
     pub async fn begin(&self, open: Open) -> Result<(), StoreError> {
+        self.may_send(false)?;
         let (begun, prepared) = tokio::join!(
             self.client.batch_execute(open.sql()),
             self.client.prepare_cached(JOB_TALLY_ADD)
         );
-        begun?;
-        prepared?;
+        self.sent(begun)?;
+        self.sent(prepared)?;
         Ok(())
+    }
+
+    /// Runs `sql` (settings: no rows, no state changed) in the transaction.
+    pub async fn set(&self, sql: &'static str) -> Result<(), StoreError> {
+        self.may_send(false)?;
+        self.sent(self.client.batch_execute(sql).await)
+    }
+
+    /// Runs `stmt`, which changes no state (a read), in the transaction.
+    pub async fn read(
+        &self,
+        stmt: &tokio_postgres::Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        self.may_send(false)?;
+        self.sent(self.client.query(stmt, params).await)
     }
 
     /// Prepares `stmt` on the connection (once per connection: cached), so
@@ -331,8 +354,8 @@ impl<'c> Tallied<'c> {
 
     /// Runs `stmt`, counting what its rows change.
     pub async fn run(&self, stmt: &Prepared, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<Row>, StoreError> {
-        self.may_send(stmt)?;
-        let rows = self.client.query(&stmt.statement, params).await?;
+        self.may_send(stmt.tallies)?;
+        let rows = self.sent(self.client.query(&stmt.statement, params).await)?;
         let mut delta = Delta::default();
         for row in &rows {
             (stmt.delta)(row, &mut delta)?;
@@ -353,11 +376,12 @@ impl<'c> Tallied<'c> {
         mut each: impl FnMut(&[Column], &Row) -> Result<R, StoreError>,
     ) -> Result<Vec<R>, StoreError> {
         let prepared = self.prepare(stmt).await?;
-        self.may_send(&prepared)?;
-        let rows = self
-            .client
-            .query_raw(&prepared.statement, params.iter().map(|p| *p as &dyn ToSql))
-            .await?;
+        self.may_send(prepared.tallies)?;
+        let rows = self.sent(
+            self.client
+                .query_raw(&prepared.statement, params.iter().map(|p| *p as &dyn ToSql))
+                .await,
+        )?;
         futures_util::pin_mut!(rows);
         let columns = prepared.statement.columns();
         let mut delta = Delta::default();
@@ -383,19 +407,6 @@ impl<'c> Tallied<'c> {
     /// The tallies it will write, so far.
     pub fn delta(&self) -> Delta {
         self.lock().clone()
-    }
-
-    /// Refuses a statement that changes tallies once the deltas went with
-    /// the COMMIT ([`Tallied::commit_behind`]), before it is sent; the
-    /// transaction then rolls back.
-    fn may_send(&self, stmt: &Prepared) -> Result<(), StoreError> {
-        if stmt.tallies && self.sealed.load(Ordering::Relaxed) {
-            self.refused.store(true, Ordering::Relaxed);
-            return Err(StoreError::Database(
-                "a statement that changes tallies was sent with the COMMIT".to_owned(),
-            ));
-        }
-        Ok(())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Delta> {
@@ -443,36 +454,6 @@ impl<'c> Tallied<'c> {
             }
         }
         outcome
-    }
-
-    /// Ends the transaction with the statements `last` sends, in one
-    /// round trip: `last` is polled first, so what it sends at its first
-    /// poll (its statements prepared before) goes ahead of the deltas and
-    /// the COMMIT, and PostgreSQL runs them in that order. The deltas are
-    /// those of the statements run before: `last` may send only
-    /// [`Changes::untallied`] ones (another is refused and the transaction
-    /// rolled back). A statement of `last` that PostgreSQL refuses aborts
-    /// the transaction, so the COMMIT rolls it back, and that error is
-    /// answered. Answers what `last` made, or its error, or the commit's;
-    /// the transaction is over either way.
-    pub async fn commit_behind<T>(
-        &self,
-        last: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let delta = std::mem::take(&mut *self.lock());
-        self.sealed.store(true, Ordering::Relaxed);
-        let committing = async {
-            if self.refused.load(Ordering::Relaxed) {
-                return self
-                    .or_roll_back(Err(StoreError::Database("rolled back".to_owned())))
-                    .await;
-            }
-            self.write_and_commit(delta, std::future::ready(())).await
-        };
-        let (made, committed) = tokio::join!(last, committing);
-        let made = made?;
-        committed?;
-        Ok(made)
     }
 
     /// Writes the deltas and commits, in one round trip, while `made` runs;

@@ -1018,8 +1018,83 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
 }
 
 #[tokio::test]
-async fn a_statement_that_changes_tallies_is_refused_after_the_commit_went_and_rolls_back() {
-    use runlease_coordinator::store::tally::{Changes, Tallied};
+async fn a_finishs_commit_is_on_its_way_with_its_claims() {
+    use runlease_coordinator::store::leases::{ClaimGroup, LeaseRef, Outcome};
+    use runlease_protocol::{QueueName, WorkerId};
+
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
+        )
+        .await
+        .unwrap();
+    let queues = [QueueName::new("q").unwrap()];
+    let (a, b) = (WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap());
+    let held = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
+    let held = &held[0].1;
+    // Starting the job "slow" takes 3 s.
+    client
+        .batch_execute(
+            "CREATE FUNCTION slow_start() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.state = 'running' AND NEW.payload = '\"slow\"' THEN PERFORM pg_sleep(3); END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER slow_start BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow_start();
+             INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"slow\"', 4);",
+        )
+        .await
+        .unwrap();
+    let complete = [(
+        LeaseRef {
+            job_id: held.id,
+            run_lease: held.run_lease,
+            worker_id: a.clone(),
+        },
+        Outcome::Complete {
+            result: serde_json::json!(1),
+        },
+    )];
+    let items: Vec<_> = complete.iter().collect();
+    let claims = [ClaimGroup {
+        queues: &queues,
+        slots: vec![&b],
+        time_left_ms: None,
+    }];
+
+    // The caller stops waiting while the claim runs: its COMMIT was sent
+    // with it, so the transaction commits all the same once the claim ends.
+    let call = store.finish_then_claim(&items, &claims);
+    let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), call).await;
+    assert!(gave_up.is_err(), "the claim takes 3 s");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let states: Vec<String> = client
+            .query("SELECT state::text FROM jobs ORDER BY payload #>> '{}'", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if states == ["done", "running"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never committed: {states:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_send_or_come_late() {
+    use runlease_coordinator::store::tally::{Changes, Open, Tallied};
 
     const DELETE: Changes = Changes::new("DELETE FROM jobs RETURNING queue, state", tally::deleted);
     let db = TestDb::new().await;
@@ -1034,8 +1109,11 @@ async fn a_statement_that_changes_tallies_is_refused_after_the_commit_went_and_r
         .await
         .unwrap();
     let conn = store.pool().get().await.unwrap();
+    let text = conn.prepare("SELECT $1::text").await.unwrap();
+
+    // A statement that changes tallies is not sent: everything rolls back.
     let tx = Tallied::new(&conn);
-    tx.begin(tally::Open::Deletes).await.unwrap();
+    tx.begin(Open::Deletes).await.unwrap();
     tx.client()
         .batch_execute("UPDATE jobs SET priority = 5")
         .await
@@ -1043,16 +1121,74 @@ async fn a_statement_that_changes_tallies_is_refused_after_the_commit_went_and_r
     let delete = tx.prepare(&DELETE).await.unwrap();
     let refused = tx.commit_behind(tx.run(&delete, &[])).await.unwrap_err();
     assert!(refused.to_string().contains("changes tallies"), "{refused}");
+    assert_eq!(
+        jobs_and_priority(&client).await,
+        (1, 0),
+        "neither the delete nor the update stands"
+    );
+    assert!(
+        idle(&conn, &client).await,
+        "the connection is left outside any transaction"
+    );
+
+    // A parameter that cannot be encoded fails before it is sent: the
+    // transaction rolls back.
+    let tx = Tallied::new(&conn);
+    tx.begin(Open::States).await.unwrap();
+    tx.client()
+        .batch_execute("UPDATE jobs SET priority = 5")
+        .await
+        .unwrap();
+    let unsent = tx.commit_behind(tx.read(&text, &[&5_i32])).await.unwrap_err();
+    assert!(!unsent.to_string().is_empty());
+    assert_eq!(
+        jobs_and_priority(&client).await,
+        (1, 0),
+        "the update was rolled back"
+    );
+    assert!(idle(&conn, &client).await);
+
+    // A statement sent after the first poll would run after the COMMIT,
+    // outside the transaction: it is refused; what came before commits.
+    let tx = Tallied::new(&conn);
+    tx.begin(Open::States).await.unwrap();
+    tx.client()
+        .batch_execute("UPDATE jobs SET priority = 5")
+        .await
+        .unwrap();
+    let late = tx
+        .commit_behind(async {
+            tokio::task::yield_now().await;
+            tx.read(&text, &[&"late"]).await
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        late.to_string().contains("after its transaction's COMMIT"),
+        "{late}"
+    );
+    assert_eq!(jobs_and_priority(&client).await, (1, 5));
+    assert!(idle(&conn, &client).await);
+
+    // Statements that change no tally go with the COMMIT and answer.
+    let tx = Tallied::new(&conn);
+    tx.begin(Open::States).await.unwrap();
+    let rows = tx.commit_behind(tx.read(&text, &[&"sent"])).await.unwrap();
+    assert_eq!(rows[0].get::<_, String>(0), "sent");
+    assert!(idle(&conn, &client).await);
+}
+
+/// The jobs and their highest priority.
+async fn jobs_and_priority(client: &tokio_postgres::Client) -> (i64, i32) {
     let row = client
         .query_one("SELECT count(*), max(priority) FROM jobs", &[])
         .await
         .unwrap();
-    let (jobs, priority): (i64, i32) = (row.get(0), row.get(1));
-    assert_eq!(
-        (jobs, priority),
-        (1, 0),
-        "neither the delete nor the update stands"
-    );
+    (row.get(0), row.get(1))
+}
+
+/// Whether `conn` is idle outside any transaction, as `client` sees it.
+async fn idle(conn: &tokio_postgres::Client, client: &tokio_postgres::Client) -> bool {
     let pid: i32 = conn
         .query_one("SELECT pg_backend_pid()", &[])
         .await
@@ -1063,5 +1199,5 @@ async fn a_statement_that_changes_tallies_is_refused_after_the_commit_went_and_r
         .await
         .unwrap()
         .get(0);
-    assert_eq!(state, "idle", "the connection is left outside any transaction");
+    state == "idle"
 }

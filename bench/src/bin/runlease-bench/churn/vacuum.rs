@@ -20,9 +20,9 @@ impl Autovacuum {
             println!("autovacuum: on (the server's setting)");
             return Ok(Self { turned_on: false });
         }
-        admin
-            .batch_execute("ALTER SYSTEM SET autovacuum = on; SELECT pg_reload_conf()")
-            .await?;
+        // Each its own statement: ALTER SYSTEM runs outside a transaction.
+        admin.batch_execute("ALTER SYSTEM SET autovacuum = on").await?;
+        admin.batch_execute("SELECT pg_reload_conf()").await?;
         // The reload reaches the backends at their next statement.
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
