@@ -99,22 +99,10 @@ pub(super) struct Scan<'a> {
     pub floors: &'a [&'a Taken],
 }
 
-/// Runs `lease_claim.sql` (`claim`, prepared on `tx`) in `tx`; `limited`
-/// is the claim time of the limited path (which serves limited queues),
-/// `None` for the shared statement.
-pub(super) async fn claim_rows(
-    tx: &Tallied<'_>,
-    claim: &Prepared,
-    scan: Scan<'_>,
-    slots: &[&WorkerId],
-    time_left_ms: Option<u64>,
-    leases: &crate::store::LeaseSettings,
-    limited: Option<DateTime<Utc>>,
-) -> Result<Vec<(usize, ClaimedJob)>, StoreError> {
-    slotted(&claim_statement(tx, claim, scan, slots, time_left_ms, leases, limited).await?)
-}
-
-/// [`claim_rows`], its rows as PostgreSQL answered them.
+/// Runs `lease_claim.sql` (`claim`, prepared on `tx`) in `tx`, answering
+/// its rows as PostgreSQL sent them ([`slotted`] reads them); `limited` is
+/// the claim time of the limited path (which serves limited queues), `None`
+/// for the shared statement.
 async fn claim_statement(
     tx: &Tallied<'_>,
     claim: &Prepared,
@@ -466,12 +454,12 @@ impl Store {
                 };
                 let (on, rows, off) = tokio::join!(
                     client.batch_execute(sql::CLAIM_SCAN_PLANNING),
-                    claim_rows(tx, &claim, scan, admitted, time_left_ms, terms, Some(at)),
+                    claim_statement(tx, &claim, scan, admitted, time_left_ms, terms, Some(at)),
                     client.batch_execute(sql::CLAIM_SCAN_PLANNING_RESET),
                 );
                 on?;
                 off?;
-                rows?
+                slotted(&rows?)?
             }
             Some(per_key) => {
                 let rows = self

@@ -859,6 +859,64 @@ async fn enqueues_insert_under_one_generic_plan() {
     assert!(plan.contains("queue_settings_pkey"), "{plan}");
 }
 
+/// A store over a fresh database whose job "held" (queue `q`) runs under
+/// worker `a`, with what completes it, and worker `b` to claim after it.
+struct Held {
+    db: TestDb,
+    store: runlease_coordinator::store::Store,
+    client: tokio_postgres::Client,
+    queues: [runlease_protocol::QueueName; 1],
+    b: runlease_protocol::WorkerId,
+    complete: [(
+        runlease_coordinator::store::leases::LeaseRef,
+        runlease_coordinator::store::leases::Outcome,
+    ); 1],
+    run_lease: i64,
+}
+
+impl Held {
+    async fn new() -> Self {
+        use runlease_coordinator::store::leases::{LeaseRef, Outcome};
+        use runlease_protocol::{QueueName, WorkerId};
+
+        let db = TestDb::new().await;
+        let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+            .await
+            .unwrap();
+        let client = db.client().await;
+        client
+            .batch_execute(
+                "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
+            )
+            .await
+            .unwrap();
+        let queues = [QueueName::new("q").unwrap()];
+        let a = WorkerId::new("a").unwrap();
+        let held = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
+        let held = &held[0].1;
+        let complete = [(
+            LeaseRef {
+                job_id: held.id,
+                run_lease: held.run_lease,
+                worker_id: a,
+            },
+            Outcome::Complete {
+                result: serde_json::json!(1),
+            },
+        )];
+        let run_lease = held.run_lease.0;
+        Self {
+            db,
+            store,
+            client,
+            queues,
+            b: WorkerId::new("b").unwrap(),
+            complete,
+            run_lease,
+        }
+    }
+}
+
 /// A trigger that refuses to start the job whose payload is `"refused"`,
 /// so that a claim PostgreSQL refuses can be made on purpose.
 const REFUSE_TO_START: &str = "
@@ -874,24 +932,17 @@ const REFUSE_TO_START: &str = "
 
 #[tokio::test]
 async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_with_it() {
-    use runlease_coordinator::store::leases::{ClaimGroup, LeaseRef, Outcome};
-    use runlease_protocol::{QueueName, WorkerId};
+    use runlease_coordinator::store::leases::ClaimGroup;
 
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
-    client
-        .batch_execute(
-            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
-        )
-        .await
-        .unwrap();
-    let queues = [QueueName::new("q").unwrap()];
-    let (a, b) = (WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap());
-    let held = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
-    let held = &held[0].1;
+    let Held {
+        db: _db,
+        store,
+        client,
+        queues,
+        b,
+        complete,
+        run_lease,
+    } = Held::new().await;
     client.batch_execute(REFUSE_TO_START).await.unwrap();
     client
         .batch_execute(
@@ -902,16 +953,6 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
 
     // The complete, its tally and the claim go in one transaction whose
     // claim, sent with the COMMIT, is refused: nothing of it stands.
-    let complete = [(
-        LeaseRef {
-            job_id: held.id,
-            run_lease: held.run_lease,
-            worker_id: a.clone(),
-        },
-        Outcome::Complete {
-            result: serde_json::json!(1),
-        },
-    )];
     let items: Vec<_> = complete.iter().collect();
     let claims = [ClaimGroup {
         queues: &queues,
@@ -930,7 +971,7 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let expected = [("held", "running", held.run_lease.0), ("refused", "queued", 0)];
+    let expected = [("held", "running", run_lease), ("refused", "queued", 0)];
     assert_eq!(
         states,
         expected.map(|(p, s, l)| (p.to_owned(), s.to_owned(), l)).to_vec()
@@ -1019,24 +1060,17 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
 
 #[tokio::test]
 async fn a_finishs_commit_is_on_its_way_with_its_claims() {
-    use runlease_coordinator::store::leases::{ClaimGroup, LeaseRef, Outcome};
-    use runlease_protocol::{QueueName, WorkerId};
+    use runlease_coordinator::store::leases::ClaimGroup;
 
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
-    client
-        .batch_execute(
-            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
-        )
-        .await
-        .unwrap();
-    let queues = [QueueName::new("q").unwrap()];
-    let (a, b) = (WorkerId::new("a").unwrap(), WorkerId::new("b").unwrap());
-    let held = store.claim(&queues, &[&a], None, &[]).await.unwrap().rows;
-    let held = &held[0].1;
+    let Held {
+        db: _db,
+        store,
+        client,
+        queues,
+        b,
+        complete,
+        run_lease: _,
+    } = Held::new().await;
     // Starting the job "slow" takes 3 s.
     client
         .batch_execute(
@@ -1050,16 +1084,6 @@ async fn a_finishs_commit_is_on_its_way_with_its_claims() {
         )
         .await
         .unwrap();
-    let complete = [(
-        LeaseRef {
-            job_id: held.id,
-            run_lease: held.run_lease,
-            worker_id: a.clone(),
-        },
-        Outcome::Complete {
-            result: serde_json::json!(1),
-        },
-    )];
     let items: Vec<_> = complete.iter().collect();
     let claims = [ClaimGroup {
         queues: &queues,
