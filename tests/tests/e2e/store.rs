@@ -815,28 +815,12 @@ async fn a_limited_claim_riding_a_finish_takes_only_what_the_limits_allow() {
 #[tokio::test]
 async fn enqueues_insert_under_one_generic_plan() {
     use runlease_coordinator::store::jobs::NewJob;
-    use runlease_protocol::{JobId, QueueName};
 
     let db = TestDb::new().await;
     let mut config = test_config(&db.url);
     config.database.pool_size = 1;
     let store = runlease_coordinator::connect_and_migrate(&config).await.unwrap();
-    let job = || NewJob {
-        id: JobId::new(),
-        queue: QueueName::new("q").unwrap(),
-        payload: serde_json::json!({"n": 1}),
-        priority: 0,
-        run_at: None,
-        delay_ms: None,
-        max_attempts: None,
-        backoff: Default::default(),
-        retry_window_ms: None,
-        timeout_ms: None,
-        idempotency_key: None,
-        concurrency_key: None,
-        traceparent: None,
-        dependencies: None,
-    };
+    let job = || new_job(serde_json::json!({"n": 1}));
     for size in [1, 3, 2, 1, 4, 1, 2, 3] {
         let jobs: Vec<NewJob> = (0..size).map(|_| job()).collect();
         assert_eq!(store.enqueue(&jobs).await.unwrap().len(), size);
@@ -1005,9 +989,8 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
 
 #[tokio::test]
 async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_writes_nothing() {
-    use runlease_coordinator::store::jobs::NewJob;
     use runlease_coordinator::store::leases::ClaimGroup;
-    use runlease_protocol::{JobId, QueueName, WorkerId};
+    use runlease_protocol::{QueueName, WorkerId};
 
     let db = TestDb::new().await;
     let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
@@ -1015,22 +998,7 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
         .unwrap();
     let client = db.client().await;
     client.batch_execute(REFUSE_TO_START).await.unwrap();
-    let job = |payload: &str| NewJob {
-        id: JobId::new(),
-        queue: QueueName::new("q").unwrap(),
-        payload: serde_json::json!(payload),
-        priority: 0,
-        run_at: None,
-        delay_ms: None,
-        max_attempts: None,
-        backoff: Default::default(),
-        retry_window_ms: None,
-        timeout_ms: None,
-        idempotency_key: None,
-        concurrency_key: None,
-        traceparent: None,
-        dependencies: None,
-    };
+    let job = |payload: &str| new_job(serde_json::json!(payload));
     let queues = [QueueName::new("q").unwrap()];
     let worker = WorkerId::new("w").unwrap();
     let claims = [ClaimGroup {
@@ -1224,4 +1192,25 @@ async fn idle(conn: &tokio_postgres::Client, client: &tokio_postgres::Client) ->
         .unwrap()
         .get(0);
     state == "idle"
+}
+
+/// A job of queue `q` with `payload` and every other field left to its
+/// default.
+fn new_job(payload: serde_json::Value) -> runlease_coordinator::store::jobs::NewJob {
+    runlease_coordinator::store::jobs::NewJob {
+        id: runlease_protocol::JobId::new(),
+        queue: runlease_protocol::QueueName::new("q").unwrap(),
+        payload,
+        priority: 0,
+        run_at: None,
+        delay_ms: None,
+        max_attempts: None,
+        backoff: Default::default(),
+        retry_window_ms: None,
+        timeout_ms: None,
+        idempotency_key: None,
+        concurrency_key: None,
+        traceparent: None,
+        dependencies: None,
+    }
 }
