@@ -859,6 +859,26 @@ struct Held {
 }
 
 impl Held {
+    /// Completes the held job and, in the same transaction, claims one job
+    /// of `q` for worker `b`.
+    async fn complete_then_claim(
+        &self,
+    ) -> Result<
+        (
+            Vec<runlease_coordinator::store::leases::Ending>,
+            Vec<Vec<(usize, runlease_coordinator::store::rows::ClaimedJob)>>,
+        ),
+        runlease_coordinator::store::StoreError,
+    > {
+        let items: Vec<_> = self.complete.iter().collect();
+        let claims = [runlease_coordinator::store::leases::ClaimGroup {
+            queues: &self.queues,
+            slots: vec![&self.b],
+            time_left_ms: None,
+        }];
+        self.store.finish_then_claim(&items, &claims).await
+    }
+
     async fn new() -> Self {
         use runlease_coordinator::store::leases::{LeaseRef, Outcome};
         use runlease_protocol::{QueueName, WorkerId};
@@ -916,17 +936,8 @@ const REFUSE_TO_START: &str = "
 
 #[tokio::test]
 async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_with_it() {
-    use runlease_coordinator::store::leases::ClaimGroup;
-
-    let Held {
-        db: _db,
-        store,
-        client,
-        queues,
-        b,
-        complete,
-        run_lease,
-    } = Held::new().await;
+    let held = Held::new().await;
+    let (db, client) = (&held.db, &held.client);
     client.batch_execute(REFUSE_TO_START).await.unwrap();
     client
         .batch_execute(
@@ -937,13 +948,7 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
 
     // The complete, its tally and the claim go in one transaction whose
     // claim, sent with the COMMIT, is refused: nothing of it stands.
-    let items: Vec<_> = complete.iter().collect();
-    let claims = [ClaimGroup {
-        queues: &queues,
-        slots: vec![&b],
-        time_left_ms: None,
-    }];
-    let refused = store.finish_then_claim(&items, &claims).await.unwrap_err();
+    let refused = held.complete_then_claim().await.unwrap_err();
     assert!(refused.to_string().contains("may not start"), "{refused}");
     let states: Vec<(String, String, i64)> = client
         .query(
@@ -955,16 +960,12 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
         .iter()
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .collect();
-    let expected = [("held", "running", run_lease), ("refused", "queued", 0)];
+    let expected = [("held", "running", held.run_lease), ("refused", "queued", 0)];
     assert_eq!(
         states,
         expected.map(|(p, s, l)| (p.to_owned(), s.to_owned(), l)).to_vec()
     );
-    let tallied: i64 = client
-        .query_one("SELECT count(*) FROM job_tallies", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let tallied = db.scalar("SELECT count(*) FROM job_tallies", &[]).await;
     assert_eq!(tallied, 0, "no tally of the complete that was rolled back");
 
     // The same transaction without the refused job commits all of it,
@@ -973,18 +974,11 @@ async fn a_claim_refused_in_the_round_trip_of_the_commit_takes_its_transaction_w
         .batch_execute("DELETE FROM jobs WHERE payload = '\"refused\"'")
         .await
         .unwrap();
-    let (endings, claimed) = store.finish_then_claim(&items, &claims).await.unwrap();
+    let (endings, claimed) = held.complete_then_claim().await.unwrap();
     assert_eq!(endings.len(), 1);
     assert!(claimed[0].is_empty(), "{claimed:?}");
-    let done: i64 = client
-        .query_one(
-            "SELECT coalesce(sum(n), 0)::bigint FROM job_tallies WHERE queue = 'q' AND tally = 'done'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(done, 1);
+    let done = "SELECT coalesce(sum(n), 0)::bigint FROM job_tallies WHERE queue = 'q' AND tally = 'done'";
+    assert_eq!(db.scalar(done, &[]).await, 1);
 }
 
 #[tokio::test]
@@ -1012,11 +1006,7 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("may not start"), "{refused}");
-    let rows: i64 = client
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows = db.scalar("SELECT count(*) FROM jobs", &[]).await;
     assert_eq!(rows, 0, "the enqueue rolled back with its claim");
 
     let (answers, claimed) = store.enqueue_then_claim(&[job("fine")], &claims).await.unwrap();
@@ -1028,17 +1018,8 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
 
 #[tokio::test]
 async fn a_finishs_commit_is_on_its_way_with_its_claims() {
-    use runlease_coordinator::store::leases::ClaimGroup;
-
-    let Held {
-        db: _db,
-        store,
-        client,
-        queues,
-        b,
-        complete,
-        run_lease: _,
-    } = Held::new().await;
+    let held = Held::new().await;
+    let client = &held.client;
     // Starting the job "slow" takes 3 s.
     client
         .batch_execute(
@@ -1052,16 +1033,10 @@ async fn a_finishs_commit_is_on_its_way_with_its_claims() {
         )
         .await
         .unwrap();
-    let items: Vec<_> = complete.iter().collect();
-    let claims = [ClaimGroup {
-        queues: &queues,
-        slots: vec![&b],
-        time_left_ms: None,
-    }];
 
     // The caller stops waiting while the claim runs: its COMMIT was sent
     // with it, so the transaction commits all the same once the claim ends.
-    let call = store.finish_then_claim(&items, &claims);
+    let call = held.complete_then_claim();
     let gave_up = tokio::time::timeout(std::time::Duration::from_secs(1), call).await;
     assert!(gave_up.is_err(), "the claim takes 3 s");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -1089,17 +1064,12 @@ async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_sen
     use runlease_coordinator::store::tally::{Changes, Open, Tallied};
 
     const DELETE: Changes = Changes::new("DELETE FROM jobs RETURNING queue, state", tally::deleted);
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
-    client
-        .batch_execute(
-            "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '1', 4)",
-        )
-        .await
-        .unwrap();
+    let Held {
+        db: _db,
+        store,
+        client,
+        ..
+    } = Held::new().await;
     let conn = store.pool().get().await.unwrap();
     let text = conn.prepare("SELECT $1::text").await.unwrap();
 
