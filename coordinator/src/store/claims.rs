@@ -272,17 +272,11 @@ impl Store {
         claims: &'a [ClaimGroup<'a>],
         floored: Option<&[(String, ClaimKey)]>,
     ) -> Result<ClaimSend<'a>, StoreError> {
-        if claims.is_empty() {
-            return Ok(ClaimSend {
-                claims,
-                claim: None,
-                read: None,
-                names: Vec::new(),
-                taken: Vec::new(),
-                terms: self.lease_settings(),
-            });
-        }
-        let claim = tx.prepare(&sql::LEASE_CLAIM).await?;
+        let claim = if claims.is_empty() {
+            None
+        } else {
+            Some(tx.prepare(&sql::LEASE_CLAIM).await?)
+        };
         let names: Vec<Vec<&str>> = claims
             .iter()
             .map(|c| c.queues.iter().map(QueueName::as_str).collect())
@@ -303,7 +297,7 @@ impl Store {
         };
         Ok(ClaimSend {
             claims,
-            claim: Some(claim),
+            claim,
             read,
             names,
             taken,

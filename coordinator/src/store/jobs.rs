@@ -347,14 +347,13 @@ impl Store {
             // The jobs stand whatever follows: leases whose rows cannot be
             // read run until they expire; those whose dependencies cannot
             // be read are given back.
-            let committed = match rows.read() {
-                Ok((mut claimed, found)) => self
-                    .claims_committed(&client, claims, &mut claimed, (send.into_taken(), found))
-                    .await
-                    .map(|()| claimed),
-                Err(e) => Err(e),
+            let committed = async {
+                let (mut claimed, found) = rows.read()?;
+                self.claims_committed(&client, claims, &mut claimed, (send.into_taken(), found))
+                    .await?;
+                Ok::<_, StoreError>(claimed)
             };
-            match committed {
+            match committed.await {
                 Ok(claimed) => Ok((answers, Some(claimed))),
                 Err(e) => {
                     tracing::warn!(error = %e, "the leases of an enqueue's claims were not answered");

@@ -16,7 +16,7 @@ use crate::store::rows::{ClaimedJob, DbJobState, DbOutcome, col, queue_col};
 use crate::store::tally::{Open, Tallied};
 use crate::store::{Store, StoreError, dependencies, ms, sql};
 
-use crate::store::claims::{ClaimSend, FloorsRead};
+use crate::store::claims::{ClaimSend, FloorsRead, GroupLeases};
 pub use crate::store::claims::{Claimed, LimitKind, Requeued};
 use crate::store::floors::ClaimKey;
 use crate::store::floors::Found;
@@ -84,11 +84,7 @@ pub type FinishedAndClaimed = (
 );
 
 /// Each claim's leases, the slots limits held back, what the floor read found.
-type ClaimsEnded = (
-    Vec<Vec<(usize, ClaimedJob)>>,
-    Vec<(QueueName, LimitKind, usize)>,
-    Vec<Found>,
-);
+type ClaimsEnded = (GroupLeases, Vec<(QueueName, LimitKind, usize)>, Vec<Found>);
 
 /// A lease's identity as read from a verified token.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -451,10 +447,9 @@ impl Store {
                 Ok::<_, StoreError>((finished, settled, send))
             };
             let (finished, settled, send) = tx.or_roll_back(head.await).await?;
-            let (claimed, held_back, found) = self
+            let (mut claimed, held_back, found) = self
                 .end_with_claims(tx, &send, items.is_empty(), claims, limited, settled)
                 .await?;
-            let mut claimed = claimed;
             let floors_read = (send.into_taken(), found);
             self.claims_committed(&client, claims, &mut claimed, floors_read)
                 .await?;
