@@ -132,7 +132,8 @@ read -r -d '' footer <<'MD' || true
 
 `runlease-coordinator migrate` applies the migrations and exits; `serve`
 (the default) applies them too, then serves. SIGTERM or SIGINT: stop
-accepting, answer parked long-polls with empty lists, write what batches
+accepting, answer parked claims with empty lists and parked job reads
+with the job as it stands, write what batches
 hold, finish in-flight requests, exit 0 (1 if that takes longer than
 `RUNLEASE_SHUTDOWN_GRACE_MS`).
 

@@ -178,23 +178,26 @@ impl LeaseConfig {
     }
 }
 
-/// Gathering concurrent claims, heartbeats and finishes into shared statements.
+/// Gathering concurrent claims, heartbeats, finishes and single-job enqueues
+/// into shared statements.
 #[derive(Debug, Clone, Args)]
 #[command(next_help_heading = "Batching")]
 pub struct BatchConfig {
-    /// Gather concurrent claims, heartbeats and finishes into shared
-    /// statements (`false`: one statement per request).
+    /// Gather concurrent claims, heartbeats, finishes and single-job
+    /// enqueues into shared statements (`false`: each request is written
+    /// alone).
     #[arg(id = "batching", long = "batching", value_name = "BATCHING", env = "RUNLEASE_BATCHING", default_value_t = true, action = clap::ArgAction::Set)]
     pub enabled: bool,
     /// Most requests (or claim slots) written by one statement.
     #[arg(id = "batch_max_size", long = "batch-max-size", value_name = "BATCH_MAX_SIZE", env = "RUNLEASE_BATCH_MAX_SIZE", default_value_t = DEFAULT_BATCH_MAX_SIZE,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000))]
     pub max_size: usize,
-    /// How long the first request of a batch may wait for company, ms (0:
-    /// batches form only while an earlier one is being written).
+    /// How long the first request of a finish or heartbeat batch may wait
+    /// for company, ms (0: batches form only while an earlier one is being
+    /// written; enqueues and claims never wait for company).
     #[arg(id = "batch_max_delay_ms", long = "batch-max-delay-ms", value_name = "BATCH_MAX_DELAY_MS", env = "RUNLEASE_BATCH_MAX_DELAY_MS", default_value = "0", value_parser = ms(0..=1_000))]
     pub max_delay: Duration,
-    /// Batches of one kind (claims, finishes, heartbeats) written at once,
+    /// Batches of one kind (claims, finishes, heartbeats, enqueues) written at once,
     /// each on its own connection.
     #[arg(id = "batch_flushers", long = "batch-flushers", value_name = "BATCH_FLUSHERS", env = "RUNLEASE_BATCH_FLUSHERS", default_value_t = DEFAULT_BATCH_FLUSHERS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
