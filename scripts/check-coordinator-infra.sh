@@ -94,6 +94,16 @@ for item in container.get("Environment", []):
 secrets = {s["Name"]: s["ValueFrom"] for s in container.get("Secrets", [])}
 if env.get("RUNLEASE_LISTEN") != "0.0.0.0:8080":
     errors.append("RUNLEASE_LISTEN must be 0.0.0.0:8080")
+# The coordinator's idle timeout above the load balancer's, and within
+# what the coordinator accepts.
+if env.get("RUNLEASE_IDLE_TIMEOUT_MS") != {"Fn::Sub": "${IdleTimeoutSeconds}999"}:
+    errors.append("RUNLEASE_IDLE_TIMEOUT_MS must be the load balancer's idle timeout plus 999 ms")
+limits_rs = (pathlib.Path(config_rs) / "limits.rs").read_text()
+idle_max = re.search(r'env = "RUNLEASE_IDLE_TIMEOUT_MS".*?range\(\d+\.\.=([\d_]+)\)', limits_rs, re.S)
+if idle_max is None:
+    errors.append("the range of RUNLEASE_IDLE_TIMEOUT_MS was not found in limits.rs")
+elif int(params["IdleTimeoutSeconds"]["MaxValue"]) * 1000 + 999 > int(idle_max.group(1).replace("_", "")):
+    errors.append("IdleTimeoutSeconds' MaxValue plus 999 ms must stay within RUNLEASE_IDLE_TIMEOUT_MS's range")
 if [p.get("ContainerPort") for p in container.get("PortMappings", [])] != [8080]:
     errors.append("the container must map port 8080 only")
 wanted_secrets = {
