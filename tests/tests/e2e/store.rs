@@ -616,11 +616,7 @@ async fn a_finish_and_the_claims_riding_its_transaction_commit_together_or_not_a
     use runlease_coordinator::store::leases::{ClaimGroup, Ending, LeaseRef, Outcome};
     use runlease_protocol::{JobState, QueueName, WorkerId};
 
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
+    let (_db, store, client) = migrated().await;
     client
         .batch_execute(
             "INSERT INTO jobs (id, queue, payload, max_attempts, priority)
@@ -725,11 +721,7 @@ async fn a_limited_claim_riding_a_finish_takes_only_what_the_limits_allow() {
     use runlease_coordinator::store::leases::{ClaimGroup, Ending, LeaseRef, LimitKind, Outcome};
     use runlease_protocol::{QueueName, WorkerId};
 
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
+    let (_db, store, client) = migrated().await;
     client
         .batch_execute(
             "INSERT INTO queue_settings (queue, max_running) VALUES ('lim', 2);
@@ -883,11 +875,7 @@ impl Held {
         use runlease_coordinator::store::leases::{LeaseRef, Outcome};
         use runlease_protocol::{QueueName, WorkerId};
 
-        let db = TestDb::new().await;
-        let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-            .await
-            .unwrap();
-        let client = db.client().await;
+        let (db, store, client) = migrated().await;
         client
             .batch_execute(
                 "INSERT INTO jobs (id, queue, payload, max_attempts) VALUES (gen_random_uuid(), 'q', '\"held\"', 4)",
@@ -986,11 +974,7 @@ async fn an_enqueue_whose_claim_is_refused_in_the_round_trip_of_the_commit_write
     use runlease_coordinator::store::leases::ClaimGroup;
     use runlease_protocol::{QueueName, WorkerId};
 
-    let db = TestDb::new().await;
-    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
-        .await
-        .unwrap();
-    let client = db.client().await;
+    let (db, store, client) = migrated().await;
     client.batch_execute(REFUSE_TO_START).await.unwrap();
     let job = |payload: &str| new_job(serde_json::json!(payload));
     let queues = [QueueName::new("q").unwrap()];
@@ -1166,6 +1150,17 @@ async fn idle(conn: &tokio_postgres::Client, client: &tokio_postgres::Client) ->
 
 /// A job of queue `q` with `payload` and every other field left to its
 /// default.
+/// A fresh database, a store that migrated it, and a client of it: the
+/// opening of the store tests that drive the store itself.
+async fn migrated() -> (TestDb, runlease_coordinator::store::Store, tokio_postgres::Client) {
+    let db = TestDb::new().await;
+    let store = runlease_coordinator::connect_and_migrate(&test_config(&db.url))
+        .await
+        .unwrap();
+    let client = db.client().await;
+    (db, store, client)
+}
+
 fn new_job(payload: serde_json::Value) -> runlease_coordinator::store::jobs::NewJob {
     runlease_coordinator::store::jobs::NewJob {
         id: runlease_protocol::JobId::new(),
