@@ -1059,11 +1059,7 @@ async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_sen
 
     // A statement that changes tallies is not sent: everything rolls back.
     let tx = Tallied::new(&conn);
-    tx.begin(Open::Deletes).await.unwrap();
-    tx.client()
-        .batch_execute("UPDATE jobs SET priority = 5")
-        .await
-        .unwrap();
+    raise_priority_in(&tx, Open::Deletes).await;
     let delete = tx.prepare(&DELETE).await.unwrap();
     let refused = tx.commit_behind(tx.run(&delete, &[])).await.unwrap_err();
     assert!(refused.to_string().contains("changes tallies"), "{refused}");
@@ -1080,11 +1076,7 @@ async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_sen
     // A parameter that cannot be encoded fails before it is sent: the
     // transaction rolls back.
     let tx = Tallied::new(&conn);
-    tx.begin(Open::States).await.unwrap();
-    tx.client()
-        .batch_execute("UPDATE jobs SET priority = 5")
-        .await
-        .unwrap();
+    raise_priority_in(&tx, Open::States).await;
     let unsent = tx.commit_behind(tx.read(&text, &[&5_i32])).await.unwrap_err();
     assert!(!unsent.to_string().is_empty());
     assert_eq!(
@@ -1097,11 +1089,7 @@ async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_sen
     // A statement sent after the first poll would run after the COMMIT,
     // outside the transaction: it is refused; what came before commits.
     let tx = Tallied::new(&conn);
-    tx.begin(Open::States).await.unwrap();
-    tx.client()
-        .batch_execute("UPDATE jobs SET priority = 5")
-        .await
-        .unwrap();
+    raise_priority_in(&tx, Open::States).await;
     let late = tx
         .commit_behind(async {
             tokio::task::yield_now().await;
@@ -1122,6 +1110,15 @@ async fn the_last_statements_of_a_transaction_may_not_change_tallies_fail_to_sen
     let rows = tx.commit_behind(tx.read(&text, &[&"sent"])).await.unwrap();
     assert_eq!(rows[0].get::<_, String>(0), "sent");
     assert!(idle(&conn, &client).await);
+}
+
+/// Opens `tx` as `open` and raises every job's priority to 5 in it.
+async fn raise_priority_in(tx: &tally::Tallied<'_>, open: tally::Open) {
+    tx.begin(open).await.unwrap();
+    tx.client()
+        .batch_execute("UPDATE jobs SET priority = 5")
+        .await
+        .unwrap();
 }
 
 /// The jobs and their highest priority.
