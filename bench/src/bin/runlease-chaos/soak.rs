@@ -11,11 +11,13 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{Context, bail};
 use runlease_tests::{PgCluster, Proxy, Replication, TestRedis};
 use tokio::process::{Child, Command};
+use uuid::Uuid;
 
 use crate::jobs::{self, Rng};
 use crate::process::{Coordinator, signal};
 use crate::producer::produce;
 use crate::verify::{self, Expect};
+use crate::worker;
 
 /// The database the coordinators create on the soak's cluster.
 pub const DATABASE: &str = "chaos";
@@ -139,6 +141,11 @@ pub struct Faults {
     pub stopped: Vec<String>,
     /// Workers partitioned past their lease (ids).
     pub partitioned: Vec<String>,
+    /// The leases (job id, run lease) the partitioned worker held when its
+    /// partition began, and when it healed: their finishes come back late.
+    pub partitioned_leases: Vec<(Uuid, i64)>,
+    /// When the last partition healed.
+    pub healed_at: Option<Instant>,
     /// Answers 5xx other than 503 the producer got.
     pub producer_server_errors: Vec<String>,
 }
@@ -377,12 +384,27 @@ impl World {
             .filter(|n| jobs::queue(*n) == jobs::QUEUE)
             .filter(|n| jobs::Kind::of(*n, self.args.stall_every) == jobs::Kind::Stall)
             .count();
-        // The stalled first leases finish late; wait (bounded) for their
-        // answers so the report can count their refusals.
-        let deadline = Instant::now() + Duration::from_millis(self.args.ttl_ms * 2 + 15_000);
-        while verify::stalled_finishes(&self.logs, self.args.stall_every) < stalls
-            && Instant::now() < deadline
-        {
+        // The stalled first leases and the leases held across the partition
+        // finish late; wait (bounded) for their answers so the report can
+        // count their refusals.
+        let stalled_by = Instant::now() + Duration::from_millis(self.args.ttl_ms * 2 + 15_000);
+        // A partitioned worker's finish may first wait out the connections
+        // frozen with the partition (each a request timeout) before a new one
+        // reaches the coordinator; the worker logs an answer within its
+        // finishing persistence of the heal in any case.
+        let partition_by = self
+            .faults
+            .healed_at
+            .map(|at| at + worker::FINISH_PERSISTENCE + Duration::from_secs(15));
+        loop {
+            let logs = verify::read_logs(&self.logs);
+            let stalls_left =
+                logs.stalled_finishes(self.args.stall_every) < stalls && Instant::now() < stalled_by;
+            let partition_left = partition_by.is_some_and(|by| Instant::now() < by)
+                && logs.answered(&self.faults.partitioned_leases) < self.faults.partitioned_leases.len();
+            if !stalls_left && !partition_left {
+                break;
+            }
             tokio::time::sleep(Duration::from_millis(1000)).await;
         }
         self.stop_workers().await;
@@ -409,7 +431,10 @@ impl World {
         };
         let (by_stopped, by_partitioned) = (refused(&self.faults.stopped), refused(&self.faults.partitioned));
         println!(
-            "  stale finishes refused: {by_stopped} from the stopped workers, {by_partitioned} from the partitioned worker"
+            "  stale finishes refused: {by_stopped} from the stopped workers, {by_partitioned} from the partitioned worker \
+             ({} of the {} leases it held across its partition answered)",
+            verify::read_logs(&self.logs).answered(&self.faults.partitioned_leases),
+            self.faults.partitioned_leases.len()
         );
         println!("coordinator counters (each since its last start):");
         for (name, value) in &counters {
@@ -569,23 +594,49 @@ impl World {
     /// ahead counts: one the worker has just taken or is heartbeating, not
     /// one left behind by a claim whose answer it never got (a claim
     /// committed as the failover broke the coordinator's connection).
-    async fn until_holding(&self, id: &str) -> anyhow::Result<()> {
+    async fn until_holding(&self, id: &str) -> anyhow::Result<Vec<(Uuid, i64)>> {
         let client = self.db().await?;
         let bound = Instant::now() + Duration::from_secs(30);
         let half_ttl = (self.args.ttl_ms / 2) as i64;
         while Instant::now() < bound {
-            let running: i64 = client
-                .query_one(
-                    "SELECT count(*) FROM jobs WHERE state = 'running' AND owned_by = $1 \
+            let held: Vec<(Uuid, i64)> = client
+                .query(
+                    "SELECT id, run_lease FROM jobs WHERE state = 'running' AND owned_by = $1 \
                      AND lease_expires_at > now() + $2::bigint * interval '1 millisecond'",
                     &[&id, &half_ttl],
                 )
                 .await?
-                .get(0);
-            if running > 0 {
-                break;
+                .iter()
+                .map(|row| (row.get(0), row.get(1)))
+                .collect();
+            if !held.is_empty() {
+                return Ok(held);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Vec::new())
+    }
+
+    /// Waits (bounded) until none of `leases` (job id, run lease) is still
+    /// running under that lease.
+    async fn until_reaped(&self, leases: &[(Uuid, i64)]) -> anyhow::Result<()> {
+        let client = self.db().await?;
+        let (ids, run_leases): (Vec<Uuid>, Vec<i64>) = leases.iter().copied().unzip();
+        let bound = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < bound {
+            let running: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM jobs j \
+                     JOIN unnest($1::uuid[], $2::bigint[]) AS l(id, run_lease) USING (id, run_lease) \
+                     WHERE j.state = 'running'",
+                    &[&ids, &run_leases],
+                )
+                .await?
+                .get(0);
+            if running == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         Ok(())
     }
@@ -673,16 +724,23 @@ impl World {
             .unwrap_or_default();
         // Partitioned while it holds a lease, so that lease expires behind
         // the partition and its finish comes back stale once it heals.
-        self.until_holding(&id).await?;
+        let leases = self.until_holding(&id).await?;
         // Open connections stop forwarding and new ones go nowhere; nothing
         // is closed, so the worker learns of it only by timing out.
+        let started = Instant::now();
         self.worker_proxy.blackhole(true);
         self.worker_proxy.freeze();
         tokio::time::sleep(held).await;
+        // Healed only once the reaper has taken those leases back, so none
+        // of their finishes can land.
+        self.until_reaped(&leases).await?;
         self.worker_proxy.blackhole(false);
+        self.faults.healed_at = Some(Instant::now());
         self.faults.partitioned.push(id.clone());
+        self.faults.partitioned_leases.extend(leases);
         self.note(format!(
-            "worker {id} partitioned from its coordinator for {held:?} (blackhole), then healed"
+            "worker {id} partitioned from its coordinator for {:.1?} (blackhole), then healed",
+            started.elapsed()
         ));
         self.faults.partitions += 1;
         Ok(())

@@ -54,13 +54,14 @@ struct Ack {
 
 /// What the workers' logs hold: finishing answers, 5xx answers other than
 /// 503 (path and status), and lines a SIGKILL tore.
-struct Logs {
+pub struct Logs {
     acks: Vec<Ack>,
     server_errors: Vec<String>,
     torn: usize,
 }
 
-fn read_logs(logs: &[PathBuf]) -> Logs {
+/// Every worker log in `logs`, read now.
+pub fn read_logs(logs: &[PathBuf]) -> Logs {
     let mut acks = Vec::new();
     let mut server_errors = Vec::new();
     let mut torn = 0;
@@ -105,13 +106,26 @@ fn read_logs(logs: &[PathBuf]) -> Logs {
     }
 }
 
-/// How many stalled first leases have logged their (late) finish.
-pub fn stalled_finishes(logs: &[PathBuf], stall_every: u64) -> usize {
-    read_logs(logs)
-        .acks
-        .iter()
-        .filter(|a| a.run_lease == 1 && jobs::Kind::of(a.n, stall_every) == jobs::Kind::Stall)
-        .count()
+impl Logs {
+    /// How many stalled first leases have logged their (late) finish.
+    pub fn stalled_finishes(&self, stall_every: u64) -> usize {
+        self.acks
+            .iter()
+            .filter(|a| a.run_lease == 1 && jobs::Kind::of(a.n, stall_every) == jobs::Kind::Stall)
+            .count()
+    }
+
+    /// How many of `leases` (job id, run lease) have logged a finish.
+    pub fn answered(&self, leases: &[(Uuid, i64)]) -> usize {
+        leases
+            .iter()
+            .filter(|(job, run_lease)| {
+                self.acks
+                    .iter()
+                    .any(|a| a.job == *job && a.run_lease == *run_lease)
+            })
+            .count()
+    }
 }
 
 struct JobRow {

@@ -36,7 +36,7 @@ pub struct WorkerArgs {
 
 /// How long a finishing call is retried (transport errors, 5xx) before the
 /// worker gives up and logs the outcome as unknown.
-const FINISH_PERSISTENCE: Duration = Duration::from_secs(90);
+pub const FINISH_PERSISTENCE: Duration = Duration::from_secs(90);
 
 /// A line-per-write log: each record is one `write` on an append-only file,
 /// so a SIGKILL loses at most the record being written, never a neighbour.
