@@ -400,8 +400,10 @@ impl World {
             let logs = verify::read_logs(&self.logs);
             let stalls_left =
                 logs.stalled_finishes(self.args.stall_every) < stalls && Instant::now() < stalled_by;
+            let leases = &self.faults.partitioned_leases;
             let partition_left = partition_by.is_some_and(|by| Instant::now() < by)
-                && logs.answered(&self.faults.partitioned_leases) < self.faults.partitioned_leases.len();
+                && logs.refused(leases) == 0
+                && logs.answered(leases) < leases.len();
             if !stalls_left && !partition_left {
                 break;
             }
@@ -593,7 +595,10 @@ impl World {
     /// leases needs one to outlast. Only a lease with more than half its TTL
     /// ahead counts: one the worker has just taken or is heartbeating, not
     /// one left behind by a claim whose answer it never got (a claim
-    /// committed as the failover broke the coordinator's connection).
+    /// committed as the failover broke the coordinator's connection). And
+    /// only one claimed over 250 ms ago: a claim just committed may have its
+    /// answer still on the way, which the fault would then hold back.
+    /// Answers the leases found (job id, run lease), none after 30 s.
     async fn until_holding(&self, id: &str) -> anyhow::Result<Vec<(Uuid, i64)>> {
         let client = self.db().await?;
         let bound = Instant::now() + Duration::from_secs(30);
@@ -602,7 +607,8 @@ impl World {
             let held: Vec<(Uuid, i64)> = client
                 .query(
                     "SELECT id, run_lease FROM jobs WHERE state = 'running' AND owned_by = $1 \
-                     AND lease_expires_at > now() + $2::bigint * interval '1 millisecond'",
+                     AND lease_expires_at > now() + $2::bigint * interval '1 millisecond' \
+                     AND claimed_at < now() - interval '250 milliseconds'",
                     &[&id, &half_ttl],
                 )
                 .await?
@@ -644,16 +650,19 @@ impl World {
     async fn stop_worker(&mut self) -> anyhow::Result<()> {
         let i = self.victim();
         // Stopped while it holds a lease, so its finish comes back stale.
-        self.until_holding(&self.workers[i].id.clone()).await?;
+        let leases = self.until_holding(&self.workers[i].id.clone()).await?;
         let pid = self.workers[i].child.id().context("the worker exited")?;
-        let stopped_for = self.ttl() + Duration::from_secs(2);
+        let started = Instant::now();
         signal("STOP", pid)?;
-        tokio::time::sleep(stopped_for).await;
+        tokio::time::sleep(self.ttl() + Duration::from_secs(2)).await;
+        // Continued only once the reaper has taken those leases back.
+        self.until_reaped(&leases).await?;
         signal("CONT", pid)?;
+        let stopped_for = started.elapsed();
         let id = self.workers[i].id.clone();
         self.faults.stopped.push(id.clone());
         self.note(format!(
-            "worker {id} stopped (SIGSTOP) for {stopped_for:?}, past its leases, then continued"
+            "worker {id} stopped (SIGSTOP) for {stopped_for:.1?}, past its leases, then continued"
         ));
         self.faults.workers_stopped += 1;
         Ok(())

@@ -117,12 +117,21 @@ impl Logs {
 
     /// How many of `leases` (job id, run lease) have logged a finish.
     pub fn answered(&self, leases: &[(Uuid, i64)]) -> usize {
+        self.count_of(leases, |_| true)
+    }
+
+    /// How many of `leases` (job id, run lease) have logged a refused finish.
+    pub fn refused(&self, leases: &[(Uuid, i64)]) -> usize {
+        self.count_of(leases, |a| a.status == "refused")
+    }
+
+    fn count_of(&self, leases: &[(Uuid, i64)], counts: impl Fn(&Ack) -> bool) -> usize {
         leases
             .iter()
             .filter(|(job, run_lease)| {
                 self.acks
                     .iter()
-                    .any(|a| a.job == *job && a.run_lease == *run_lease)
+                    .any(|a| a.job == *job && a.run_lease == *run_lease && counts(a))
             })
             .count()
     }
