@@ -142,7 +142,7 @@ pub struct Faults {
     /// Workers partitioned past their lease (ids).
     pub partitioned: Vec<String>,
     /// The leases (job id, run lease) the partitioned worker held when its
-    /// partition began, and when it healed: their finishes come back late.
+    /// partition began: reaped behind it, their finishes come back late.
     pub partitioned_leases: Vec<(Uuid, i64)>,
     /// When the last partition healed.
     pub healed_at: Option<Instant>,
