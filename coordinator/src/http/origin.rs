@@ -9,7 +9,7 @@
 //! that are not browsers (curl, the client crate, workers) send none of
 //! these headers or only a loopback `Host`, and keep working.
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use axum::extract::Request;
 use axum::http::HeaderMap;
@@ -102,8 +102,10 @@ fn is_loopback_authority(authority: &str) -> bool {
         Some(_) => return false,
         None => authority,
     };
+    // Unbracketed, a host is a name or an IPv4 literal: `::1:1` is no
+    // `[::1]:1`.
     let host = host.strip_suffix('.').unwrap_or(host);
-    host.eq_ignore_ascii_case("localhost") || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    host.eq_ignore_ascii_case("localhost") || host.parse::<Ipv4Addr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 fn is_port(port: Option<&str>) -> bool {
@@ -147,6 +149,10 @@ mod tests {
             // Found by the fuzz target request_head: a trailing dot is a
             // name's (`localhost.`), never part of an IP literal.
             "[::1.]:8080",
+            // Found by request_head too: an IPv6 literal is bracketed, so
+            // this is no `[::1]:1` (and `::1:1` is not loopback).
+            "::1:1",
+            "::1",
         ] {
             assert_eq!(
                 check(&headers(&[("host", host)]), None).map_err(|e| e.0),
